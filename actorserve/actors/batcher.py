@@ -1,0 +1,289 @@
+"""The continuous batcher: one task per model replica that steps all admitted work
+together.
+
+Each iteration: drop work whose caller went away, admit waiting work up to
+``max_batch_size`` (when the batch was empty, wait for the first item and then up to
+``max_batch_time`` for more), run :meth:`BatchModel.step` for the batch in a worker
+thread behind a one-slot :class:`trio.CapacityLimiter`, and deliver each output to that
+item's reply mailbox with ``send_nowait``. An item whose reply mailbox is full sits out
+steps until its reader catches up, so a slow reader never stalls the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ModelFailed, Overloaded, ShuttingDown
+from ..model import BatchModel, StepOutput
+from ..types import InferenceRequest, InferenceResponse
+from .mailbox import Mailbox
+from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+Reply = InferenceResponse | BaseException
+
+
+@attrs.define(eq=False, slots=True)
+class WorkItem:
+    """One request's journey through a batcher.
+
+    Created by whoever accepts the request; ``replies`` is read by the caller only.
+    The batcher owns ``work`` while the item is scheduled and closes ``replies`` when
+    the item leaves (after the last response or an error); ``done`` is set then.
+    """
+
+    request: InferenceRequest
+    replies: Mailbox[Reply]
+    sequence_id: str | None = None
+    work: Any = None
+    batcher: ContinuousBatcher | None = None
+    cancelled: bool = False
+    paused: bool = False
+    finished: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def cancel(self) -> None:
+        """The caller went away (or the sequence ended): leave the batch at the next step."""
+        if self.finished or self.cancelled:
+            return
+        self.cancelled = True
+        if self.batcher is not None:
+            self.batcher.wake()
+        else:
+            self.finish()
+
+    def fail(self, error: BaseException) -> None:
+        """Deliver ``error`` to the caller (if it still reads) and finish."""
+        if self.finished:
+            return
+        try:
+            if self.replies.full():
+                self.replies.drain()  # the error matters more than unread outputs
+            self.replies.send_nowait(error)
+        except trio.ClosedResourceError:
+            pass
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.replies.close()
+            self.done.set()
+
+    async def next_reply(self) -> InferenceResponse:
+        """The next response for the caller; raises the item's error, or
+        :class:`StopAsyncIteration` at the end."""
+        try:
+            reply = await self.replies.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if self.paused and self.batcher is not None:
+            self.paused = False
+            self.batcher.wake()
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+
+@attrs.frozen
+class BatcherStatistics:
+    waiting: int
+    running: int
+    steps: int
+    items_stepped: int
+
+
+class ContinuousBatcher:
+    """Steps one :class:`BatchModel` replica. Start :meth:`run` with ``nursery.start``;
+    submit with :meth:`submit_nowait` (raises :class:`Overloaded` when ``max_pending``
+    items already wait). Cancelling :meth:`run` waits for a running step to finish, then
+    fails every item it still holds with :class:`ShuttingDown`."""
+
+    def __init__(
+        self,
+        model: BatchModel[Any, Any],
+        *,
+        max_batch_size: int,
+        max_batch_time: float = 0.0,
+        max_pending: int = 1024,
+        name: str = "batcher",
+        on_step: Callable[[list[WorkItem]], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.name = name
+        self.max_batch_time = max_batch_time
+        self.max_pending = max_pending
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)
+        self._wakeup = trio.Event()
+        self._limiter = trio.CapacityLimiter(1)
+        self._closed = False
+        self._on_step = on_step
+        self.steps = 0
+        self.items_stepped = 0
+
+    # -- submitting side --------------------------------------------------------------
+
+    @property
+    def load(self) -> int:
+        """Items waiting or running: the measure for least-loaded routing."""
+        return len(self._scheduler)
+
+    def statistics(self) -> BatcherStatistics:
+        return BatcherStatistics(
+            self._scheduler.waiting, self._scheduler.running, self.steps, self.items_stepped
+        )
+
+    def submit_nowait(self, item: WorkItem) -> None:
+        if self._closed:
+            raise ShuttingDown(f"{self.name} is shutting down")
+        if self._scheduler.waiting >= self.max_pending:
+            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot")
+        item.batcher = self
+        self._scheduler.submit(item, item.sequence_id)
+        self.wake()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def _wait_for_wakeup(self) -> None:
+        await self._wakeup.wait()
+        self._wakeup = trio.Event()
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            await self._loop()
+        finally:
+            self._closed = True
+            self._fail_all(ShuttingDown(f"{self.name} stopped"))
+
+    async def _loop(self) -> None:
+        scheduler = self._scheduler
+        idle = True
+        while True:
+            self._refill()
+            if idle and self.max_batch_time > 0 and 0 < scheduler.running < scheduler.max_batch_size:
+                await self._gather(self.max_batch_time)
+            batch = [item for item in scheduler.plan() if not self._sits_out(item)]
+            if not batch:
+                idle = scheduler.running == 0
+                # Nothing to step: wait for a submit, a cancel or a reader catching up.
+                if not self._wakeup.is_set():
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            idle = False
+            if self._on_step is not None:
+                self._on_step(batch)
+            outputs = await self._step(batch)
+            self._deliver(batch, outputs)
+
+    async def _gather(self, max_time: float) -> None:
+        """Wait up to ``max_time`` for the batch to fill up (only after being idle)."""
+        scheduler = self._scheduler
+        deadline = trio.current_time() + max_time
+        with trio.move_on_at(deadline):
+            while scheduler.running < scheduler.max_batch_size:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                self._refill()
+        self._wakeup = trio.Event()
+
+    def _refill(self) -> None:
+        """Drop cancelled items, then admit; repeat while admitted items were cancelled."""
+        self._sweep_cancelled()
+        while any(item.cancelled for item in self._scheduler.admit()):
+            self._sweep_cancelled()
+
+    def _sits_out(self, item: WorkItem) -> bool:
+        if item.replies.full():
+            item.paused = True
+            return True
+        return False
+
+    def _sweep_cancelled(self) -> None:
+        """Take cancelled items out (admitted or waiting) and tell the model."""
+        for item in [i for i in self._scheduler.plan() if i.cancelled]:
+            self._drop(item)
+
+    def _drop(self, item: WorkItem) -> None:
+        self._scheduler.finish(item)
+        if item.work is not None:
+            try:
+                self.model.on_request_cancelled(item.work)
+            except Exception:
+                log.exception("%s: on_request_cancelled raised", self.name)
+        item.finish()
+
+    async def _step(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
+        works = [item.work for item in batch]
+        try:
+            outputs = await trio.to_thread.run_sync(
+                self.model.step, works, limiter=self._limiter, abandon_on_cancel=False
+            )
+        except Exception as exc:
+            log.exception("%s: step of %d items failed", self.name, len(batch))
+            return exc
+        self.steps += 1
+        self.items_stepped += len(batch)
+        if not isinstance(outputs, list) or len(outputs) != len(batch):
+            count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+            error = ModelFailed(f"{self.model.name}: step returned {count} outputs for {len(batch)} items")
+            log.error("%s", error)
+            return error
+        return outputs
+
+    def _deliver(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
+        if isinstance(outputs, BaseException):
+            failure = outputs if isinstance(outputs, ModelFailed) else ModelFailed(
+                f"model {self.model.name!r} failed: {type(outputs).__name__}: {outputs}"
+            )
+            for item in batch:
+                self._scheduler.finish(item)
+                item.fail(failure)
+            return
+        for item, out in zip(batch, outputs, strict=True):
+            if item.cancelled:
+                self._drop(item)
+                continue
+            if out.error is not None:
+                self._scheduler.finish(item)
+                item.fail(out.error)
+                continue
+            if out.response is not None:
+                response = out.response
+                if item.sequence_id is not None and "sequence_id" not in response.parameters:
+                    response.parameters["sequence_id"] = item.sequence_id
+                if response.id is None:
+                    response.id = item.request.id
+                try:
+                    item.replies.send_nowait(response)
+                except trio.ClosedResourceError:
+                    item.cancelled = True
+                    self._drop(item)
+                    continue
+            if out.done:
+                self._scheduler.finish(item)
+                item.finish()
+
+    def _fail_all(self, error: Exception) -> None:
+        scheduler = self._scheduler
+        items = scheduler.plan()
+        for item in items:
+            scheduler.finish(item)
+            item.fail(error)
+        while scheduler.waiting:
+            admitted = scheduler.admit() or []
+            for item in admitted:
+                scheduler.finish(item)
+                item.fail(error)
+            if not admitted:
+                break

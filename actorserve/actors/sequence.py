@@ -1,0 +1,211 @@
+"""The sequence actor: one trio task per open stateful sequence.
+
+It owns the sequence's state and a bounded mailbox of requests, and runs those
+requests strictly one after another. It ends, always through the same ``finally``,
+when the sequence is ended by a request, cancelled, idle too long, open too long,
+evicted, failed or shut down; the model's ``on_sequence_end`` is called exactly once
+with that reason, after any request still in a batch has left it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..errors import ActorServeError, ModelFailed, SequenceNotFound
+from ..model import BatchModel, Model
+from .batcher import ContinuousBatcher, WorkItem
+from .mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+#: How long an ending actor waits for its running request to leave the batch before it
+#: calls on_sequence_end anyway. A step is normally milliseconds; this only bounds a hang.
+LEAVE_BATCH_TIMEOUT = 30.0
+
+
+@attrs.define(eq=False, slots=True)
+class Job:
+    """A request queued for a sequence. ``end``: the sequence ends after it.
+    ``turn`` is set when a plain (non-batch) model's caller may run it."""
+
+    item: WorkItem
+    end: bool = False
+    turn: trio.Event | None = None
+
+
+_PHRASES = {
+    "ended": "has ended",
+    "cancelled": "was cancelled",
+    "expired": "expired",
+    "evicted": "was evicted (max_sequences reached)",
+    "failed": "failed",
+    "shutdown": "was shut down",
+}
+
+
+def ended_phrase(reason: str) -> str:
+    return _PHRASES.get(reason, reason)
+
+
+class SequenceActor:
+    """Started by the :class:`Supervisor` with ``nursery.start(actor.run)``; talk to it
+    only through :meth:`deliver` (queue a job) and :meth:`stop` (end it with a reason)."""
+
+    __slots__ = (
+        "_scope",
+        "current",
+        "end_reason",
+        "id",
+        "last_used",
+        "mailbox",
+        "model",
+        "replica",
+        "state",
+        "supervisor",
+    )
+
+    def __init__(
+        self,
+        sequence_id: str,
+        supervisor: Supervisor,
+        model: Model,
+        replica: ContinuousBatcher | None,
+        max_queue: int,
+        state: Any = None,
+    ) -> None:
+        self.id = sequence_id
+        self.supervisor = supervisor
+        self.model = model
+        self.replica = replica
+        self.mailbox: Mailbox[Job] = Mailbox(max_queue, name=f"sequence {sequence_id!r}")
+        self.current: Job | None = None
+        self.end_reason: str | None = None
+        self.last_used = trio.current_time()
+        self._scope: trio.CancelScope | None = None
+        self.state = state  # lent to the model's step only while a request of ours runs
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and not len(self.mailbox)
+
+    def deliver(self, job: Job) -> None:
+        """Queue ``job``; :class:`Overloaded` if the mailbox is full."""
+        self.mailbox.send_nowait(job)
+        self.last_used = trio.current_time()
+
+    def stop(self, reason: str) -> None:
+        """End the sequence now: the running request stops at its next step."""
+        if self.end_reason is None:
+            self.end_reason = reason
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        settings = self.supervisor.settings
+        reason = "failed"
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                if settings.max_duration_ms:
+                    scope.deadline = trio.current_time() + settings.max_duration_ms / 1000
+                task_status.started()
+                reason = await self._serve(self.state)
+            if scope.cancelled_caught:
+                reason = self.end_reason or "expired"
+        except trio.Cancelled:
+            reason = self.end_reason or "shutdown"
+            raise
+        except Exception as exc:
+            log.exception("sequence %r of model %r failed", self.id, self.model.name)
+            if self.current is not None:
+                self.current.item.fail(
+                    ModelFailed(f"sequence {self.id!r} failed: {type(exc).__name__}: {exc}")
+                )
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finish(reason)
+
+    async def _serve(self, state: Any) -> str:
+        idle_timeout = self.supervisor.settings.idle_timeout_ms / 1000 or math.inf
+        mailbox = self.mailbox
+        while True:
+            job: Job | None = None
+            with trio.move_on_after(idle_timeout):
+                job = await mailbox.receive()
+            if job is None:
+                return "expired"
+            if job.item.cancelled:  # its caller went away while it waited
+                job.item.finish()
+                continue
+            self.current = job
+            try:
+                await self._run_job(job, state)
+            finally:
+                self.current = None
+            self.last_used = trio.current_time()
+            if job.end:
+                return "ended"
+
+    async def _run_job(self, job: Job, state: Any) -> None:
+        item = job.item
+        model = self.model
+        if isinstance(model, BatchModel):
+            try:
+                item.work = model.begin(item.request, state)
+            except ActorServeError as exc:
+                item.fail(exc)  # a bad request fails itself, not the sequence
+                return
+            assert self.replica is not None
+            try:
+                self.replica.submit_nowait(item)
+            except ActorServeError as exc:
+                item.fail(exc)
+                return
+        else:
+            assert job.turn is not None
+            job.turn.set()  # the caller runs the plain model in its own task
+        await item.done.wait()
+
+    async def _finish(self, reason: str) -> None:
+        """Fail what is queued, stop what runs, wait for it to leave the batch, then
+        unregister and call on_sequence_end exactly once."""
+        why = SequenceNotFound(f"sequence {self.id!r} {ended_phrase(reason)}")
+        for job in self.mailbox.drain():
+            job.item.fail(why)
+            if job.turn is not None:
+                job.turn.set()
+        running = self.current.item if self.current is not None else None
+        if running is not None and not running.finished:
+            if running.batcher is None:
+                running.fail(why)
+            else:
+                _cancel_with(running, why)
+                with trio.move_on_after(LEAVE_BATCH_TIMEOUT) as waited:
+                    await running.done.wait()
+                if waited.cancelled_caught:
+                    log.error("sequence %r: its request did not leave the batch in %.0f s",
+                              self.id, LEAVE_BATCH_TIMEOUT)
+        self.supervisor.forget(self, reason)
+        if isinstance(self.model, BatchModel):
+            try:
+                self.model.on_sequence_end(self.state, reason)
+            except Exception:
+                log.exception("model %r: on_sequence_end(%r) raised", self.model.name, reason)
+
+
+def _cancel_with(item: WorkItem, error: ActorServeError) -> None:
+    """Cancel a batched item and tell its caller why (the batcher drops it next step)."""
+    try:
+        if not item.replies.full():
+            item.replies.send_nowait(error)
+    except trio.ClosedResourceError:
+        pass
+    item.cancel()

@@ -1,0 +1,199 @@
+"""The supervisor: a nursery that owns every :class:`SequenceActor` of one model version.
+
+It opens sequences (``sequence_start``), routes requests to their actor's mailbox,
+cancels sequences, enforces ``max_sequences`` (refusing, or evicting the least recently
+used idle sequence with ``evict_idle``) and remembers recently ended ids so that a late
+request hears *why* its sequence is gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ModelFailed, Overloaded, SequenceConflict, SequenceNotFound, ShuttingDown
+from ..model import BatchModel, Model
+from ..settings import SequenceSettings
+from .batcher import ContinuousBatcher
+from .sequence import Job, SequenceActor, ended_phrase
+
+log = logging.getLogger(__name__)
+
+#: how many ended sequence ids are remembered to explain a late request.
+REMEMBER_ENDED = 4096
+
+
+@attrs.frozen(slots=True)
+class SequenceControl:
+    """The sequence part of a request: id (None = no sequence) and start/end/cancel."""
+
+    id: str | None = None
+    start: bool = False
+    end: bool = False
+    cancel: bool = False
+
+    @property
+    def stateful(self) -> bool:
+        return self.id is not None or self.start or self.cancel
+
+
+@attrs.frozen
+class SupervisorStatistics:
+    open_sequences: int
+    max_sequences: int
+    started: int
+    ended: dict[str, int]
+
+
+class Supervisor:
+    """Start :meth:`run` with ``nursery.start``; then :meth:`open_or_find` and
+    :meth:`cancel` from any task of the same trio run."""
+
+    def __init__(
+        self,
+        model: Model,
+        settings: SequenceSettings,
+        pick_replica: Callable[[], ContinuousBatcher | None],
+        *,
+        name: str = "supervisor",
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.name = name
+        self._pick_replica = pick_replica
+        self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+        self._closing = False
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex()
+        self.started = 0
+        self.ended_by_reason: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    def statistics(self) -> SupervisorStatistics:
+        return SupervisorStatistics(
+            len(self._actors), self.settings.max_sequences, self.started, dict(self.ended_by_reason)
+        )
+
+    def actor(self, sequence_id: str) -> SequenceActor | None:
+        return self._actors.get(sequence_id)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._closing = True
+
+    def end_all(self, reason: str) -> None:
+        """End every open sequence with ``reason`` and accept no new ones."""
+        self._closing = True
+        for actor in list(self._actors.values()):
+            actor.stop(reason)
+
+    async def submit(self, job: Job, control: SequenceControl) -> SequenceActor:
+        """Route ``job`` to its sequence, opening it on ``control.start``.
+
+        Raises :class:`SequenceConflict`, :class:`SequenceNotFound`, :class:`Overloaded`
+        or :class:`ShuttingDown`; on success the job is queued in the actor's mailbox.
+        """
+        if control.start:
+            actor = await self._open(control.id)
+        else:
+            actor = self._find(control.id)
+        try:
+            actor.deliver(job)
+        except trio.ClosedResourceError:
+            raise SequenceNotFound(
+                f"sequence {actor.id!r} {ended_phrase(actor.end_reason or 'ended')}"
+            ) from None
+        except Overloaded:
+            raise Overloaded(
+                f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued "
+                "(max_queue)"
+            ) from None
+        if control.end:
+            job.end = True
+        self._actors.move_to_end(actor.id)
+        return actor
+
+    def cancel(self, sequence_id: str | None) -> str:
+        """Cancel an open sequence: its running request stops at the next step."""
+        actor = self._find(sequence_id)
+        self._actors.pop(actor.id, None)
+        actor.stop("cancelled")
+        return actor.id
+
+    def _find(self, sequence_id: str | None) -> SequenceActor:
+        if sequence_id is None:
+            raise SequenceNotFound("a request without sequence_start must carry a sequence_id")
+        actor = self._actors.get(sequence_id)
+        if actor is None:
+            why = self._ended.get(sequence_id)
+            if why is None:
+                raise SequenceNotFound(
+                    f"sequence {sequence_id!r} is not open (unknown id; start it with "
+                    "sequence_start)"
+                )
+            raise SequenceNotFound(f"sequence {sequence_id!r} {ended_phrase(why)}")
+        return actor
+
+    async def _open(self, sequence_id: str | None) -> SequenceActor:
+        if self._closing or self._nursery is None:
+            raise ShuttingDown(f"{self.name} is shutting down")
+        if sequence_id is None:
+            sequence_id = f"{self._id_prefix}-{next(self._ids)}"
+        elif sequence_id in self._actors:
+            raise SequenceConflict(f"sequence {sequence_id!r} is already open")
+        if len(self._actors) >= self.settings.max_sequences:
+            self._make_room()
+        state: Any = None
+        if isinstance(self.model, BatchModel):
+            try:
+                state = self.model.new_state(sequence_id)
+            except Exception as exc:
+                log.exception("model %r: new_state(%r) raised", self.model.name, sequence_id)
+                raise ModelFailed(
+                    f"model {self.model.name!r} could not start sequence {sequence_id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+        actor = SequenceActor(
+            sequence_id, self, self.model, self._pick_replica(), self.settings.max_queue, state
+        )
+        self._actors[sequence_id] = actor
+        self._ended.pop(sequence_id, None)
+        self.started += 1
+        await self._nursery.start(actor.run)
+        return actor
+
+    def _make_room(self) -> None:
+        if self.settings.evict_idle:
+            for actor in self._actors.values():  # least recently used first
+                if actor.idle:
+                    del self._actors[actor.id]
+                    actor.stop("evicted")
+                    return
+        raise Overloaded(
+            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)"
+        )
+
+    def forget(self, actor: SequenceActor, reason: str) -> None:
+        """Called by an actor as it ends (exactly once)."""
+        if self._actors.get(actor.id) is actor:
+            del self._actors[actor.id]
+        self._ended[actor.id] = reason
+        if len(self._ended) > REMEMBER_ENDED:
+            self._ended.popitem(last=False)
+        self.ended_by_reason[reason] = self.ended_by_reason.get(reason, 0) + 1

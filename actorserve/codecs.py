@@ -1,0 +1,396 @@
+"""Conversions between OIP tensors and JSON values, raw bytes, numpy and torch.
+
+Every decoder validates and raises :class:`~actorserve.errors.BadInput` with a message
+that names the tensor and says what was expected. Numeric data never goes through
+per-element Python loops: JSON lists are converted by numpy in C, raw bytes with
+``numpy.frombuffer``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import BadInput
+from .types import (
+    DATATYPES,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    datatype_of,
+    numpy_dtype,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "check_shape",
+    "parameters_from_json",
+    "request_from_json",
+    "request_to_json",
+    "response_from_json",
+    "response_to_json",
+    "tensor_from_json",
+    "tensor_from_list",
+    "tensor_from_numpy",
+    "tensor_from_raw",
+    "tensor_from_torch",
+    "tensor_to_json",
+    "tensor_to_raw",
+    "tensor_to_torch",
+]
+
+_LEN = struct.Struct("<I")
+# numpy dtype kinds that a JSON array may decode to, per OIP datatype kind.
+_ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf", "O": ""}
+
+
+def check_shape(name: str, shape: object) -> tuple[int, ...]:
+    """Validate a shape: a list of non-negative integers."""
+    if not isinstance(shape, (list, tuple)):
+        raise BadInput(f"input {name!r}: shape must be a list of integers, got {shape!r}")
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise BadInput(f"input {name!r}: shape must be a list of integers, got {shape!r}")
+        if dim < 0:
+            raise BadInput(f"input {name!r}: negative dimension {dim} in shape {list(shape)}")
+    return tuple(shape)
+
+
+def _element_count(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _bytes_element(name: str, value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise BadInput(
+        f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}"
+    )
+
+
+def _flatten(value: object, out: list[object]) -> None:
+    if isinstance(value, list):
+        for item in value:
+            _flatten(item, out)
+    else:
+        out.append(value)
+
+
+def tensor_from_list(
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    data: object,
+    parameters: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """Build a tensor from JSON ``data`` (flat, or nested row-major) and check it."""
+    dims = check_shape(name, shape)
+    dtype = numpy_dtype(datatype)
+    if not isinstance(data, list):
+        raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
+    expected = _element_count(dims)
+    if datatype == "BYTES":
+        flat: list[object] = []
+        _flatten(data, flat)
+        if len(flat) != expected:
+            raise _count_mismatch(name, dims, expected, len(flat))
+        array = np.empty(expected, dtype=object)
+        for i, value in enumerate(flat):
+            array[i] = _bytes_element(name, value)
+        return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+    try:
+        probe = np.array(data)
+    except ValueError:
+        raise BadInput(f"input {name!r}: data is a ragged nested list") from None
+    if probe.size != expected:
+        raise _count_mismatch(name, dims, expected, probe.size)
+    if probe.size and probe.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise BadInput(
+            f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, "
+            f"got {_describe(probe)}"
+        )
+    try:
+        array = probe.astype(dtype, casting="unsafe") if probe.size else np.empty(0, dtype)
+        if probe.size and dtype.kind in "iu" and probe.dtype.kind in "iu":
+            # astype wraps silently; a value out of range is the client's mistake.
+            info = np.iinfo(dtype)
+            if probe.min() < info.min or probe.max() > info.max:
+                raise OverflowError
+    except OverflowError:
+        raise BadInput(f"input {name!r}: a value is out of range for {datatype}") from None
+    return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+
+
+def _count_mismatch(name: str, shape: tuple[int, ...], expected: int, got: int) -> BadInput:
+    return BadInput(
+        f"input {name!r}: shape {list(shape)} needs {expected} elements, data has {got}"
+    )
+
+
+def _kind_word(kind: str) -> str:
+    return {"b": "booleans", "u": "integers", "i": "integers", "f": "numbers"}.get(kind, "?")
+
+
+def _describe(probe: npt.NDArray[Any]) -> str:
+    kind = probe.dtype.kind
+    if kind in "US":
+        return "strings"
+    if kind == "f":
+        return "floating-point numbers"
+    if kind in "iu":
+        return "integers"
+    if kind == "b":
+        return "booleans"
+    return "mixed or non-numeric values"
+
+
+def tensor_from_json(obj: object, *, what: str = "input") -> Tensor:
+    """Decode one OIP JSON tensor ``{"name", "shape", "datatype", "data", "parameters"?}``."""
+    if not isinstance(obj, dict):
+        raise BadInput(f"each {what} must be a JSON object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str):
+        raise BadInput(f"{what} without a string 'name': {_short(obj)}")
+    if "shape" not in obj:
+        raise BadInput(f"{what} {name!r}: missing 'shape'")
+    if "datatype" not in obj:
+        raise BadInput(f"{what} {name!r}: missing 'datatype'")
+    if "data" not in obj:
+        raise BadInput(f"{what} {name!r}: missing 'data'")
+    parameters = parameters_from_json(obj.get("parameters"), where=f"{what} {name!r}")
+    return tensor_from_list(name, obj["datatype"], obj["shape"], obj["data"], parameters)
+
+
+def _short(obj: object) -> str:
+    text = repr(obj)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def parameters_from_json(value: object, *, where: str = "request") -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{where}: 'parameters' must be a JSON object")
+    return value
+
+
+def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
+    """Encode a tensor as OIP JSON. Numeric data stays a numpy array (orjson writes it)."""
+    data: Any
+    if tensor.datatype == "BYTES":
+        data = [_bytes_to_text(v) for v in tensor.data.reshape(-1)]
+    else:
+        data = np.ascontiguousarray(tensor.data).reshape(-1)
+    out: dict[str, Any] = {
+        "name": tensor.name,
+        "shape": list(tensor.shape),
+        "datatype": tensor.datatype,
+        "data": data,
+    }
+    if tensor.parameters:
+        out["parameters"] = tensor.parameters
+    return out
+
+
+def _bytes_to_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def request_from_json(obj: object) -> InferenceRequest:
+    """Decode an OIP request body (already parsed JSON)."""
+    if not isinstance(obj, dict):
+        raise BadInput(
+            f"the request body must be a JSON object, got a JSON {_json_kind(obj)}"
+        )
+    inputs = obj.get("inputs")
+    if inputs is None:
+        raise BadInput("the request has no 'inputs'")
+    if not isinstance(inputs, list):
+        raise BadInput(f"'inputs' must be a list, got a JSON {_json_kind(inputs)}")
+    request_id = obj.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadInput("'id' must be a string")
+    outputs_obj = obj.get("outputs") or []
+    if not isinstance(outputs_obj, list):
+        raise BadInput("'outputs' must be a list")
+    outputs = []
+    for out in outputs_obj:
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise BadInput("each requested output must be an object with a string 'name'")
+        outputs.append(RequestedOutput(out["name"], parameters_from_json(out.get("parameters"))))
+    return InferenceRequest(
+        inputs=[tensor_from_json(t) for t in inputs],
+        id=request_id,
+        parameters=parameters_from_json(obj.get("parameters")),
+        outputs=outputs,
+    )
+
+
+def _json_kind(obj: object) -> str:
+    if isinstance(obj, list):
+        return "array"
+    if isinstance(obj, str):
+        return "string"
+    if obj is None:
+        return "null"
+    if isinstance(obj, bool):
+        return "boolean"
+    if isinstance(obj, (int, float)):
+        return "number"
+    return "object"
+
+
+def request_to_json(request: InferenceRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {"inputs": [tensor_to_json(t) for t in request.inputs]}
+    if request.id is not None:
+        out["id"] = request.id
+    if request.parameters:
+        out["parameters"] = request.parameters
+    if request.outputs:
+        out["outputs"] = [
+            {"name": o.name, **({"parameters": o.parameters} if o.parameters else {})}
+            for o in request.outputs
+        ]
+    return out
+
+
+def response_to_json(response: InferenceResponse) -> dict[str, Any]:
+    out: dict[str, Any] = {"model_name": response.model_name}
+    if response.model_version is not None:
+        out["model_version"] = response.model_version
+    if response.id is not None:
+        out["id"] = response.id
+    if response.parameters:
+        out["parameters"] = response.parameters
+    out["outputs"] = [tensor_to_json(t) for t in response.outputs]
+    return out
+
+
+def response_from_json(obj: Mapping[str, Any]) -> InferenceResponse:
+    return InferenceResponse(
+        model_name=obj["model_name"],
+        model_version=obj.get("model_version"),
+        id=obj.get("id"),
+        parameters=dict(obj.get("parameters") or {}),
+        outputs=[tensor_from_json(t, what="output") for t in obj.get("outputs", [])],
+    )
+
+
+def tensor_from_raw(
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    raw: bytes | bytearray | memoryview,
+    parameters: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """Decode raw little-endian tensor bytes (Triton's binary tensor / gRPC raw contents).
+
+    BYTES elements are each a 4-byte little-endian length followed by the bytes.
+    """
+    dims = check_shape(name, shape)
+    dtype = numpy_dtype(datatype)
+    count = _element_count(dims)
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        view = memoryview(raw)
+        pos = 0
+        for i in range(count):
+            if pos + 4 > len(view):
+                raise BadInput(
+                    f"input {name!r}: raw BYTES data ends after {i} of {count} elements"
+                )
+            (length,) = _LEN.unpack_from(view, pos)
+            pos += 4
+            if pos + length > len(view):
+                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
+            array[i] = bytes(view[pos : pos + length])
+            pos += length
+        if pos != len(view):
+            raise BadInput(
+                f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements"
+            )
+        return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise BadInput(
+            f"input {name!r}: {datatype} shape {list(dims)} needs {expected} bytes, "
+            f"got {len(raw)}"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
+    return Tensor(name, dims, datatype, array, dict(parameters or {}))
+
+
+def tensor_to_raw(tensor: Tensor) -> bytes:
+    """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
+    if tensor.datatype == "BYTES":
+        parts = []
+        for value in tensor.data.reshape(-1):
+            item = value if isinstance(value, bytes) else str(value).encode()
+            parts.append(_LEN.pack(len(item)))
+            parts.append(item)
+        return b"".join(parts)
+    data = tensor.data
+    if data.dtype.byteorder == ">":
+        data = data.astype(data.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(data).tobytes()
+
+
+def tensor_from_numpy(
+    name: str,
+    array: npt.ArrayLike,
+    datatype: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """Wrap a numpy array (or anything numpy accepts) as a tensor of ``datatype``.
+
+    Without ``datatype`` it is inferred from the array; str elements become UTF-8 bytes.
+    """
+    arr = np.asarray(array)
+    dt = datatype or datatype_of(arr)
+    if dt == "BYTES":
+        if arr.dtype != object or any(not isinstance(v, bytes) for v in arr.reshape(-1)):
+            flat = [_bytes_element(name, v) for v in arr.reshape(-1).tolist()]
+            out = np.empty(len(flat), dtype=object)
+            out[:] = flat
+            arr = out.reshape(arr.shape)
+    else:
+        target = numpy_dtype(dt)
+        if arr.dtype != target:
+            arr = arr.astype(target)
+    return Tensor(name, tuple(int(d) for d in arr.shape), dt, arr, dict(parameters or {}))
+
+
+def tensor_from_torch(
+    name: str, value: torch.Tensor, parameters: Mapping[str, Any] | None = None
+) -> Tensor:
+    """Copy a torch tensor (any device) into an OIP tensor."""
+    return tensor_from_numpy(name, value.detach().cpu().numpy(), parameters=parameters)
+
+
+def tensor_to_torch(tensor: Tensor, device: str | torch.device | None = None) -> torch.Tensor:
+    """A torch tensor with the tensor's data; BYTES cannot be converted."""
+    import torch
+
+    if tensor.datatype == "BYTES":
+        raise BadInput(f"input {tensor.name!r}: BYTES tensors have no torch equivalent")
+    if tensor.datatype in ("UINT16", "UINT32", "UINT64"):
+        # torch has limited unsigned support; widen to the next signed type.
+        data = tensor.data.astype(np.int64)
+    else:
+        data = tensor.data
+    return torch.from_numpy(np.array(data, copy=True)).to(device or "cpu")
+
+
+assert set(_ACCEPTED_KINDS) >= {dt.kind for dt in DATATYPES.values()}

@@ -1,0 +1,212 @@
+"""The engine: every loaded model version, in one nursery, behind one API.
+
+The transports only parse, call the engine, and encode; so does any trio program that
+embeds actorserve::
+
+    async with actorserve.open_engine(settings) as engine:
+        response = await engine.infer(request, model="identity")
+        async with engine.infer_stream(request, model="streamer") as responses:
+            async for response in responses: ...
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from .actors.host import ModelHost
+from .model import BatchModel
+from .errors import ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .settings import ModelSettings, Settings
+from .types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger(__name__)
+
+
+def _version_key(version: str) -> tuple[int, int | str]:
+    return (0, int(version)) if version.isdigit() else (1, version)
+
+
+class Engine:
+    """Owns a :class:`ModelHost` per loaded model version. Made by :func:`open_engine`."""
+
+    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
+        self.settings = settings
+        self._nursery = nursery
+        self._hosts: dict[str, dict[str, ModelHost]] = {}
+        self._default_version: dict[str, str] = {}
+        self._closing = False
+
+    # -- models ------------------------------------------------------------------------
+
+    async def load(self, settings: ModelSettings) -> ModelHost:
+        """Load a model version (replacing a loaded one of the same name and version)."""
+        if self._closing:
+            raise ShuttingDown("the engine is shutting down")
+        host = ModelHost(settings)
+        try:
+            await self._nursery.start(self._run_host, host)
+        except Exception as exc:
+            log.exception("loading model %r failed", settings.name)
+            raise ModelFailed(f"loading model {settings.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        old = self._hosts.setdefault(settings.name, {}).get(settings.version)
+        self._hosts[settings.name][settings.version] = host
+        if old is not None:
+            old.stop()
+        model = host.model
+        batching = f", max_batch_size={model.max_batch_size}" if isinstance(model, BatchModel) else ""
+        log.info(
+            "loaded model %s version %s (%s, workers=%d%s)",
+            settings.name, settings.version, host.model_class.__name__, settings.workers, batching,
+        )
+        return host
+
+    async def _run_host(self, host: ModelHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await host.run(task_status=task_status)
+        finally:
+            versions = self._hosts.get(host.name, {})
+            if versions.get(host.version) is host:
+                del versions[host.version]
+                if not versions:
+                    self._hosts.pop(host.name, None)
+
+    async def unload(self, name: str, version: str | None = None, *, grace: float = 0.0) -> None:
+        """Unload a model (every version, or one); its sequences end with ``shutdown``."""
+        versions = self._hosts.get(name)
+        if not versions:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        hosts = [versions[version]] if version is not None else list(versions.values())
+        if version is not None and version not in versions:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        for host in hosts:
+            await host.drain(grace)
+            host.stop()
+            versions.pop(host.version, None)
+        if not versions:
+            self._hosts.pop(name, None)
+            self._default_version.pop(name, None)
+        log.info("unloaded model %s%s", name, f" version {version}" if version else "")
+
+    def set_default_version(self, name: str, version: str) -> None:
+        self.host(name, version)
+        self._default_version[name] = version
+
+    def host(self, name: str | None, version: str | None = None) -> ModelHost:
+        """The host of a model version (default: the default or newest version)."""
+        if not name:
+            raise ModelNotFound("no model name given")
+        versions = self._hosts.get(name)
+        if not versions:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        if version is None or version == "":
+            version = self._default_version.get(name) or max(versions, key=_version_key)
+        host = versions.get(version)
+        if host is None:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        return host
+
+    def models(self) -> list[ModelHost]:
+        return [h for versions in self._hosts.values() for h in versions.values()]
+
+    @property
+    def ready(self) -> bool:
+        """Every model loaded and ready (and the engine not closing)."""
+        return not self._closing and all(h.ready for h in self.models())
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.host(name, version).ready
+
+    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        host = self.host(name, version)
+        meta = host.metadata()
+        meta["versions"] = sorted(self._hosts[name], key=_version_key)
+        return meta
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        return [
+            {"name": h.name, "version": h.version, "state": "READY" if h.ready else h.state.upper(), "reason": ""}
+            for h in sorted(self.models(), key=lambda h: (h.name, _version_key(h.version)))
+        ]
+
+    # -- inference -----------------------------------------------------------------------
+
+    def _route(self, request: InferenceRequest, model: str | None, version: str | None) -> ModelHost:
+        if self._closing:
+            raise ShuttingDown("the engine is shutting down")
+        host = self.host(model or request.model_name, version or request.model_version)
+        if not host.ready and host.state == "loading":
+            raise ModelNotReady(f"model {host.name!r} is not ready")
+        return host
+
+    async def infer(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> InferenceResponse:
+        """One response for ``request`` (a streaming model's responses merged)."""
+        return await self._route(request, model, version).infer(request)
+
+    @asynccontextmanager
+    async def infer_stream(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+        """The responses of one request, as produced. Leaving the block cancels it."""
+        async with self._route(request, model, version).infer_stream(request) as responses:
+            yield responses
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        requests: AsyncIterator[InferenceRequest],
+        *,
+        model: str,
+        version: str | None = None,
+    ) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+        """MLServer's ``predict_stream``: a stream of requests in, responses out."""
+        if self._closing:
+            raise ShuttingDown("the engine is shutting down")
+        async with self.host(model, version).stream(requests) as responses:
+            yield responses
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Stop accepting, give in-flight requests ``grace`` seconds, then end every
+        sequence (reason ``shutdown``) and stop every model."""
+        self._closing = True
+        grace = self.settings.grace_period if grace is None else grace
+        hosts = self.models()
+        with trio.move_on_after(grace):
+            for host in hosts:
+                await host.drain(grace)
+        for host in hosts:
+            host.stop()
+
+
+@asynccontextmanager
+async def open_engine(
+    settings: Settings | Iterable[ModelSettings] | None = None,
+) -> AsyncIterator[Engine]:
+    """Load the models of ``settings`` (default: the built-in models) and yield the engine.
+
+    Leaving the block shuts everything down: sequences end with reason ``shutdown`` and
+    no task is left behind."""
+    if settings is None:
+        from .settings import builtin_models
+
+        settings = Settings(models=tuple(builtin_models()))
+    elif not isinstance(settings, Settings):
+        settings = Settings(models=tuple(settings))
+    async with trio.open_nursery() as nursery:
+        engine = Engine(nursery, settings)
+        try:
+            for model_settings in settings.models:
+                await engine.load(model_settings)
+            yield engine
+        finally:
+            with trio.CancelScope(shield=True):
+                await engine.aclose(grace=0)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,60 @@
+"""Domain errors of actorserve.
+
+These are the errors the engine raises; they carry no HTTP or gRPC status. One table in
+``actorserve.transport.errors`` maps each class to a status on the wire. The tree::
+
+    ActorServeError
+    ├── BadInput             the request is malformed or does not fit the model
+    ├── ModelNotFound        no such model or version
+    ├── ModelNotReady        the model exists but is not loaded (yet / any more)
+    ├── ShuttingDown         the engine no longer accepts work
+    ├── SequenceNotFound     unknown, ended or expired sequence id
+    ├── SequenceConflict     a start for a sequence id that is already open
+    ├── Overloaded           a bounded queue or limit is full; retry later
+    └── ModelFailed          the model raised; the message includes the exception
+
+A message is always meant for the client: it says what was wrong and, where it helps,
+what was expected.
+"""
+
+from __future__ import annotations
+
+
+class ActorServeError(Exception):
+    """Base class of every error the engine reports to a client."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else type(self).__name__
+
+
+class BadInput(ActorServeError):
+    """The request cannot be served as sent (shape, datatype, missing input, ...)."""
+
+
+class ModelNotFound(ActorServeError):
+    """No model (or no version of it) with that name is known."""
+
+
+class ModelNotReady(ActorServeError):
+    """The model is known but not ready to serve."""
+
+
+class ShuttingDown(ActorServeError):
+    """The engine or model is stopping and accepts no new work."""
+
+
+class SequenceNotFound(ActorServeError):
+    """A request named a sequence that is not open; the message says why."""
+
+
+class SequenceConflict(ActorServeError):
+    """A sequence start named an id that is already open."""
+
+
+class Overloaded(ActorServeError):
+    """A bounded resource is full (mailbox, pending queue, sequence limit)."""
+
+
+class ModelFailed(ActorServeError):
+    """The model raised while serving this request."""

@@ -1,0 +1,298 @@
+"""The model API: :class:`Model` (MLServer's surface) and :class:`BatchModel`
+(continuous batching and per-sequence state).
+
+A plain :class:`Model` runs in the caller's trio task: ``predict`` and
+``predict_stream`` are async and must not block (run blocking work with
+``trio.to_thread.run_sync``). A :class:`BatchModel` is driven by the engine's
+:class:`~actorserve.actors.batcher.ContinuousBatcher`: ``begin`` decodes a request into
+a unit of work on the trio thread, ``step`` advances a whole batch of work by one step
+in a worker thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+import attrs
+import numpy as np
+
+from .codecs import tensor_from_numpy
+from .errors import BadInput, ModelFailed
+from .settings import ModelSettings
+from .types import InferenceRequest, InferenceResponse, Tensor
+
+StateT = TypeVar("StateT")
+WorkT = TypeVar("WorkT")
+
+#: Why a sequence ended, as passed to :meth:`BatchModel.on_sequence_end`.
+END_REASONS = ("ended", "cancelled", "expired", "evicted", "failed", "shutdown")
+
+
+@attrs.frozen(slots=True)
+class StepOutput:
+    """What one step produced for one item of the batch.
+
+    ``response`` is streamed to the caller (None: nothing this step, e.g. during a
+    prefill chunk). ``done`` takes the item out of the batch after this step. ``error``
+    fails this item only (it is then done).
+    """
+
+    response: InferenceResponse | None = None
+    done: bool = False
+    error: Exception | None = None
+
+
+class Model:
+    """A model served by actorserve; subclass and override ``predict`` and/or
+    ``predict_stream``.
+
+    ``settings`` is this version's :class:`ModelSettings`; ``parameters`` are its free-form
+    ``parameters`` block.
+    """
+
+    #: True if ``predict_stream`` consumes several requests of one stream together
+    #: (stream-in). Otherwise each request of a stream is served on its own.
+    stream_input: ClassVar[bool] = False
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def version(self) -> str:
+        return self.settings.version
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return dict(self.settings.parameters)
+
+    async def load(self) -> None:
+        """Load weights etc. Called once before the model serves."""
+
+    async def predict(self, request: InferenceRequest) -> InferenceResponse:
+        """One response for one request; the default collects ``predict_stream``."""
+        if type(self).predict_stream is Model.predict_stream:
+            raise NotImplementedError(f"{type(self).__name__} implements neither predict nor predict_stream")
+        responses = [r async for r in self.predict_stream(_one(request))]
+        return merge_responses(self, request, responses)
+
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        """Responses for a stream of requests; the default answers each with ``predict``."""
+        async for request in requests:
+            yield await self.predict(request)
+
+    def response(
+        self,
+        request: InferenceRequest,
+        outputs: Sequence[Tensor],
+        parameters: dict[str, Any] | None = None,
+    ) -> InferenceResponse:
+        """A response to ``request`` with this model's name and version and the request id."""
+        return InferenceResponse(
+            model_name=self.name,
+            model_version=self.version,
+            id=request.id,
+            outputs=list(outputs),
+            parameters=parameters if parameters is not None else {},
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        """OIP model metadata (inputs/outputs come from the settings)."""
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": self.settings.platform or f"actorserve/{type(self).__name__}",
+            "inputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                for s in self.settings.inputs
+            ],
+            "outputs": [
+                {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                for s in self.settings.outputs
+            ],
+        }
+
+
+class BatchModel(Model, Generic[StateT, WorkT]):
+    """A model whose work is stepped in batches by the engine.
+
+    The engine calls, for a sequence: ``new_state`` once when it starts, ``begin`` for
+    each of its requests (with the state), ``on_sequence_end`` exactly once when it ends;
+    for a request without a sequence, ``begin(request, None)``. ``step`` runs in a worker
+    thread and must return one :class:`StepOutput` per item, in order; the state objects
+    reached through the work are touched only there while the work is in the batch.
+    ``on_request_cancelled`` is told when a caller went away before its work was done.
+    """
+
+    #: used when the settings leave max_batch_size at 0.
+    default_max_batch_size: ClassVar[int] = 16
+    #: True when every request must belong to a sequence.
+    requires_sequence: ClassVar[bool] = False
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.settings.max_batch_size or self.default_max_batch_size
+
+    def new_state(self, sequence_id: str) -> StateT:
+        """The initial state of a new sequence."""
+        return None  # type: ignore[return-value]
+
+    def begin(self, request: InferenceRequest, state: StateT | None) -> WorkT:
+        """Decode ``request`` into work; raise :class:`BadInput` for bad requests."""
+        raise NotImplementedError
+
+    def step(self, batch: list[WorkT]) -> list[StepOutput]:
+        """Advance every work item by one step (runs in a worker thread)."""
+        raise NotImplementedError
+
+    def on_sequence_end(self, state: StateT, reason: str) -> None:
+        """A sequence ended (see :data:`END_REASONS`); free its state."""
+
+    def on_request_cancelled(self, work: WorkT) -> None:
+        """The caller of ``work`` went away before it was done."""
+
+    def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
+        """Unary answer from a stream's responses (default: concatenate along axis 0)."""
+        return merge_responses(self, request, responses)
+
+    async def predict(self, request: InferenceRequest) -> InferenceResponse:
+        responses = [r async for r in self.predict_stream(_one(request))]
+        return self.merge(request, responses)
+
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        """Serve requests one by one without the engine (no batching, fresh state each)."""
+        import trio
+
+        async for request in requests:
+            work = self.begin(request, None)
+            while True:
+                (out,) = await trio.to_thread.run_sync(self.step, [work])
+                if out.error is not None:
+                    raise out.error
+                if out.response is not None:
+                    yield out.response
+                if out.done:
+                    break
+
+
+async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
+    yield request
+
+
+def merge_responses(
+    model: Model, request: InferenceRequest, responses: list[InferenceResponse]
+) -> InferenceResponse:
+    """Concatenate streamed responses into one (outputs joined along axis 0)."""
+    if len(responses) == 1:
+        return responses[0]
+    if not responses:
+        return model.response(request, [])
+    names: dict[str, list[Tensor]] = {}
+    for resp in responses:
+        for tensor in resp.outputs:
+            names.setdefault(tensor.name, []).append(tensor)
+    outputs = []
+    for name, parts in names.items():
+        datatype = parts[0].datatype
+        try:
+            data = np.concatenate([p.data.reshape((-1, *p.shape[1:])) if p.shape else p.data.reshape(1) for p in parts])
+        except ValueError as exc:
+            raise ModelFailed(f"cannot merge streamed output {name!r}: {exc}") from None
+        outputs.append(tensor_from_numpy(name, data, datatype))
+    last = responses[-1]
+    return InferenceResponse(
+        model_name=last.model_name,
+        model_version=last.model_version,
+        id=last.id,
+        outputs=outputs,
+        parameters=dict(last.parameters),
+    )
+
+
+# -- request parameters -------------------------------------------------------------
+
+
+def _bad(name: str, value: object, expected: str) -> BadInput:
+    return BadInput(f"parameter {name!r}: expected {expected}, got {value!r}")
+
+
+def int_parameter(
+    request: InferenceRequest,
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """An integer request parameter (numeric strings accepted), range-checked."""
+    value = request.parameters.get(name, default)
+    if isinstance(value, bool):
+        raise _bad(name, value, "an integer")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise _bad(name, value, "an integer") from None
+    if not isinstance(value, int):
+        raise _bad(name, value, "an integer")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise _bad(name, value, f"an integer in [{minimum}, {maximum}]")
+    return value
+
+
+def float_parameter(
+    request: InferenceRequest,
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """A numeric request parameter (numeric strings accepted), range-checked."""
+    value = request.parameters.get(name, default)
+    if isinstance(value, bool):
+        raise _bad(name, value, "a number")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _bad(name, value, "a number") from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(name, value, "a finite number")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise _bad(name, value, f"a number in [{minimum}, {maximum}]")
+    return float(value)
+
+
+def bool_parameter(value: object, name: str) -> bool:
+    """A boolean from JSON, gRPC or a header (true/false, 1/0, yes/no)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "false", "0", "no", ""):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise _bad(name, value, "a boolean")
+
+
+def text_input(request: InferenceRequest, name: str, default: str | None = None) -> str:
+    """The first element of a BYTES input as text (``default`` if the input is absent)."""
+    tensor = request.input(name, required=default is None)
+    if tensor is None:
+        assert default is not None
+        return default
+    if tensor.datatype != "BYTES" or tensor.data.size < 1:
+        raise BadInput(f"input {name!r}: expected BYTES with at least one element")
+    value = tensor.data.reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,30 @@
+"""The built-in models, served by ``python -m actorserve`` without a model folder."""
+
+from __future__ import annotations
+
+from ..settings import ModelSettings, SequenceSettings, TensorSpec
+
+
+def builtin_settings() -> list[ModelSettings]:
+    """Settings of every built-in model."""
+    return [
+        ModelSettings(
+            name="identity",
+            implementation="actorserve.models.identity.IdentityModel",
+            inputs=(TensorSpec("INPUT0", "", (-1,)), TensorSpec("INPUT1", "", (-1,))),
+            outputs=(TensorSpec("OUTPUT0", "", (-1,)), TensorSpec("OUTPUT1", "", (-1,))),
+        ),
+        ModelSettings(
+            name="streamer",
+            implementation="actorserve.models.streamer.StreamerModel",
+            inputs=(TensorSpec("text_input", "BYTES", (1,)),),
+            outputs=(TensorSpec("text_output", "BYTES", (1,)), TensorSpec("index", "INT64", (1,))),
+        ),
+        ModelSettings(
+            name="accumulator",
+            implementation="actorserve.models.accumulator.AccumulatorModel",
+            sequence=SequenceSettings(idle_timeout_ms=600_000, max_sequences=100_000),
+            inputs=(TensorSpec("INPUT", "INT64", (1,)),),
+            outputs=(TensorSpec("OUTPUT", "INT64", (1,)),),
+        ),
+    ]
