@@ -19,8 +19,8 @@ from typing import Any
 import trio
 
 from .actors.host import ModelHost
-from .model import BatchModel
 from .errors import ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .model import BatchModel
 from .settings import ModelSettings, Settings
 from .types import InferenceRequest, InferenceResponse
 
@@ -200,13 +200,20 @@ async def open_engine(
         settings = Settings(models=tuple(builtin_models()))
     elif not isinstance(settings, Settings):
         settings = Settings(models=tuple(settings))
-    async with trio.open_nursery() as nursery:
-        engine = Engine(nursery, settings)
-        try:
-            for model_settings in settings.models:
-                await engine.load(model_settings)
-            yield engine
-        finally:
-            with trio.CancelScope(shield=True):
-                await engine.aclose(grace=0)
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            engine = Engine(nursery, settings)
+            try:
+                for model_settings in settings.models:
+                    await engine.load(model_settings)
+                yield engine
+            finally:
+                with trio.CancelScope(shield=True):
+                    await engine.aclose(grace=0)
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The caller's own error (raised in the block) must reach it as itself, not
+        # wrapped in the engine's nursery group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from group.exceptions[0].__cause__
+        raise

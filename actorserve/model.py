@@ -135,6 +135,10 @@ class BatchModel(Model, Generic[StateT, WorkT]):
     default_max_batch_size: ClassVar[int] = 16
     #: True when every request must belong to a sequence.
     requires_sequence: ClassVar[bool] = False
+    #: Run ``step`` in a worker thread (the default: the event loop stays responsive
+    #: during a real model's step). Set False for steps of a few microseconds, where
+    #: the thread hop costs more than the step itself.
+    step_in_thread: ClassVar[bool] = True
 
     @property
     def max_batch_size(self) -> int:
@@ -175,7 +179,11 @@ class BatchModel(Model, Generic[StateT, WorkT]):
         async for request in requests:
             work = self.begin(request, None)
             while True:
-                (out,) = await trio.to_thread.run_sync(self.step, [work])
+                if self.step_in_thread:
+                    (out,) = await trio.to_thread.run_sync(self.step, [work])
+                else:
+                    await trio.lowlevel.checkpoint()
+                    (out,) = self.step([work])
                 if out.error is not None:
                     raise out.error
                 if out.response is not None:

@@ -26,7 +26,6 @@ from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-Reply = InferenceResponse | BaseException
 
 
 @attrs.define(eq=False, slots=True)
@@ -39,36 +38,34 @@ class WorkItem:
     """
 
     request: InferenceRequest
-    replies: Mailbox[Reply]
+    replies: Mailbox[InferenceResponse]
     sequence_id: str | None = None
     work: Any = None
     batcher: ContinuousBatcher | None = None
     cancelled: bool = False
     paused: bool = False
     finished: bool = False
+    error: BaseException | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
 
-    def cancel(self) -> None:
-        """The caller went away (or the sequence ended): leave the batch at the next step."""
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Leave the batch at the next step: the caller went away or, with ``error``,
+        the request was stopped (its reader gets the error after buffered outputs)."""
         if self.finished or self.cancelled:
             return
         self.cancelled = True
+        if error is not None:
+            self.error = error
         if self.batcher is not None:
             self.batcher.wake()
         else:
             self.finish()
 
     def fail(self, error: BaseException) -> None:
-        """Deliver ``error`` to the caller (if it still reads) and finish."""
-        if self.finished:
-            return
-        try:
-            if self.replies.full():
-                self.replies.drain()  # the error matters more than unread outputs
-            self.replies.send_nowait(error)
-        except trio.ClosedResourceError:
-            pass
-        self.finish()
+        """Finish with ``error``: the reader gets it after the outputs already buffered."""
+        if not self.finished:
+            self.error = error
+            self.finish()
 
     def finish(self) -> None:
         if not self.finished:
@@ -82,12 +79,12 @@ class WorkItem:
         try:
             reply = await self.replies.receive()
         except trio.EndOfChannel:
+            if self.error is not None:
+                raise self.error from None
             raise StopAsyncIteration from None
         if self.paused and self.batcher is not None:
             self.paused = False
             self.batcher.wake()
-        if isinstance(reply, BaseException):
-            raise reply
         return reply
 
 
@@ -226,9 +223,13 @@ class ContinuousBatcher:
     async def _step(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
         works = [item.work for item in batch]
         try:
-            outputs = await trio.to_thread.run_sync(
-                self.model.step, works, limiter=self._limiter, abandon_on_cancel=False
-            )
+            if self.model.step_in_thread:
+                outputs = await trio.to_thread.run_sync(
+                    self.model.step, works, limiter=self._limiter, abandon_on_cancel=False
+                )
+            else:
+                outputs = self.model.step(works)
+                await trio.lowlevel.cancel_shielded_checkpoint()
         except Exception as exc:
             log.exception("%s: step of %d items failed", self.name, len(batch))
             return exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -320,7 +320,7 @@ class ModelHost:
 
     async def _plain_stream(
         self, request: InferenceRequest, control: SequenceControl, *, unary: bool = False
-    ) -> AsyncIterator[InferenceResponse]:
+    ) -> AsyncGenerator[InferenceResponse, None]:
         """A plain model's responses, run in this (the caller's) task."""
         item: WorkItem | None = None
         sequence_id: str | None = None
@@ -385,7 +385,7 @@ class ModelHost:
         finally:
             self._leave()
 
-    async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncGenerator[InferenceResponse, None]:
         async for request in requests:
             async with self.infer_stream(request) as responses:
                 async for response in responses:

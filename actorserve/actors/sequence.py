@@ -145,11 +145,9 @@ class SequenceActor:
             if job.item.cancelled:  # its caller went away while it waited
                 job.item.finish()
                 continue
-            self.current = job
-            try:
-                await self._run_job(job, state)
-            finally:
-                self.current = None
+            self.current = job  # stays set if we are cancelled: _finish stops it
+            await self._run_job(job, state)
+            self.current = None
             self.last_used = trio.current_time()
             if job.end:
                 return "ended"
@@ -187,7 +185,7 @@ class SequenceActor:
             if running.batcher is None:
                 running.fail(why)
             else:
-                _cancel_with(running, why)
+                running.cancel(why)
                 with trio.move_on_after(LEAVE_BATCH_TIMEOUT) as waited:
                     await running.done.wait()
                 if waited.cancelled_caught:
@@ -199,13 +197,3 @@ class SequenceActor:
                 self.model.on_sequence_end(self.state, reason)
             except Exception:
                 log.exception("model %r: on_sequence_end(%r) raised", self.model.name, reason)
-
-
-def _cancel_with(item: WorkItem, error: ActorServeError) -> None:
-    """Cancel a batched item and tell its caller why (the batcher drops it next step)."""
-    try:
-        if not item.replies.full():
-            item.replies.send_nowait(error)
-    except trio.ClosedResourceError:
-        pass
-    item.cancel()

@@ -29,6 +29,7 @@ class AccumulatorModel(BatchModel[Sum, Add]):
 
     requires_sequence = True
     default_max_batch_size = 64
+    step_in_thread = False  # adding integers: a thread hop would cost more than the step
 
     def new_state(self, sequence_id: str) -> Sum:
         return Sum()

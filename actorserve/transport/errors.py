@@ -40,7 +40,7 @@ RETRY_AFTER_SECONDS: Final = 1
 
 def _lookup(error: BaseException) -> tuple[int, Status]:
     for cls in type(error).__mro__:
-        entry = ERROR_TABLE.get(cls)  # type: ignore[call-overload]
+        entry = ERROR_TABLE.get(cls)
         if entry is not None:
             return entry
     return 500, Status.INTERNAL
