@@ -1,0 +1,212 @@
+"""Regenerate the betterproto2 code in :mod:`actorserve.proto.inference` from ``grpc_service.proto``.
+
+Usage (from a dev install, ``pip install -e '.[test]'``)::
+
+    python -m actorserve.proto.regenerate           # rewrite the generated files
+    python -m actorserve.proto.regenerate --check   # exit 1 if they are out of date
+
+The generated code is committed, so the runtime needs only ``betterproto2[grpclib]``.
+Generating needs ``grpcio-tools`` (for ``protoc``), ``betterproto2-compiler`` (the
+``protoc-gen-python_betterproto2`` plugin) and ``ruff`` (the plugin formats its output
+with it). Their versions show up in the output (the compiler's version is even written
+into it), so ``--check`` is only meaningful with the versions the project pins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROTO_DIR = Path(__file__).resolve().parent
+PROTO_FILES = ("grpc_service.proto",)
+#: protoc plugin options: grpclib async client stub + grpclib async server base.
+PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
+#: Files the plugin writes that we keep, relative to PROTO_DIR. (It also writes an empty
+#: ``__init__.py`` and ``py.typed`` at the output root; ours are maintained by hand.)
+GENERATED_FILES = ("inference/__init__.py", "message_pool.py")
+_IGNORED_OUTPUTS = frozenset({"__init__.py", "py.typed"})
+_PLUGIN = "protoc-gen-python_betterproto2"
+_INSTALL_HINT = (
+    "install the dev tools with: pip install -e '.[test]' "
+    "(or: pip install 'grpcio-tools>=1.66,<1.82' 'betterproto2-compiler>=0.10,<0.11' ruff)"
+)
+
+
+class ToolingMissing(RuntimeError):
+    """A code-generation tool is not installed."""
+
+
+def _tool_versions() -> str:
+    parts = []
+    for dist in ("grpcio-tools", "betterproto2-compiler", "betterproto2", "ruff"):
+        try:
+            parts.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    return ", ".join(parts)
+
+
+def _tool_path() -> str:
+    """A PATH on which the plugin and ruff of this interpreter come first."""
+    bin_dirs = [str(Path(sys.executable).parent)]
+    scripts = Path(sys.prefix) / ("Scripts" if os.name == "nt" else "bin")
+    if str(scripts) not in bin_dirs:
+        bin_dirs.append(str(scripts))
+    return os.pathsep.join([*bin_dirs, os.environ.get("PATH", "")])
+
+
+def _check_tooling(path: str) -> str:
+    """Return the plugin's path, or raise :class:`ToolingMissing` saying what to install."""
+    missing = []
+    if importlib.util.find_spec("grpc_tools") is None:
+        missing.append("grpcio-tools (provides protoc as grpc_tools.protoc)")
+    if importlib.util.find_spec("betterproto2_compiler") is None:
+        missing.append("betterproto2-compiler (provides the protoc plugin)")
+    plugin = shutil.which(_PLUGIN, path=path)
+    if plugin is None and not missing:
+        missing.append(f"the {_PLUGIN} script (reinstall betterproto2-compiler)")
+    if shutil.which("ruff", path=path) is None:
+        missing.append("ruff (betterproto2-compiler formats its output with it)")
+    if missing:
+        raise ToolingMissing(
+            "cannot generate the protobuf code, missing: " + "; ".join(missing) + ". " + _INSTALL_HINT
+        )
+    assert plugin is not None
+    return plugin
+
+
+def generate(out_dir: Path) -> dict[str, str]:
+    """Run protoc + betterproto2 into ``out_dir``; return ``{relative path: text}`` of what we keep.
+
+    Runs in a scratch working directory with an empty ``XDG_CONFIG_HOME`` so the ruff the
+    plugin calls sees no project or user configuration: the output depends only on the
+    tool versions.
+    """
+    path = _tool_path()
+    plugin = _check_tooling(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="actorserve-protoc-") as scratch:
+        env = {**os.environ, "PATH": path, "XDG_CONFIG_HOME": scratch}
+        cmd = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"--proto_path={PROTO_DIR}",
+            f"--plugin={_PLUGIN}={plugin}",
+            f"--python_betterproto2_out={out_dir}",
+            f"--python_betterproto2_opt={PLUGIN_OPTIONS}",
+            *(str(PROTO_DIR / name) for name in PROTO_FILES),
+        ]
+        proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"protoc failed (exit {proc.returncode}) with {_tool_versions()}:\n{proc.stdout}{proc.stderr}"
+        )
+    produced = {
+        p.relative_to(out_dir).as_posix()
+        for p in out_dir.rglob("*")
+        if p.is_file() and p.relative_to(out_dir).as_posix() not in _IGNORED_OUTPUTS
+    }
+    unexpected = produced - set(GENERATED_FILES)
+    if unexpected:
+        raise RuntimeError(
+            f"protoc produced files this script does not know: {sorted(unexpected)}; "
+            "update GENERATED_FILES in actorserve/proto/regenerate.py"
+        )
+    return {rel: (out_dir / rel).read_text(encoding="utf-8") for rel in GENERATED_FILES}
+
+
+def regenerate(target: Path = PROTO_DIR) -> list[str]:
+    """Regenerate the committed files under ``target``; return the paths that changed."""
+    with tempfile.TemporaryDirectory(prefix="actorserve-proto-") as tmp:
+        fresh = generate(Path(tmp))
+    changed = []
+    for rel, text in fresh.items():
+        dest = target / rel
+        if dest.exists() and dest.read_text(encoding="utf-8") == text:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+        changed.append(rel)
+    return changed
+
+
+def check(target: Path = PROTO_DIR, *, max_diff_lines: int = 40) -> list[str]:
+    """Compare freshly generated code with the files under ``target``.
+
+    Returns one human-readable problem per out-of-date file (empty: all up to date).
+    """
+    with tempfile.TemporaryDirectory(prefix="actorserve-proto-") as tmp:
+        fresh = generate(Path(tmp))
+    problems = []
+    for rel, text in fresh.items():
+        dest = target / rel
+        if not dest.exists():
+            problems.append(f"{rel}: missing (run python -m actorserve.proto.regenerate)")
+            continue
+        current = dest.read_text(encoding="utf-8")
+        if current == text:
+            continue
+        diff = list(
+            difflib.unified_diff(
+                current.splitlines(),
+                text.splitlines(),
+                fromfile=f"committed/{rel}",
+                tofile=f"generated/{rel}",
+                lineterm="",
+            )
+        )
+        added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
+        removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
+        shown = "\n".join(diff[:max_diff_lines])
+        more = f"\n... ({len(diff) - max_diff_lines} more diff lines)" if len(diff) > max_diff_lines else ""
+        problems.append(f"{rel}: out of date (+{added} -{removed} lines)\n{shown}{more}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m actorserve.proto.regenerate",
+        description="Regenerate actorserve/proto/inference from grpc_service.proto with betterproto2.",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="generate into a temporary directory and exit 1 if the committed code differs",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            problems = check()
+            if problems:
+                print("generated protobuf code is out of date:\n", file=sys.stderr)
+                for problem in problems:
+                    print(problem + "\n", file=sys.stderr)
+                print(
+                    f"tools: {_tool_versions()}\nfix: python -m actorserve.proto.regenerate",
+                    file=sys.stderr,
+                )
+                return 1
+            print(f"generated protobuf code is up to date ({', '.join(GENERATED_FILES)})")
+            return 0
+        changed = regenerate()
+    except ToolingMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if changed:
+        print(f"regenerated: {', '.join(changed)}")
+    else:
+        print("generated protobuf code already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
