@@ -1,0 +1,821 @@
+"""The gRPC transport: Triton's ``inference.GRPCInferenceService`` served by grpclib.
+
+grpclib runs on asyncio only, so this is the one module of actorserve with asyncio code.
+It runs grpclib on a trio-asyncio loop inside the caller's trio run: a grpclib handler
+(an asyncio task) parses the message and hands the work to a trio task with
+``trio_asyncio.trio_as_aio``; trio code reads and writes a call's messages with
+``trio_asyncio.aio_as_trio``. Nothing blocks either side: there is one thread.
+
+Who owns what:
+
+- :func:`serve_grpc` owns the loop, the listening socket and the grpclib server;
+  cancelling it drains (new calls get UNAVAILABLE, in-flight calls get
+  ``settings.grace_period`` seconds) and then closes every connection.
+- A unary call is one trio task. A client that cancels (or a deadline that expires)
+  cancels the asyncio handler, which cancels the trio task, which leaves the engine's
+  request: the engine drops it at its next step.
+- A ``ModelStreamInfer`` call is a small trio nursery: a reader, a writer, and one task
+  per request in flight (at most ``settings.grpc_stream_max_inflight``; past that the
+  reader stops reading, which is backpressure all the way to the client). Responses of
+  all requests go through one bounded channel to the writer.
+
+Errors: domain errors map to a gRPC status through :mod:`actorserve.transport.errors`;
+anything else is a bug, logged with its traceback and sent as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import weakref
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import Any, Final
+
+import trio
+import trio_asyncio
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server, Stream
+
+from .. import __version__
+from ..engine import Engine
+from ..errors import ActorServeError, BadInput, ModelNotFound
+from ..proto.convert import request_from_pb, response_to_pb
+from ..proto.inference import (
+    ModelInferRequest,
+    ModelInferResponse,
+    ModelMetadataRequest,
+    ModelMetadataResponse,
+    ModelMetadataResponseTensorMetadata,
+    ModelReadyRequest,
+    ModelReadyResponse,
+    ModelStreamInferResponse,
+    RepositoryIndexRequest,
+    RepositoryIndexResponse,
+    RepositoryIndexResponseModelIndex,
+    RepositoryModelLoadRequest,
+    RepositoryModelLoadResponse,
+    RepositoryModelUnloadRequest,
+    RepositoryModelUnloadResponse,
+    ServerLiveRequest,
+    ServerLiveResponse,
+    ServerMetadataRequest,
+    ServerMetadataResponse,
+    ServerReadyRequest,
+    ServerReadyResponse,
+)
+from ..settings import ModelSettings, Settings, SettingsError, model_settings_from_dict
+from ..types import InferenceRequest
+from .errors import client_message, grpc_status
+
+log = logging.getLogger(__name__)
+
+SERVICE: Final = "/inference.GRPCInferenceService/"
+
+#: What ServerMetadata lists (Triton's extension names where one exists).
+EXTENSIONS: Final = ("binary_tensor_data", "parameters", "sequence", "model_repository", "streaming")
+
+#: Metadata header with which a Triton client asks for a gRPC status instead of an
+#: in-band ``error_message`` on ModelStreamInfer.
+TRITON_GRPC_ERROR: Final = "triton_grpc_error"
+
+#: Message encodings this server reads and writes (grpclib itself has none).
+ENCODINGS: Final = ("gzip", "deflate")
+_WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+#: Most responses the stream writer hands to the asyncio side in one hop.
+_WRITE_BATCH: Final = 64
+
+_PREFIX = struct.Struct(">?I")
+
+
+async def serve_grpc(
+    engine: Engine,
+    settings: Settings,
+    *,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the engine over gRPC on ``settings.host``:``settings.grpc_port`` until cancelled.
+
+    Start it with ``await nursery.start(serve_grpc, engine, settings)``, which returns
+    the bound ``(host, port)`` (port 0 picks a free one). On cancellation it stops
+    accepting calls, gives in-flight calls up to ``settings.grace_period`` seconds
+    (shielded), then cancels what is left and closes every connection.
+    """
+    port = settings.grpc_port if settings.grpc_port is not None else 0
+    listener = _bind(settings.host, port)
+    try:
+        async with trio_asyncio.open_loop():
+            service = InferenceService(engine, settings)
+            server = _Server([service])
+            await trio_asyncio.aio_as_trio(server.start)(sock=listener)
+            host, bound_port = listener.getsockname()[:2]
+            log.info("gRPC listening on %s:%d", host, bound_port)
+            try:
+                task_status.started((host, bound_port))
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _shut_down(server, service, settings.grace_period)
+    finally:
+        listener.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP explicitly: asyncio and grpclib set TCP_NODELAY only on sockets whose
+    # proto says TCP; without it every call waits ~40 ms for Nagle + delayed ACKs.
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _shut_down(server: _Server, service: InferenceService, grace: float) -> None:
+    """Stop listening, refuse new calls, wait up to ``grace`` for the calls in flight,
+    cancel the rest, close the connections."""
+    service.begin_drain()
+    server.stop_listening()
+    with trio.move_on_after(grace):
+        await service.idle.wait()
+    if service.calls:
+        log.warning("gRPC: cancelling %d call(s) still running after the grace period", service.calls)
+    server.close()
+    with trio.move_on_after(max(grace, 1.0)):
+        await trio_asyncio.aio_as_trio(server.wait_closed)()
+    server.close_connections()
+
+
+class _Server(Server):
+    """grpclib's server, plus what it lacks for us: the request headers of a call (its
+    ``grpc-encoding`` and ``grpc-accept-encoding``, which grpclib drops) and the
+    connections, so shutdown can close them."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol: H2Protocol = super()._protocol_factory()
+        handler = protocol.handler
+        accept = handler.accept
+
+        def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
+            stream.headers = headers  # the attribute the client side uses for response headers
+            accept(stream, headers, release_stream)
+
+        handler.accept = accept_keeping_headers  # type: ignore[method-assign]
+        self._protocols.add(protocol)
+        return protocol
+
+    def stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None and not connection.is_closing():
+                connection.close()
+
+
+# --------------------------------------------------------------------------- framing
+
+
+class _Wire:
+    """Reads and writes one call's messages.
+
+    Without compression this is grpclib's own ``recv_message`` / ``send_message``.
+    grpclib 0.4.9 implements no message compression (it raises on a compressed
+    message), so when a client sends gzip or deflate, this reads and writes the
+    length-prefixed frames itself on grpclib's HTTP/2 stream.
+    """
+
+    __slots__ = ("_headers_sent", "limit", "min_bytes", "recv_type", "request_encoding", "response_encoding", "stream")
+
+    def __init__(self, stream: Stream[Any, Any], recv_type: Any, settings: Settings) -> None:
+        self.stream = stream
+        self.recv_type = recv_type
+        self.min_bytes = settings.gzip_min_bytes
+        self.limit = settings.max_body_bytes
+        self._headers_sent = False
+        encoding = accept = None
+        for key, value in getattr(stream._stream, "headers", None) or ():
+            if key == "grpc-encoding":
+                encoding = value.strip().lower()
+            elif key == "grpc-accept-encoding":
+                accept = value
+        self.request_encoding = None if encoding in (None, "identity") else encoding
+        if self.request_encoding is not None and self.request_encoding not in ENCODINGS:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"message encoding {encoding!r} is not supported (supported: identity, {', '.join(ENCODINGS)})",
+            )
+        # A client that compresses its request with an encoding it also accepts gets
+        # responses in that encoding. grpc-accept-encoding alone is not asking: grpcio
+        # sends "identity, deflate, gzip" on every call.
+        accepted = {a.strip().lower() for a in accept.split(",")} if accept else set()
+        self.response_encoding = self.request_encoding if self.request_encoding in accepted else None
+
+    async def recv(self) -> Any:
+        """The next message, or None when the client has half-closed."""
+        if self.request_encoding is None:
+            return await self.stream.recv_message()
+        h2 = self.stream._stream
+        prefix = await h2.recv_data(5)
+        if not prefix:
+            return None
+        compressed, size = _PREFIX.unpack(prefix)
+        if size > self.limit:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.limit}")
+        data = await h2.recv_data(size)
+        if compressed:
+            data = self._decompress(data)
+        return self.recv_type.FromString(data)
+
+    def _decompress(self, data: bytes) -> bytes:
+        assert self.request_encoding is not None
+        inflater = zlib.decompressobj(_WBITS[self.request_encoding])
+        try:
+            out = inflater.decompress(data, self.limit + 1)
+        except zlib.error as exc:
+            raise GRPCError(Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}") from None
+        if len(out) > self.limit:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message decompresses to more than {self.limit} bytes")
+        return out
+
+    async def send(self, message: Any) -> None:
+        if self.response_encoding is None:
+            await self.stream.send_message(message)
+            return
+        stream = self.stream
+        data = message.SerializeToString()
+        compressed = len(data) >= self.min_bytes
+        if compressed:
+            data = zlib.compress(data, 6, _WBITS[self.response_encoding])
+        if not self._headers_sent:
+            await stream._stream.send_headers([
+                (":status", "200"),
+                ("content-type", stream._content_type),
+                ("grpc-encoding", self.response_encoding),
+                ("grpc-accept-encoding", ",".join((*ENCODINGS, "identity"))),
+            ])
+            # Keep grpclib's own bookkeeping right: it sends the trailers at the end.
+            stream._send_initial_metadata_done = True
+            self._headers_sent = True
+        await stream._stream.send_data(_PREFIX.pack(compressed, len(data)) + data)
+        stream._send_message_done = True
+
+    async def send_many(self, messages: list[Any]) -> None:
+        for message in messages:
+            await self.send(message)
+
+
+# --------------------------------------------------------------------------- the service
+
+
+def _status_error(exc: BaseException) -> GRPCError:
+    """The gRPC status for an exception (a bug is logged and becomes INTERNAL)."""
+    if isinstance(exc, GRPCError):
+        return exc
+    if not isinstance(exc, ActorServeError):
+        log.error("gRPC: unexpected error", exc_info=exc)
+    return GRPCError(grpc_status(exc), client_message(exc))
+
+
+_Method = Callable[[Stream[Any, Any]], Awaitable[None]]
+
+
+class InferenceService:
+    """The grpclib handlers of ``GRPCInferenceService``, registered raw (not through
+    betterproto2's generated base, whose bidi method is half-duplex)."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        if settings.grpc_stream_dialect not in ("triton", "mlserver"):
+            raise SettingsError(
+                f"grpc_stream_dialect must be 'triton' or 'mlserver', got {settings.grpc_stream_dialect!r}"
+            )
+        if settings.grpc_stream_max_inflight < 1:
+            raise SettingsError("grpc_stream_max_inflight must be >= 1")
+        self.engine = engine
+        self.settings = settings
+        self.calls = 0
+        self.draining = False
+        #: set once draining and no call is running.
+        self.idle = trio.Event()
+        #: set when draining starts (streams stop reading then).
+        self.drain_started = trio.Event()
+        self._to_trio = trio_asyncio.trio_as_aio
+
+    def __mapping__(self) -> dict[str, Handler]:
+        unary = Cardinality.UNARY_UNARY
+        stream_reply = ModelInferResponse if self.settings.grpc_stream_dialect == "mlserver" else ModelStreamInferResponse
+        methods: list[tuple[str, _Method, Cardinality, Any, Any, bool]] = [
+            ("ServerLive", self._server_live, unary, ServerLiveRequest, ServerLiveResponse, False),
+            ("ServerReady", self._server_ready, unary, ServerReadyRequest, ServerReadyResponse, False),
+            ("ModelReady", self._model_ready, unary, ModelReadyRequest, ModelReadyResponse, False),
+            ("ServerMetadata", self._server_metadata, unary, ServerMetadataRequest, ServerMetadataResponse, False),
+            ("ModelMetadata", self._model_metadata, unary, ModelMetadataRequest, ModelMetadataResponse, False),
+            ("ModelInfer", self._model_infer, unary, ModelInferRequest, ModelInferResponse, True),
+            (
+                "ModelStreamInfer", self._model_stream_infer, Cardinality.STREAM_STREAM,
+                ModelInferRequest, stream_reply, True,
+            ),
+            ("RepositoryIndex", self._repository_index, unary, RepositoryIndexRequest, RepositoryIndexResponse, False),
+            (
+                "RepositoryModelLoad", self._repository_model_load, unary,
+                RepositoryModelLoadRequest, RepositoryModelLoadResponse, True,
+            ),
+            (
+                "RepositoryModelUnload", self._repository_model_unload, unary,
+                RepositoryModelUnloadRequest, RepositoryModelUnloadResponse, True,
+            ),
+        ]  # fmt: skip
+        return {
+            SERVICE + name: Handler(self._tracked(func) if work else func, cardinality, request, reply)
+            for name, func, cardinality, request, reply, work in methods
+        }
+
+    # -- call tracking (drain on shutdown) --------------------------------------------
+
+    def _tracked(self, func: _Method) -> _Method:
+        async def handler(stream: Stream[Any, Any]) -> None:
+            if self.draining:
+                raise GRPCError(Status.UNAVAILABLE, "the server is shutting down")
+            self.calls += 1
+            try:
+                await func(stream)
+            finally:
+                self.calls -= 1
+                if self.draining and not self.calls:
+                    self.idle.set()
+
+        return handler
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        self.drain_started.set()
+        if not self.calls:
+            self.idle.set()
+
+    def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> _Wire:
+        return _Wire(stream, recv_type, self.settings)
+
+    async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[_Wire, Any]:
+        wire = self._wire(stream, recv_type)
+        message = await wire.recv()
+        if message is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        return wire, message
+
+    # -- health and metadata: plain attribute reads, answered on the asyncio side ------
+
+    async def _server_live(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerLiveRequest)
+        await wire.send(ServerLiveResponse(live=True))
+
+    async def _server_ready(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerReadyRequest)
+        await wire.send(ServerReadyResponse(ready=self.engine.ready and not self.draining))
+
+    async def _model_ready(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelReadyRequest)
+        try:
+            ready = self.engine.model_ready(message.name, message.version or None)
+        except ActorServeError as exc:
+            raise _status_error(exc) from None
+        await wire.send(ModelReadyResponse(ready=ready and not self.draining))
+
+    async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerMetadataRequest)
+        await wire.send(ServerMetadataResponse(name="actorserve", version=__version__, extensions=list(EXTENSIONS)))
+
+    async def _model_metadata(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelMetadataRequest)
+        try:
+            meta = self.engine.metadata(message.name, message.version or None)
+        except ActorServeError as exc:
+            raise _status_error(exc) from None
+        await wire.send(
+            ModelMetadataResponse(
+                name=meta["name"],
+                versions=list(meta.get("versions", [])),
+                platform=meta.get("platform", ""),
+                inputs=_tensor_metadata(meta.get("inputs", [])),
+                outputs=_tensor_metadata(meta.get("outputs", [])),
+            )
+        )
+
+    async def _repository_index(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, RepositoryIndexRequest)
+        models = [
+            RepositoryIndexResponseModelIndex(
+                name=entry["name"], version=entry["version"], state=entry["state"], reason=entry["reason"]
+            )
+            for entry in self.engine.repository_index()
+            if not message.ready or entry["state"] == "READY"
+        ]
+        await wire.send(RepositoryIndexResponse(models=models))
+
+    # -- inference and management: trio tasks ------------------------------------------
+
+    async def _model_infer(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelInferRequest)
+        reply = await self._to_trio(self._infer)(message)
+        await wire.send(reply)
+
+    async def _infer(self, message: Any) -> Any:
+        try:
+            request = request_from_pb(message)
+            response = await self.engine.infer(request)
+            return response_to_pb(response)
+        except Exception as exc:
+            raise _status_error(exc) from None
+
+    async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, RepositoryModelLoadRequest)
+        await self._to_trio(self._load)(message)
+        await wire.send(RepositoryModelLoadResponse())
+
+    async def _load(self, message: Any) -> None:
+        try:
+            await self.engine.load(self._model_settings(message.model_name, message.parameters))
+        except SettingsError as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+        except Exception as exc:
+            raise _status_error(exc) from None
+
+    def _model_settings(self, name: str, parameters: Mapping[str, Any]) -> ModelSettings:
+        """The settings to load ``name`` with: the server's own, or a ``config``
+        parameter holding model-settings.json (Triton's config override)."""
+        known = {m.name: m for m in self.engine.settings.models}
+        config = parameters.get("config")
+        if config is not None:
+            text = config.string_param if config.string_param is not None else config.bytes_param
+            if text is None:
+                raise BadInput("parameter 'config' must be a string or bytes holding JSON")
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise BadInput(f"parameter 'config' is not JSON: {exc}") from None
+            if isinstance(data, dict):
+                data.setdefault("name", name)
+            base = known.get(name)
+            return model_settings_from_dict(
+                data, folder=base.folder if base else None, where=f"config of model {name!r}"
+            )
+        if not name:
+            raise BadInput("no model_name given")
+        if name not in known:
+            raise ModelNotFound(f"model {name!r} is not in the model repository")
+        return known[name]
+
+    async def _repository_model_unload(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, RepositoryModelUnloadRequest)
+        await self._to_trio(self._unload)(message)
+        await wire.send(RepositoryModelUnloadResponse())
+
+    async def _unload(self, message: Any) -> None:
+        version = message.parameters.get("version")
+        try:
+            await self.engine.unload(
+                message.model_name,
+                None if version is None else _repository_param_text(version),
+                grace=self.settings.grace_period,
+            )
+        except Exception as exc:
+            raise _status_error(exc) from None
+
+    # -- ModelStreamInfer ----------------------------------------------------------------
+
+    async def _model_stream_infer(self, stream: Stream[Any, Any]) -> None:
+        wire = self._wire(stream, ModelInferRequest)
+        call: _StreamCall
+        if self.settings.grpc_stream_dialect == "mlserver":
+            call = _MLServerStream(self, wire)
+        else:
+            metadata: Mapping[str, Any] = stream.metadata or {}
+            status_errors = str(metadata.get(TRITON_GRPC_ERROR, "")).strip().lower() in ("true", "1")
+            call = _TritonStream(self, wire, status_errors=status_errors)
+        await self._to_trio(call.run)()
+
+
+def _tensor_metadata(specs: list[dict[str, Any]]) -> list[Any]:
+    return [
+        ModelMetadataResponseTensorMetadata(name=s["name"], datatype=s.get("datatype", ""), shape=list(s.get("shape", [])))
+        for s in specs
+    ]
+
+
+def _repository_param_text(param: Any) -> str:
+    for field in ("string_param", "int64_param", "bytes_param"):
+        value = getattr(param, field, None)
+        if value is not None:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    raise BadInput("parameter 'version' must be a string or an integer")
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class _Fatal:
+    """Put in a stream's outbox: end the call with this status after what came before."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: GRPCError) -> None:
+        self.error = error
+
+
+class _StreamCall:
+    """One ``ModelStreamInfer`` call, as trio tasks: a writer draining one bounded
+    outbox to the client, and whatever feeds it (see the subclasses).
+
+    A fatal error is queued behind the responses before it (so the client gets them),
+    then the writer ends the call with that status.
+    """
+
+    def __init__(self, service: InferenceService, wire: _Wire) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.wire = wire
+        self.max_inflight = service.settings.grpc_stream_max_inflight
+        self._fatal: GRPCError | None = None
+        self._to_aio = trio_asyncio.aio_as_trio
+
+    async def run(self) -> None:
+        outbox, to_write = trio.open_memory_channel[Any](self.max_inflight)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write, to_write, nursery.cancel_scope)
+            async with outbox:
+                await self.feed(outbox)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
+        raise NotImplementedError
+
+    async def recv(self) -> Any:
+        return await self._to_aio(self.wire.recv)()
+
+    async def _write(self, to_write: trio.MemoryReceiveChannel[Any], call_scope: trio.CancelScope) -> None:
+        async with to_write:
+            while True:
+                try:
+                    batch = [await to_write.receive()]
+                except trio.EndOfChannel:
+                    return
+                while len(batch) < _WRITE_BATCH:
+                    try:
+                        batch.append(to_write.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                fatal = next((i for i, m in enumerate(batch) if isinstance(m, _Fatal)), None)
+                messages = batch if fatal is None else batch[:fatal]
+                if messages:
+                    await self._to_aio(self.wire.send_many)(messages)
+                if fatal is not None:
+                    self._fatal = batch[fatal].error
+                    call_scope.cancel()
+                    return
+
+
+class _TritonStream(_StreamCall):
+    """Triton's flavour: requests run concurrently, each answered by its own
+    ``ModelStreamInferResponse`` messages; a request's error is in-band
+    (``error_message``) and the stream goes on, unless the client sent
+    ``triton_grpc_error: true``, which turns the first error into the call's status.
+
+    Requests of one sequence (same ``sequence_id``) on this stream run one after the
+    other in arrival order; ``sequence_cancel`` jumps the queue. Requests for a model
+    with ``stream_input`` all go, in order, into one ``engine.stream`` call per model
+    version, whose input ends when the client half-closes.
+    """
+
+    def __init__(self, service: InferenceService, wire: _Wire, *, status_errors: bool) -> None:
+        super().__init__(service, wire)
+        self.status_errors = status_errors
+        self.slots = trio.Semaphore(self.max_inflight)
+        #: sequence id -> set when the last request of that sequence read so far is done.
+        self._sequence_tail: dict[str, trio.Event] = {}
+        self._sessions: dict[tuple[str, str | None], _InputSession] = {}
+        self.cut_short = False
+
+    async def run(self) -> None:
+        await super().run()
+        if self.cut_short:
+            raise GRPCError(Status.UNAVAILABLE, "the server is shutting down")
+
+    async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
+        async with trio.open_nursery() as requests:
+            async with trio.open_nursery() as reading:
+                reading.start_soon(self._stop_reading_on_drain, reading.cancel_scope)
+                await self._read(requests, outbox)
+                reading.cancel_scope.cancel()
+            for session in self._sessions.values():
+                session.inbox.close()  # the client half-closed: end those models' input
+
+    async def _stop_reading_on_drain(self, reading: trio.CancelScope) -> None:
+        await self.service.drain_started.wait()
+        self.cut_short = True
+        reading.cancel()
+
+    async def _read(self, requests: trio.Nursery, outbox: trio.MemorySendChannel[Any]) -> None:
+        while True:
+            await self.slots.acquire()
+            try:
+                message = await self.recv()
+            except BaseException:
+                self.slots.release()
+                raise
+            if message is None:
+                self.slots.release()
+                return
+            try:
+                request = request_from_pb(message)
+                session = self._session_for(request, requests, outbox)
+            except Exception as exc:
+                self.slots.release()
+                await self._fail(outbox, message, exc)
+                continue
+            if session is not None:
+                self.slots.release()  # the session's own inbox bounds it
+                session.last = message
+                try:
+                    await session.inbox.send(request)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._fail(outbox, message, BadInput(f"the request stream of model {session.key[0]!r} has ended"))
+                continue
+            wait_for, done = self._sequence_turn(request)
+            requests.start_soon(self._serve, message, request, outbox.clone(), wait_for, done)
+
+    def _sequence_turn(self, request: InferenceRequest) -> tuple[trio.Event | None, trio.Event | None]:
+        """(what to wait for, what to set when done) to keep a sequence in order."""
+        params = request.parameters
+        raw_id = params.get("sequence_id") if params else None
+        if raw_id is None or raw_id == 0 or raw_id == "" or params.get("sequence_cancel"):
+            return None, None
+        key = str(raw_id)
+        done = trio.Event()
+        previous = self._sequence_tail.get(key)
+        self._sequence_tail[key] = done
+        return previous, done
+
+    async def _serve(
+        self,
+        message: Any,
+        request: InferenceRequest,
+        outbox: trio.MemorySendChannel[Any],
+        wait_for: trio.Event | None,
+        done: trio.Event | None,
+    ) -> None:
+        try:
+            async with outbox:
+                if wait_for is not None:
+                    await wait_for.wait()
+                try:
+                    async with self.engine.infer_stream(request) as responses:
+                        async for response in responses:
+                            await outbox.send(ModelStreamInferResponse(infer_response=response_to_pb(response)))
+                except Exception as exc:
+                    await self._fail(outbox, message, exc)
+        finally:
+            self.slots.release()
+            if done is not None:
+                done.set()
+                key = str(request.parameters["sequence_id"])
+                if self._sequence_tail.get(key) is done:
+                    del self._sequence_tail[key]
+
+    def _session_for(
+        self, request: InferenceRequest, requests: trio.Nursery, outbox: trio.MemorySendChannel[Any]
+    ) -> _InputSession | None:
+        """The stream-in session for the request's model, started on first use, or None
+        if the model serves each request on its own."""
+        try:
+            host = self.engine.host(request.model_name, request.model_version)
+        except ActorServeError:
+            return None  # engine.infer_stream reports it
+        if host.batched or not host.model_class.stream_input:
+            return None
+        key = (host.name, host.version)
+        session = self._sessions.get(key)
+        if session is None:
+            session = _InputSession(key, self.max_inflight)
+            self._sessions[key] = session
+            requests.start_soon(self._run_session, session, outbox.clone())
+        return session
+
+    async def _run_session(self, session: _InputSession, outbox: trio.MemorySendChannel[Any]) -> None:
+        try:
+            async with outbox, session.requests:
+                name, version = session.key
+                try:
+                    async with self.engine.stream(session.requests, model=name, version=version) as responses:
+                        async for response in responses:
+                            await outbox.send(ModelStreamInferResponse(infer_response=response_to_pb(response)))
+                except Exception as exc:
+                    await self._fail(outbox, session.last, exc)
+        finally:
+            if self._sessions.get(session.key) is session:
+                del self._sessions[session.key]
+
+    async def _fail(self, outbox: trio.MemorySendChannel[Any], message: Any, exc: BaseException) -> None:
+        error = _status_error(exc)
+        if self.status_errors:
+            await outbox.send(_Fatal(error))
+            return
+        await outbox.send(
+            ModelStreamInferResponse(
+                error_message=error.message or "",
+                infer_response=ModelInferResponse(
+                    model_name=message.model_name if message is not None else "",
+                    model_version=message.model_version if message is not None else "",
+                    id=message.id if message is not None else "",
+                ),
+            )
+        )
+
+
+class _InputSession:
+    """The requests of one stream that go to one stream-in model version."""
+
+    __slots__ = ("inbox", "key", "last", "requests")
+
+    def __init__(self, key: tuple[str, str | None], size: int) -> None:
+        self.key = key
+        self.inbox, self.requests = trio.open_memory_channel[InferenceRequest](size)
+        self.last: Any = None
+
+
+class _MLServerStream(_StreamCall):
+    """MLServer's flavour: the whole request stream goes to one ``engine.stream`` call
+    for the model named by the first request; responses are bare
+    ``ModelInferResponse`` messages; an error ends the call with its status."""
+
+    async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
+        first = await self.recv()
+        if first is None:
+            return
+        try:
+            first_request = request_from_pb(first)
+        except Exception as exc:
+            await outbox.send(_Fatal(_status_error(exc)))
+            return
+        inbox, requests = trio.open_memory_channel[InferenceRequest](self.max_inflight)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read, inbox, outbox.clone(), nursery.cancel_scope)
+            try:
+                async with requests, aclosing(_prepend(first_request, requests)) as stream_in, self.engine.stream(
+                    stream_in, model=first.model_name, version=first.model_version or None
+                ) as responses:
+                    async for response in responses:
+                        await outbox.send(response_to_pb(response))
+            except Exception as exc:
+                await outbox.send(_Fatal(_status_error(exc)))
+                nursery.cancel_scope.cancel()
+
+    async def _read(
+        self,
+        inbox: trio.MemorySendChannel[InferenceRequest],
+        outbox: trio.MemorySendChannel[Any],
+        call_scope: trio.CancelScope,
+    ) -> None:
+        async with inbox, outbox:
+            while True:
+                message = await self.recv()
+                if message is None:
+                    return
+                try:
+                    request = request_from_pb(message)
+                except Exception as exc:
+                    await outbox.send(_Fatal(_status_error(exc)))
+                    call_scope.cancel()
+                    return
+                try:
+                    await inbox.send(request)
+                except trio.BrokenResourceError:
+                    return  # the model stopped reading its input
+
+
+async def _prepend(
+    first: InferenceRequest, rest: AsyncIterator[InferenceRequest]
+) -> AsyncGenerator[InferenceRequest, None]:
+    yield first
+    async for request in rest:
+        yield request
+
+
+__all__ = ["EXTENSIONS", "InferenceService", "serve_grpc"]
