@@ -93,7 +93,8 @@ class ThreadedRecordingModel(RecordingModel):
 
 def recording_settings(name: str = "rec", **overrides: Any) -> ModelSettings:
     sequence = overrides.pop("sequence", SequenceSettings())
-    return ModelSettings(name=name, implementation=RecordingModel, sequence=sequence, **overrides)
+    implementation = overrides.pop("implementation", RecordingModel)
+    return ModelSettings(name=name, implementation=implementation, sequence=sequence, **overrides)
 
 
 def request(request_id: str, n_tokens: int = 1, *, model: str = "rec", **parameters: Any) -> InferenceRequest:
