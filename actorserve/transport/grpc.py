@@ -25,7 +25,6 @@ anything else is a bug, logged with its traceback and sent as INTERNAL.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import struct
@@ -69,7 +68,7 @@ from ..proto.inference import (
     ServerReadyRequest,
     ServerReadyResponse,
 )
-from ..settings import ModelSettings, Settings, SettingsError, model_settings_from_dict
+from ..settings import ModelSettings, Settings, SettingsError
 from ..types import InferenceRequest
 from .errors import client_message, grpc_status
 
@@ -77,8 +76,8 @@ log = logging.getLogger(__name__)
 
 SERVICE: Final = "/inference.GRPCInferenceService/"
 
-#: What ServerMetadata lists (Triton's extension names where one exists).
-EXTENSIONS: Final = ("binary_tensor_data", "parameters", "sequence", "model_repository", "streaming")
+#: What ServerMetadata lists: the same as REST's ``GET /v2``.
+EXTENSIONS: Final = ("binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming")
 
 #: Metadata header with which a Triton client asks for a gRPC status instead of an
 #: in-band ``error_message`` on ModelStreamInfer.
@@ -93,11 +92,15 @@ _WRITE_BATCH: Final = 64
 
 _PREFIX = struct.Struct(">?I")
 
+#: ``find_models(name)`` -> the settings of every version of model ``name``.
+FindModels = Callable[[str], list[ModelSettings]]
+
 
 async def serve_grpc(
     engine: Engine,
     settings: Settings,
     *,
+    find_models: FindModels | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the engine over gRPC on ``settings.host``:``settings.grpc_port`` until cancelled.
@@ -106,12 +109,15 @@ async def serve_grpc(
     the bound ``(host, port)`` (port 0 picks a free one). On cancellation it stops
     accepting calls, gives in-flight calls up to ``settings.grace_period`` seconds
     (shielded), then cancels what is left and closes every connection.
+
+    ``find_models(name)`` gives the settings of every version of a model for
+    RepositoryModelLoad (default: the models in ``settings``).
     """
     port = settings.grpc_port if settings.grpc_port is not None else 0
     listener = _bind(settings.host, port)
     try:
         async with trio_asyncio.open_loop():
-            service = InferenceService(engine, settings)
+            service = InferenceService(engine, settings, find_models)
             server = _Server([service])
             await trio_asyncio.aio_as_trio(server.start)(sock=listener)
             host, bound_port = listener.getsockname()[:2]
@@ -302,7 +308,7 @@ class InferenceService:
     """The grpclib handlers of ``GRPCInferenceService``, registered raw (not through
     betterproto2's generated base, whose bidi method is half-duplex)."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: Settings, find_models: FindModels | None = None) -> None:
         if settings.grpc_stream_dialect not in ("triton", "mlserver"):
             raise SettingsError(
                 f"grpc_stream_dialect must be 'triton' or 'mlserver', got {settings.grpc_stream_dialect!r}"
@@ -311,6 +317,7 @@ class InferenceService:
             raise SettingsError("grpc_stream_max_inflight must be >= 1")
         self.engine = engine
         self.settings = settings
+        self.find_models = find_models
         self.calls = 0
         self.draining = False
         #: set once draining and no call is running.
@@ -450,37 +457,20 @@ class InferenceService:
         await wire.send(RepositoryModelLoadResponse())
 
     async def _load(self, message: Any) -> None:
+        # As over REST: every version the repository has of the model; Triton's load
+        # parameters (config overrides) are not supported.
         try:
-            await self.engine.load(self._model_settings(message.model_name, message.parameters))
-        except SettingsError as exc:
-            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
+            name = message.model_name
+            if self.find_models is not None:
+                versions = self.find_models(name)
+            else:
+                versions = [m for m in self.settings.models if m.name == name]
+                if not versions:
+                    raise ModelNotFound(f"model {name!r} is not in the model repository")
+            for model_settings in versions:
+                await self.engine.load(model_settings)
         except Exception as exc:
             raise _status_error(exc) from None
-
-    def _model_settings(self, name: str, parameters: Mapping[str, Any]) -> ModelSettings:
-        """The settings to load ``name`` with: the server's own, or a ``config``
-        parameter holding model-settings.json (Triton's config override)."""
-        known = {m.name: m for m in self.engine.settings.models}
-        config = parameters.get("config")
-        if config is not None:
-            text = config.string_param if config.string_param is not None else config.bytes_param
-            if text is None:
-                raise BadInput("parameter 'config' must be a string or bytes holding JSON")
-            try:
-                data = json.loads(text)
-            except ValueError as exc:
-                raise BadInput(f"parameter 'config' is not JSON: {exc}") from None
-            if isinstance(data, dict):
-                data.setdefault("name", name)
-            base = known.get(name)
-            return model_settings_from_dict(
-                data, folder=base.folder if base else None, where=f"config of model {name!r}"
-            )
-        if not name:
-            raise BadInput("no model_name given")
-        if name not in known:
-            raise ModelNotFound(f"model {name!r} is not in the model repository")
-        return known[name]
 
     async def _repository_model_unload(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, RepositoryModelUnloadRequest)
@@ -488,13 +478,8 @@ class InferenceService:
         await wire.send(RepositoryModelUnloadResponse())
 
     async def _unload(self, message: Any) -> None:
-        version = message.parameters.get("version")
         try:
-            await self.engine.unload(
-                message.model_name,
-                None if version is None else _repository_param_text(version),
-                grace=self.settings.grace_period,
-            )
+            await self.engine.unload(message.model_name, grace=self.settings.grace_period)
         except Exception as exc:
             raise _status_error(exc) from None
 
@@ -517,14 +502,6 @@ def _tensor_metadata(specs: list[dict[str, Any]]) -> list[Any]:
         ModelMetadataResponseTensorMetadata(name=s["name"], datatype=s.get("datatype", ""), shape=list(s.get("shape", [])))
         for s in specs
     ]
-
-
-def _repository_param_text(param: Any) -> str:
-    for field in ("string_param", "int64_param", "bytes_param"):
-        value = getattr(param, field, None)
-        if value is not None:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    raise BadInput("parameter 'version' must be a string or an integer")
 
 
 # --------------------------------------------------------------------------- streams
