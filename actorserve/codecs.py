@@ -115,6 +115,9 @@ def tensor_from_list(
     if probe.size != expected:
         raise _count_mismatch(name, dims, expected, probe.size)
     if probe.size and probe.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        exact = _exact_integers(name, datatype, dtype, data, dims) if dtype.kind in "iu" else None
+        if exact is not None:
+            return Tensor(name, dims, datatype, exact, dict(parameters or {}))
         raise BadInput(
             f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, "
             f"got {_describe(probe)}"
@@ -129,6 +132,21 @@ def tensor_from_list(
     except OverflowError:
         raise BadInput(f"input {name!r}: a value is out of range for {datatype}") from None
     return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+
+
+def _exact_integers(
+    name: str, datatype: str, dtype: np.dtype[Any], data: list[Any], dims: tuple[int, ...]
+) -> npt.NDArray[Any] | None:
+    """Slow path for integers numpy could not type on its own (e.g. 0 and 2**63 in one
+    UINT64 list make float64). None if the elements are not all integers."""
+    flat: list[object] = []
+    _flatten(data, flat)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+        return None
+    info = np.iinfo(dtype)
+    if any(not info.min <= v <= info.max for v in flat):  # type: ignore[operator]
+        raise BadInput(f"input {name!r}: a value is out of range for {datatype}")
+    return np.array(flat, dtype=dtype).reshape(dims)
 
 
 def _count_mismatch(name: str, shape: tuple[int, ...], expected: int, got: int) -> BadInput:
