@@ -15,7 +15,6 @@ ends with reason ``shutdown``). Cancelling the surrounding scope skips the grace
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -38,7 +37,7 @@ from .settings import (
     discover_models,
     load_model_settings,
 )
-from .transport.rest import RestApp, create_app
+from .transport.rest import FindModels, RestApp, create_app
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +111,11 @@ class Server:
         host, port = self.http_address
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
+    @property
+    def stopping(self) -> bool:
+        """True once a graceful shutdown has started."""
+        return self._stopping.is_set()
+
     def shutdown(self) -> None:
         """Start a graceful shutdown; :func:`serve` returns once it is done."""
         self._stopping.set()
@@ -134,25 +138,25 @@ async def serve(
     if settings is None:
         settings = Settings(models=tuple(builtin_models()))
     repository = repository or ModelRepository()
-    known = settings.models
+    find_models: FindModels = partial(repository.find, known=settings.models)
     async with open_engine(settings) as engine:
         server = Server(engine, settings)
         http_stopped = trio.Event()
+        grpc_scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
             if settings.http_port is not None:
-                app = create_app(
-                    engine, settings, find_models=partial(repository.find, known=known), fast_path=rest_fast_path
-                )
+                app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)
                 server.http_address = await nursery.start(
                     _serve_http, app, settings, server._stopping, http_stopped
                 )
             else:
                 http_stopped.set()
             if settings.grpc_port is not None:
-                server.grpc_address = await _start_grpc(nursery, engine, settings)
+                server.grpc_address = await _start_grpc(nursery, engine, settings, find_models, grpc_scope)
             task_status.started(server)
             await server._stopping.wait()
             log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
+            grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
             with trio.move_on_after(settings.grace_period + 1.0):
                 async with trio.open_nursery() as drain:
                     drain.start_soon(engine.aclose, settings.grace_period)
@@ -195,11 +199,20 @@ def _address(bind_url: str) -> Address:
     return parts.hostname, parts.port
 
 
-async def _start_grpc(nursery: trio.Nursery, engine: Engine, settings: Settings) -> Address | None:
+async def _start_grpc(
+    nursery: trio.Nursery, engine: Engine, settings: Settings, find_models: FindModels, scope: trio.CancelScope
+) -> Address | None:
+    """Start the gRPC transport in ``scope`` (cancelling it starts gRPC's own drain), or
+    log why it is unavailable and return None."""
     try:
-        module = importlib.import_module("actorserve.transport.grpc")
+        from .transport.grpc import serve_grpc
     except ImportError as exc:
         log.warning("gRPC transport unavailable (%s): serving REST only", exc)
         return None
-    host, port = await nursery.start(module.serve_grpc, engine, settings)
+
+    async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await serve_grpc(engine, settings, find_models=find_models, task_status=task_status)
+
+    host, port = await nursery.start(run)
     return (str(host), int(port))
