@@ -217,11 +217,12 @@ def loads(body: bytes | memoryview) -> Any:
         raise BadInput(f"the request body is not valid JSON: {exc}") from None
 
 
-def split_binary(body: bytes, headers: RequestHeaders) -> tuple[memoryview | bytes, memoryview]:
-    """Split a body of Triton's binary tensor extension into (JSON header, binary data)."""
+def split_binary(body: bytes, headers: RequestHeaders) -> tuple[memoryview | bytes, memoryview | None]:
+    """Split a body of Triton's binary tensor extension into (JSON header, binary data);
+    the binary part is None when the request does not use the extension."""
     raw_length = headers.inference_header_length
     if raw_length is None:
-        return body, memoryview(b"")
+        return body, None
     try:
         length = int(raw_length)
     except ValueError:
@@ -241,18 +242,17 @@ def decode_infer_request(
 
     Transport parameters are stripped; ``sequence-*`` headers become parameters. Pass
     ``obj`` when the JSON was already parsed (and the body had no binary part)."""
+    binary: memoryview | None = None
     if obj is None:
         head, binary = split_binary(body, headers)
         obj = loads(head)
-    else:
-        binary = memoryview(b"")
     request = _request_from_obj(obj, binary)
     encoding = _take_output_encoding(request)
     apply_sequence_headers(request, headers)
     return request, encoding
 
 
-def _request_from_obj(obj: Any, binary: memoryview) -> InferenceRequest:
+def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
     inputs = obj.get("inputs") if isinstance(obj, dict) else None
     raw_positions: dict[int, Tensor] = {}
     if isinstance(inputs, list):
@@ -260,16 +260,21 @@ def _request_from_obj(obj: Any, binary: memoryview) -> InferenceRequest:
         for position, tensor_obj in enumerate(inputs):
             params = tensor_obj.get("parameters") if isinstance(tensor_obj, dict) else None
             if isinstance(params, dict) and "binary_data_size" in params:
+                if binary is None:
+                    raise BadInput(
+                        f"input {tensor_obj.get('name')!r} has a binary_data_size, but the request has no "
+                        "Inference-Header-Content-Length header giving the length of its JSON part"
+                    )
                 tensor, offset = _binary_input(tensor_obj, params, binary, offset)
                 raw_positions[position] = tensor
-        if offset != len(binary):
+        if binary is not None and offset != len(binary):
             raise BadInput(
                 f"{len(binary) - offset} bytes of binary data after the JSON header are not "
                 "claimed by any input's binary_data_size"
             )
         if raw_positions:
             obj = {**obj, "inputs": [t for i, t in enumerate(inputs) if i not in raw_positions]}
-    elif len(binary):
+    elif binary is not None and len(binary):
         raise BadInput("binary data after the JSON header, but the request has no inputs list")
     request = request_from_json(obj)  # validates everything else with precise messages
     if raw_positions:
