@@ -453,7 +453,7 @@ def generate_tensor(name: str, value: object, datatypes: Mapping[str, str]) -> T
         try:
             shape = [int(d) for d in np.shape(np.array(value, dtype=object))]
         except ValueError:
-            raise BadInput(f"input {name!r}: ragged nested list") from None
+            raise BadInput(f"input {name!r}: data is a ragged nested list") from None
         data = value
     else:
         shape, data = [1], [value]
@@ -704,9 +704,7 @@ class RestAPI:
         if headers.inference_header_length is not None:
             return decode_infer_request(body, headers)[0], _encode_oip
         obj = loads(body)
-        if not isinstance(obj, dict):
-            raise BadInput(f"the request body must be a JSON object, got a JSON {type(obj).__name__}")
-        if "inputs" in obj:
+        if not isinstance(obj, dict) or "inputs" in obj:
             return decode_infer_request(body, headers, obj=obj)[0], _encode_oip
         datatypes = _input_datatypes(self.engine.metadata(name, version))
         infer_request = generate_request_from_json(obj, datatypes)
