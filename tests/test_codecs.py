@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given
+from strategies import arrays
 
 from actorserve.codecs import (
     request_from_json,
@@ -25,7 +26,6 @@ from actorserve.codecs import (
 )
 from actorserve.errors import BadInput
 from actorserve.types import DATATYPES, InferenceResponse
-from strategies import arrays
 
 
 @given(arrays())

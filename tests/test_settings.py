@@ -48,7 +48,7 @@ def test_bad_settings_name_the_file(tmp_path: Path, data: object, message: str) 
 
 
 def test_empty_folder(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="no model-settings.json"):
+    with pytest.raises(SettingsError, match=r"no model-settings\.json"):
         discover_models(tmp_path)
 
 

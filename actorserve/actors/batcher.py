@@ -4,18 +4,20 @@ together.
 Each iteration: drop work whose caller went away, admit waiting work up to
 ``max_batch_size`` (when the batch was empty, wait for the first item and then up to
 ``max_batch_time`` for more), run :meth:`BatchModel.step` for the batch in a worker
-thread behind a one-slot :class:`trio.CapacityLimiter`, and deliver each output to that
+thread (one step at a time per replica), and deliver each output to that
 item's reply mailbox with ``send_nowait``. An item whose reply mailbox is full sits out
 steps until its reader catches up, so a slow reader never stalls the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+import outcome
 import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
@@ -118,7 +120,6 @@ class ContinuousBatcher:
         self.max_pending = max_pending
         self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)
         self._wakeup = trio.Event()
-        self._limiter = trio.CapacityLimiter(1)
         self._closed = False
         self._on_step = on_step
         self.steps = 0
@@ -224,9 +225,7 @@ class ContinuousBatcher:
         works = [item.work for item in batch]
         try:
             if self.model.step_in_thread:
-                outputs = await trio.to_thread.run_sync(
-                    self.model.step, works, limiter=self._limiter, abandon_on_cancel=False
-                )
+                outputs = await self._step_in_thread(works)
             else:
                 outputs = self.model.step(works)
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -241,6 +240,31 @@ class ContinuousBatcher:
             log.error("%s", error)
             return error
         return outputs
+
+    async def _step_in_thread(self, works: list[Any]) -> list[StepOutput]:
+        """Run the step in a worker thread and wait for it, never abandoning it.
+
+        Why not ``trio.to_thread.run_sync(..., limiter=CapacityLimiter(1))``: acquiring
+        the limiter is a checkpoint *before* the thread starts, so the readers woken by
+        the previous step's delivery all ran first and the next step started late; the
+        engine benchmark measured 0.79x the plain loop at 64 streams that way. Here the
+        thread starts synchronously and the readers run while it computes. One step at a
+        time per replica holds by construction: only this batcher's task starts steps,
+        and it waits for each.
+        """
+        task = trio.lowlevel.current_task()
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[list[StepOutput]]) -> None:
+            token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(result))
+
+        trio.lowlevel.start_thread_soon(functools.partial(self.model.step, works), deliver)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            return trio.lowlevel.Abort.FAILED  # a running step is waited for, then we cancel
+
+        result: outcome.Outcome[list[StepOutput]] = await trio.lowlevel.wait_task_rescheduled(abort)
+        return result.unwrap()
 
     def _deliver(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
         if isinstance(outputs, BaseException):

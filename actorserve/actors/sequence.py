@@ -10,7 +10,6 @@ with that reason, after any request still in a batch has left it.
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -57,14 +56,20 @@ def ended_phrase(reason: str) -> str:
 
 class SequenceActor:
     """Started by the :class:`Supervisor` with ``nursery.start(actor.run)``; talk to it
-    only through :meth:`deliver` (queue a job) and :meth:`stop` (end it with a reason)."""
+    only through :meth:`deliver` (queue a job) and :meth:`stop` (end it with a reason).
+
+    Kept small (100,000 idle sequences are a normal load): no cancel scope of its own —
+    the supervisor's reaper calls :meth:`stop` when a timeout passes, and stopping
+    closes the mailbox and cancels the running request, which wakes the actor.
+    """
 
     __slots__ = (
-        "_scope",
         "current",
         "end_reason",
+        "expires_at",
         "id",
-        "last_used",
+        "idle_queued",
+        "idle_since",
         "mailbox",
         "model",
         "replica",
@@ -88,43 +93,69 @@ class SequenceActor:
         self.mailbox: Mailbox[Job] = Mailbox(max_queue, name=f"sequence {sequence_id!r}")
         self.current: Job | None = None
         self.end_reason: str | None = None
-        self.last_used = trio.current_time()
-        self._scope: trio.CancelScope | None = None
+        self.idle_since: float | None = trio.current_time()  # None while a request runs
+        self.idle_queued = False  # an idle deadline of ours is in the supervisor's heap
         self.state = state  # lent to the model's step only while a request of ours runs
 
     @property
     def idle(self) -> bool:
         return self.current is None and not len(self.mailbox)
 
+    @property
+    def last_used(self) -> float:
+        return self.idle_since if self.idle_since is not None else trio.current_time()
+
     def deliver(self, job: Job) -> None:
-        """Queue ``job``; :class:`Overloaded` if the mailbox is full."""
+        """Queue ``job``; :class:`Overloaded` if the mailbox is full,
+        :class:`trio.ClosedResourceError` if the sequence is ending."""
         self.mailbox.send_nowait(job)
-        self.last_used = trio.current_time()
 
     def stop(self, reason: str) -> None:
         """End the sequence now: the running request stops at its next step."""
-        if self.end_reason is None:
-            self.end_reason = reason
-        if self._scope is not None:
-            self._scope.cancel()
+        if self.end_reason is not None:
+            return
+        self.end_reason = reason
+        self.mailbox.close()
+        if self.current is not None and not self.current.item.finished:
+            self.current.item.cancel(self._why())
+
+    def _why(self) -> SequenceNotFound:
+        return SequenceNotFound(f"sequence {self.id!r} {ended_phrase(self.end_reason or 'ended')}")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        settings = self.supervisor.settings
+        task_status.started()
+        del task_status  # it holds trio's start-up nursery (about 1 KiB per sequence)
         reason = "failed"
         try:
-            with trio.CancelScope() as scope:
-                self._scope = scope
-                if settings.max_duration_ms:
-                    scope.deadline = trio.current_time() + settings.max_duration_ms / 1000
-                task_status.started()
-                reason = await self._serve(self.state)
-            if scope.cancelled_caught:
-                reason = self.end_reason or "expired"
+            mailbox = self.mailbox
+            while self.end_reason is None:
+                try:
+                    job = await mailbox.receive()
+                except trio.EndOfChannel:
+                    break
+                if self.end_reason is not None:
+                    job.item.fail(self._why())
+                    break
+                if job.item.cancelled:  # its caller went away while it waited
+                    job.item.finish()
+                    continue
+                self.current = job  # stays set if we are cancelled: _finish stops it
+                self.idle_since = None
+                await self._run_job(job, self.state)
+                self.current = None
+                if job.end and self.end_reason is None:
+                    self.end_reason = "ended"
+                    break
+                del job
+                self.idle_since = trio.current_time()
+                self.supervisor.became_idle(self)
+            reason = self.end_reason or "ended"
         except trio.Cancelled:
             reason = self.end_reason or "shutdown"
             raise
         except Exception as exc:
             log.exception("sequence %r of model %r failed", self.id, self.model.name)
+            self.end_reason = "failed"
             if self.current is not None:
                 self.current.item.fail(
                     ModelFailed(f"sequence {self.id!r} failed: {type(exc).__name__}: {exc}")
@@ -132,25 +163,6 @@ class SequenceActor:
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish(reason)
-
-    async def _serve(self, state: Any) -> str:
-        idle_timeout = self.supervisor.settings.idle_timeout_ms / 1000 or math.inf
-        mailbox = self.mailbox
-        while True:
-            job: Job | None = None
-            with trio.move_on_after(idle_timeout):
-                job = await mailbox.receive()
-            if job is None:
-                return "expired"
-            if job.item.cancelled:  # its caller went away while it waited
-                job.item.finish()
-                continue
-            self.current = job  # stays set if we are cancelled: _finish stops it
-            await self._run_job(job, state)
-            self.current = None
-            self.last_used = trio.current_time()
-            if job.end:
-                return "ended"
 
     async def _run_job(self, job: Job, state: Any) -> None:
         item = job.item
@@ -175,7 +187,8 @@ class SequenceActor:
     async def _finish(self, reason: str) -> None:
         """Fail what is queued, stop what runs, wait for it to leave the batch, then
         unregister and call on_sequence_end exactly once."""
-        why = SequenceNotFound(f"sequence {self.id!r} {ended_phrase(reason)}")
+        self.end_reason = self.end_reason or reason
+        why = self._why()
         for job in self.mailbox.drain():
             job.item.fail(why)
             if job.turn is not None:

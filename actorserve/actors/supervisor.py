@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any
 
 import attrs
@@ -76,6 +78,12 @@ class Supervisor:
         self._id_prefix = os.urandom(4).hex()
         self.started = 0
         self.ended_by_reason: dict[str, int] = {}
+        # Timeouts of every sequence in one heap of (when, n, actor, is_max_duration),
+        # served by one reaper task: cheaper than a cancel scope per sequence.
+        self._deadlines: list[tuple[float, int, SequenceActor, bool]] = []
+        self._order = itertools.count()
+        self._reaper_target = math.inf
+        self._reaper_wake = trio.Event()
 
     def __len__(self) -> int:
         return len(self._actors)
@@ -92,10 +100,50 @@ class Supervisor:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._reap)
                 task_status.started()
-                await trio.sleep_forever()
         finally:
             self._closing = True
+
+    # -- timeouts ------------------------------------------------------------------------
+
+    def _schedule(self, when: float, actor: SequenceActor, max_duration: bool) -> None:
+        heappush(self._deadlines, (when, next(self._order), actor, max_duration))
+        if when < self._reaper_target:
+            self._reaper_wake.set()
+
+    def became_idle(self, actor: SequenceActor) -> None:
+        """An actor finished a request: make sure its idle deadline is watched."""
+        if self.settings.idle_timeout_ms and not actor.idle_queued and actor.idle_since is not None:
+            actor.idle_queued = True
+            self._schedule(actor.idle_since + self.settings.idle_timeout_ms / 1000, actor, False)
+
+    async def _reap(self) -> None:
+        """Stop sequences whose idle time or total time ran out."""
+        idle = self.settings.idle_timeout_ms / 1000
+        heap = self._deadlines
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                _, _, actor, max_duration = heappop(heap)
+                if actor.end_reason is not None:
+                    continue
+                if max_duration:
+                    actor.stop("expired")
+                    continue
+                actor.idle_queued = False
+                if actor.idle_since is None:
+                    continue  # busy: queued again when it is idle again
+                due = actor.idle_since + idle
+                if due <= now:
+                    actor.stop("expired")
+                else:  # it was used since this entry was made
+                    actor.idle_queued = True
+                    heappush(heap, (due, next(self._order), actor, False))
+            self._reaper_target = heap[0][0] if heap else math.inf
+            self._reaper_wake = trio.Event()
+            with trio.move_on_at(self._reaper_target):
+                await self._reaper_wake.wait()
 
     def end_all(self, reason: str) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
@@ -176,6 +224,9 @@ class Supervisor:
         self._ended.pop(sequence_id, None)
         self.started += 1
         await self._nursery.start(actor.run)
+        if self.settings.max_duration_ms:
+            self._schedule(trio.current_time() + self.settings.max_duration_ms / 1000, actor, True)
+        self.became_idle(actor)
         return actor
 
     def _make_room(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from support.models import RecordingModel, recording_settings, request
 
 import actorserve
 from actorserve import (
@@ -15,7 +16,6 @@ from actorserve import (
     SequenceNotFound,
     SequenceSettings,
 )
-from support.models import RecordingModel, recording_settings, request
 
 
 def seq(request_id: str, sid: Any, n_tokens: int = 1, **flags: Any) -> actorserve.InferenceRequest:
@@ -114,6 +114,7 @@ async def test_max_duration_expires_a_busy_sequence(autojump_clock: trio.testing
                 await trio.sleep(0.5)
         assert 4.5 <= trio.current_time() - start <= 5.5
         assert sent >= 9
+        await trio.testing.wait_all_tasks_blocked()
         assert model_of(engine).ended == [("s", "expired")]
 
 
@@ -177,9 +178,8 @@ async def test_caller_going_away_cancels_request_not_sequence(autojump_clock: tr
                 await stream.__anext__()
                 await trio.sleep_forever()
         # the batcher drops it at the next step and tells the model
-        host = engine.host("rec")
-        while host.batchers[0].load:
-            await trio.sleep(0.001)
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.host("rec").batchers[0].load == 0
         assert model.cancelled == ["gone"]
         assert model.ended == []
         response = await engine.infer(seq("again", "s", 1, end=True))
