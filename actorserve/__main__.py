@@ -14,7 +14,6 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 
 import attrs
@@ -161,12 +160,15 @@ def _settings(args: argparse.Namespace, env: dict[str, str]) -> tuple[Settings, 
 
 async def _run(settings: Settings, repository: ModelRepository) -> None:
     async with trio.open_nursery() as nursery:
-        server: Server = await nursery.start(partial(serve, settings, repository=repository))
+
+        async def run_server(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
+            await serve(settings, repository=repository, task_status=task_status)
+            nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
+
+        server: Server = await nursery.start(run_server)
         if server.http_url is not None:
             log.info("REST listening on %s", server.http_url)
-        if server.grpc_address is not None:
-            host, port = server.grpc_address
-            log.info("gRPC listening on %s:%d", host, port)
+        # the gRPC transport logs its own "gRPC listening on host:port"
         nursery.start_soon(_watch_signals, server, nursery.cancel_scope)
 
 
@@ -208,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # hypercorn announces "Running on ..." itself; the line above says it once, with the real port
+    logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
     try:
         settings, repository = _settings(args, env)
     except SettingsError as exc:

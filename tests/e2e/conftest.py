@@ -123,6 +123,12 @@ def rest_settings(**changes: Any) -> Settings:
     return Settings(**values)
 
 
+@pytest.fixture
+def make_settings() -> Callable[..., Settings]:
+    """:func:`rest_settings`, for tests that run ``serve`` in their own nursery."""
+    return rest_settings
+
+
 Launch = Callable[..., Awaitable[Server]]
 
 
