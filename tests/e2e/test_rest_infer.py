@@ -7,7 +7,8 @@ import gzip
 import json
 import struct
 import zlib
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -15,6 +16,9 @@ import pytest
 import trio
 
 from actorserve.server import Server
+
+if TYPE_CHECKING:
+    from conftest import GateModel, Settle
 
 pytestmark = pytest.mark.parametrize("server", ["fast", "quart"], indirect=True)
 
@@ -166,3 +170,19 @@ async def test_sequence_id_header_on_unary_infer(client: httpx.AsyncClient, serv
     with trio.fail_after(10):  # the actor unregisters right after the last response
         while len(supervisor):  # noqa: ASYNC110
             await trio.sleep(0.01)
+
+
+async def test_client_going_away_cancels_a_unary_request(
+    client: httpx.AsyncClient, server: Server, gate: GateModel, settle: Settle
+) -> None:
+    body = {"id": "away", "inputs": [], "parameters": {"n_tokens": 2, "free": 0, "gate": "never"}}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(client.post, "/v2/models/gate/infer", json=body))
+        with trio.fail_after(20):
+            await gate.started["away"].wait()
+        nursery.cancel_scope.cancel()  # the client gives up: httpx closes the connection
+    with trio.fail_after(20):
+        await gate.left["away"].wait()
+    assert gate.outcome["away"] == "cancelled"
+    await settle()
+    assert (await client.get("/v2/health/ready")).status_code == 200

@@ -54,6 +54,16 @@ async def test_chunked_body_over_the_limit_is_413(small_client: httpx.AsyncClien
     assert (reply.status_code, reply.json()) == (413, TOO_LARGE)
 
 
+async def test_chunked_body_under_the_limit_is_served(small_client: httpx.AsyncClient) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        data = padded(LIMIT)
+        for i in range(0, len(data), 100):
+            yield data[i : i + 100]
+
+    reply = await small_client.post("/v2/models/identity/infer", content=chunks())
+    assert (reply.status_code, reply.json()["outputs"][0]["data"]) == (200, [1])
+
+
 async def test_gzip_body_inflating_over_the_limit_is_413(small_client: httpx.AsyncClient) -> None:
     bomb = gzip.compress(padded(LIMIT * 4))
     assert len(bomb) < LIMIT
