@@ -155,3 +155,11 @@ async def test_get_generate_stream_in_a_sequence(client: httpx.AsyncClient) -> N
     params = {"INPUT": "5", "sequence_id": sequence_id, "sequence_end": "1"}
     events = await events_of(client, "GET", "/v2/models/accumulator/generate_stream", params=params)
     assert [json.loads(e.data)["OUTPUT"] for e in events[:-1]] == [9]
+
+
+async def test_get_generate_stream_declared_inputs_without_a_datatype(client: httpx.AsyncClient) -> None:
+    """identity declares INPUT0 with any datatype: the query value is typed like JSON."""
+    events = await events_of(client, "GET", "/v2/models/identity/generate_stream", params={"INPUT0": "12"})
+    assert [json.loads(e.data) for e in events[:-1]] == [{"model_name": "identity", "model_version": "1", "OUTPUT0": 12}]
+    events = await events_of(client, "GET", "/v2/models/identity/generate_stream", params=[("INPUT0", "a"), ("INPUT0", "b")])
+    assert [json.loads(e.data)["OUTPUT0"] for e in events[:-1]] == [["a", "b"]]
