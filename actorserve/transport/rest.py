@@ -40,7 +40,7 @@ from ..codecs import request_from_json, response_to_json, tensor_from_list, tens
 from ..engine import Engine
 from ..errors import ActorServeError, BadInput, ModelNotFound, ModelNotReady
 from ..model import bool_parameter
-from ..settings import ModelSettings, Settings
+from ..settings import ModelSettings, Settings, SettingsError
 from ..types import InferenceRequest, InferenceResponse, Tensor
 from . import sse
 from .errors import RETRY_AFTER_SECONDS, client_message, http_status
@@ -663,7 +663,10 @@ class RestAPI:
         else:
             versions = self.find_models(name)
         for model_settings in versions:
-            await self.engine.load(model_settings)
+            try:
+                await self.engine.load(model_settings)
+            except SettingsError as exc:  # e.g. an implementation that cannot be imported
+                raise BadInput(str(exc)) from None
         return _response(json_reply({}))
 
     async def unload(self, name: str) -> Response:

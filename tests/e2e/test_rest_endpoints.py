@@ -158,6 +158,11 @@ async def test_load_finds_models_added_to_the_model_folders(tmp_path: Path, nurs
         broken = await client.post("/v2/repository/models/broken/load")
         assert broken.status_code == 400
         assert broken.json()["error"].startswith(f"{tmp_path / 'broken' / 'model-settings.json'}: invalid JSON")
+        write_model(tmp_path, "ghost", {"name": "ghost", "implementation": "no_such_module.Model"})
+        ghost = await client.post("/v2/repository/models/ghost/load")
+        assert (ghost.status_code, ghost.json()) == (400, {
+            "error": "model 'ghost': cannot import 'no_such_module.Model': No module named 'no_such_module'"
+        })
         missing = await client.post("/v2/repository/models/identity/load")  # not configured here
         assert missing.status_code == 404
     server.shutdown()
