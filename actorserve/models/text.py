@@ -1,0 +1,454 @@
+"""``text``: the character GRU of :mod:`actorserve.models.textlm` served with continuous
+batching, chunked prefill and per-sequence state.
+
+Input ``text_input`` BYTES [1] (the prompt; absent or empty is allowed); output
+``text_output`` BYTES [1], one streamed response per generated character (a character
+that could start a ``stop`` string is held back until it is known not to, so a response
+may then carry a few). Unary ``infer`` returns the whole text as one ``text_output``.
+
+Request parameters (see ``docs/textlm.md``): ``max_tokens`` (default 64, at most the
+model parameter ``max_tokens_limit``, 2048), ``temperature`` (>= 0, default 0.8, 0 is
+greedy), ``top_k`` (>= 0, default 0 = all), ``seed`` (an integer; random when absent) and
+``stop`` (a string or a list of strings; generation ends when one is produced and it is
+not included in the output).
+
+In a sequence, the state is the GRU hidden state ``[L, H]`` plus the characters that
+belong to the text but are not yet fed through the GRU (the last generated character, or
+the rest of a prompt when a request was cancelled while its prompt was being read). Each
+request continues from it, so a client sends only the new text. Without a sequence, every
+request starts fresh.
+
+Model parameters (``parameters`` of the settings): ``prefill_chunk`` (characters of a
+prompt read per step, default 32), ``max_tokens_limit`` (2048), ``max_prompt_chars``
+(16384), ``device`` (default: CUDA if available, else CPU) and ``threads`` (torch
+intra-op threads, default 1).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import BadInput
+from ..model import BatchModel, StepOutput, float_parameter, int_parameter
+from ..types import InferenceRequest, InferenceResponse, Tensor
+from .textlm.network import TextLMCore
+
+__all__ = ["Generation", "TextModel", "TextState", "sample_rows"]
+
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.8
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+_U64 = (1 << 64) - 1
+
+
+class TextState:
+    """The state of one sequence: ``hidden`` ([L, H] on the model's device, None = fresh,
+    i.e. zeros) and ``pending``, character ids of the text not yet fed through the GRU.
+
+    Touched only by ``step`` (in the worker thread) while a request of the sequence is in
+    the batch, and by the engine's task otherwise."""
+
+    __slots__ = ("hidden", "pending", "sequence_id")
+
+    def __init__(self, sequence_id: str | None = None) -> None:
+        self.sequence_id = sequence_id
+        self.hidden: torch.Tensor | None = None
+        self.pending: list[int] = []
+
+    @property
+    def fresh(self) -> bool:
+        return self.hidden is None and not self.pending
+
+
+class Generation:
+    """One request's work: the characters to feed, then the characters to generate."""
+
+    __slots__ = (
+        "emitted",
+        "fed",
+        "feed",
+        "finished",
+        "generated",
+        "generator",
+        "held",
+        "max_tokens",
+        "prompt",
+        "request",
+        "started",
+        "state",
+        "stop",
+        "temperature",
+        "top_k",
+    )
+
+    def __init__(
+        self,
+        request: InferenceRequest,
+        state: TextState,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        seed: int,
+        stop: tuple[str, ...],
+    ) -> None:
+        self.request = request
+        self.state = state
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.stop = stop
+        self.generator = TextLMCore.make_generator(seed)
+        self.feed: list[int] = []  # the state's pending characters + prompt + generated
+        self.fed = 0  # how many of ``feed`` went through the GRU
+        self.started = False
+        self.finished = False
+        self.generated = 0
+        self.held = ""  # generated text that may be the start of a stop string
+        self.emitted = 0  # responses sent
+
+    def start(self) -> None:
+        """Take over the state's pending characters (first step only)."""
+        state = self.state
+        self.feed = [*state.pending, *self.prompt]
+        state.pending = []
+        self.started = True
+
+    def settle(self) -> None:
+        """Leave the state consistent on its own: unfed characters back to ``pending``
+        and a hidden state that owns its memory (not a view of a whole batch)."""
+        state = self.state
+        if self.started:
+            state.pending = self.feed[self.fed :]
+            self.started = False
+        if state.hidden is not None:
+            state.hidden = state.hidden.clone()
+        self.finished = True
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperatures: list[float],
+    top_ks: list[int],
+    generators: list[torch.Generator],
+) -> list[int]:
+    """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
+
+    The same float64 operations as the single-row version, row by row identical (the
+    tests compare them), so a stream's text does not depend on its batch: one uniform
+    draw from the row's own generator for each sampled row, none for a greedy one.
+    """
+    n, vocab_size = logits.shape
+    rows = logits.to(torch.float64)
+    out = [0] * n
+    sampled = [i for i in range(n) if temperatures[i] > 0.0]
+    if len(sampled) < n:
+        greedy = rows.argmax(dim=1).tolist()
+        for i in range(n):
+            if temperatures[i] <= 0.0:
+                out[i] = greedy[i]
+    if not sampled:
+        return out
+    if len(sampled) < n:
+        rows = rows[sampled]
+    temps = torch.tensor([temperatures[i] for i in sampled], dtype=torch.float64)
+    rows = rows / temps.unsqueeze(1)
+    ks = [top_ks[i] for i in sampled]
+    limited = [j for j, k in enumerate(ks) if 0 < k < vocab_size]
+    if limited:
+        ordered = torch.sort(rows[limited], dim=1, descending=True).values
+        kth = ordered.gather(1, torch.tensor([ks[j] - 1 for j in limited]).unsqueeze(1))
+        sub = rows[limited]
+        rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
+    probs = torch.softmax(rows, dim=1)
+    cdf = torch.cumsum(probs, dim=1)
+    draws = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
+    index = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
+    index = index.clamp_(max=vocab_size - 1)
+    picked = index.tolist()
+    zero = (probs.gather(1, index.unsqueeze(1)).view(-1) == 0.0).tolist()
+    for j, i in enumerate(sampled):
+        k = picked[j]
+        if zero[j]:  # rounding put the draw past the last non-zero entry
+            while probs[j, k] == 0.0 and k > 0:
+                k -= 1
+        out[i] = k
+    return out
+
+
+def _stop_strings(request: InferenceRequest) -> tuple[str, ...]:
+    value = request.parameters.get("stop")
+    if value is None:
+        return ()
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise BadInput(f"parameter 'stop': expected a string or a list of strings, got {value!r}")
+    if len(values) > MAX_STOP_STRINGS or any(not v or len(v) > MAX_STOP_CHARS for v in values):
+        raise BadInput(
+            f"parameter 'stop': expected at most {MAX_STOP_STRINGS} non-empty strings of at most "
+            f"{MAX_STOP_CHARS} characters, got {value!r}"
+        )
+    return tuple(values)
+
+
+def _seed(request: InferenceRequest) -> int:
+    if request.parameters.get("seed") is None:
+        return secrets.randbits(64)
+    return int_parameter(request, "seed", 0) & _U64
+
+
+class TextModel(BatchModel[TextState, Generation]):
+    """The ``text`` model; see the module docstring for its contract."""
+
+    default_max_batch_size: ClassVar[int] = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        params = self.parameters
+        self.prefill_chunk = int(params.get("prefill_chunk", 32))
+        self.max_tokens_limit = int(params.get("max_tokens_limit", 2048))
+        self.max_prompt_chars = int(params.get("max_prompt_chars", 16384))
+        self.threads = int(params.get("threads", 1))
+        self.device: str | None = params.get("device")
+        if self.prefill_chunk < 1 or self.max_tokens_limit < 0 or self.max_prompt_chars < 1:
+            raise ValueError(f"model {self.name!r}: prefill_chunk and max_prompt_chars must be >= 1")
+        #: states of the open sequences, by id (new_state / on_sequence_end, event loop only)
+        self.sequences: dict[str, TextState] = {}
+        self.core: TextLMCore
+
+    async def load(self) -> None:
+        import trio
+
+        await trio.to_thread.run_sync(self._load)
+
+    def _load(self) -> None:
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        self.core = TextLMCore.load(device=self.device)
+        vocab = self.core.vocab
+        self._zeros = self.core.initial_state()
+        self._chars = vocab.chars
+        self._newline = vocab.encode("\n")
+        # One object array per character, reused by every response that carries it.
+        self._char_data = [self._bytes(c.encode()) for c in vocab.chars]
+        self.core.prefill([self._zeros], [self._newline])  # warm up torch's kernels
+
+    @staticmethod
+    def _bytes(value: bytes) -> np.ndarray[Any, np.dtype[Any]]:
+        data = np.empty(1, dtype=object)
+        data[0] = value
+        return data
+
+    # -- sequences -------------------------------------------------------------------------
+
+    def new_state(self, sequence_id: str) -> TextState:
+        state = TextState(sequence_id)
+        self.sequences[sequence_id] = state
+        return state
+
+    def on_sequence_end(self, state: TextState, reason: str) -> None:
+        state.hidden = None
+        state.pending = []
+        if state.sequence_id is not None:
+            self.sequences.pop(state.sequence_id, None)
+
+    def on_request_cancelled(self, work: Generation) -> None:
+        # Called between steps: the state keeps what was read and generated so far.
+        if not work.finished:
+            work.settle()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def begin(self, request: InferenceRequest, state: TextState | None) -> Generation:
+        tensor = request.input("text_input", required=False)
+        prompt = ""
+        if tensor is not None:
+            if tensor.datatype != "BYTES" or tensor.data.size != 1:
+                raise BadInput(
+                    f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
+                    f"{list(tensor.shape)}"
+                )
+            value = tensor.data.reshape(-1)[0]
+            prompt = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+        if len(prompt) > self.max_prompt_chars:
+            raise BadInput(
+                f"input 'text_input': {len(prompt)} characters, more than {self.max_prompt_chars} "
+                "(max_prompt_chars)"
+            )
+        max_tokens = int_parameter(
+            request, "max_tokens", DEFAULT_MAX_TOKENS, minimum=0, maximum=self.max_tokens_limit
+        )
+        temperature = float_parameter(request, "temperature", DEFAULT_TEMPERATURE, minimum=0.0)
+        top_k = int_parameter(request, "top_k", 0, minimum=0)
+        stop = _stop_strings(request)
+        seed = _seed(request)
+        if state is None:
+            state = TextState()
+        ids = self.core.vocab.encode(prompt)
+        if not ids and state.fresh:
+            ids = list(self._newline)  # a fresh stream starts at a line break, as in training
+        return Generation(
+            request,
+            state,
+            ids,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+        )
+
+    def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
+        """The whole generated text as one ``text_output`` BYTES [1]."""
+        text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
+        parameters = dict(responses[-1].parameters) if responses else {}
+        return self.response(request, [Tensor("text_output", (1,), "BYTES", self._bytes(text))], parameters)
+
+    # -- the step (worker thread) --------------------------------------------------------------
+
+    def step(self, batch: list[Generation]) -> list[StepOutput]:
+        with torch.inference_mode():
+            try:
+                return self._step(batch)
+            except BaseException:
+                for work in batch:  # keep each sequence's state usable for its next request
+                    if not work.finished:
+                        work.settle()
+                raise
+
+    def _step(self, batch: list[Generation]) -> list[StepOutput]:
+        core = self.core
+        chunk = self.prefill_chunk
+        prefill: list[Generation] = []
+        prefill_chunks: list[list[int]] = []
+        decode: list[Generation] = []
+        decode_tokens: list[int] = []
+        outputs: list[StepOutput | None] = [None] * len(batch)
+        for i, work in enumerate(batch):
+            if not work.started:
+                work.start()
+            left = len(work.feed) - work.fed
+            if left == 1:
+                decode.append(work)
+                decode_tokens.append(work.feed[work.fed])
+            elif left > 1 or work.generated < work.max_tokens:
+                # a chunk of the prompt; or nothing left to read (a sequence continued with
+                # an empty prompt): an empty chunk gives the logits of the state as it is
+                prefill.append(work)
+                prefill_chunks.append(work.feed[work.fed : work.fed + chunk])
+            else:  # max_tokens=0 and everything read
+                outputs[i] = self._finish(work)
+        logits_parts: list[torch.Tensor] = []
+        rows: list[Generation] = []  # the works whose logits row is in logits_parts, in order
+        if prefill:
+            states, logits = core.prefill(
+                [w.state.hidden if w.state.hidden is not None else self._zeros for w in prefill],
+                prefill_chunks,
+            )
+            ready = []
+            for j, work in enumerate(prefill):
+                work.state.hidden = states[j]
+                work.fed += len(prefill_chunks[j])
+                if work.fed == len(work.feed) and work.generated < work.max_tokens:
+                    ready.append(j)
+                    rows.append(work)
+            if ready:
+                logits_parts.append(logits if len(ready) == len(prefill) else logits[ready])
+        if decode:
+            states, logits = core.decode(
+                [w.state.hidden if w.state.hidden is not None else self._zeros for w in decode], decode_tokens
+            )
+            for j, work in enumerate(decode):
+                work.state.hidden = states[j]
+                work.fed += 1
+            if all(w.generated < w.max_tokens for w in decode):
+                logits_parts.append(logits)
+                rows.extend(decode)
+            else:
+                keep = [j for j, w in enumerate(decode) if w.generated < w.max_tokens]
+                if keep:
+                    logits_parts.append(logits[keep])
+                    rows.extend(decode[j] for j in keep)
+        tokens: list[int] = []
+        if rows:
+            both = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
+            tokens = sample_rows(
+                both.cpu(),  # the one transfer of the step
+                [w.temperature for w in rows],
+                [w.top_k for w in rows],
+                [w.generator for w in rows],
+            )
+        produced = dict(zip(map(id, rows), tokens, strict=True))
+        for i, work in enumerate(batch):
+            if outputs[i] is not None:
+                continue
+            token = produced.get(id(work))
+            if token is not None:
+                outputs[i] = self._generated(work, token)
+            elif work.fed == len(work.feed) and work.generated >= work.max_tokens:
+                outputs[i] = self._finish(work)
+            else:
+                outputs[i] = _NOTHING
+        return outputs  # type: ignore[return-value]
+
+    def _generated(self, work: Generation, token: int) -> StepOutput:
+        """Account for one generated character: stream it (or hold it back while it may
+        begin a stop string); finish on a stop string or at max_tokens."""
+        work.feed.append(token)
+        work.generated += 1
+        if not work.stop:
+            if work.generated >= work.max_tokens:
+                return self._finish(work, self._char_data[token])
+            work.emitted += 1
+            return StepOutput(self._text_response(work, self._char_data[token]))
+        text = work.held + self._chars[token]
+        # ``held`` holds no whole stop string, so a match can only end at this character.
+        ats = [at for stop in work.stop if (at := text.find(stop)) >= 0]
+        if ats:
+            at = min(ats)
+            return self._finish(work, self._bytes(text[:at].encode()) if at else None)
+        keep = _longest_stop_prefix(text, work.stop)
+        out, work.held = text[: len(text) - keep], text[len(text) - keep :]
+        if work.generated >= work.max_tokens:
+            return self._finish(work, self._bytes(text.encode()))
+        if not out:
+            return _NOTHING
+        work.emitted += 1
+        return StepOutput(self._text_response(work, self._bytes(out.encode())))
+
+    def _finish(self, work: Generation, data: np.ndarray[Any, np.dtype[Any]] | None = None) -> StepOutput:
+        work.settle()
+        if data is None and work.emitted:
+            return _DONE
+        # Every request gets at least one response (it carries a new sequence's id).
+        return StepOutput(
+            self._text_response(work, data if data is not None else self._bytes(b"")), done=True
+        )
+
+    def _text_response(self, work: Generation, data: np.ndarray[Any, np.dtype[Any]]) -> InferenceResponse:
+        return InferenceResponse(
+            self.name, [Tensor("text_output", (1,), "BYTES", data)], self.version, work.request.id
+        )
+
+
+_NOTHING = StepOutput()
+_DONE = StepOutput(done=True)
+
+
+def _longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of a stop
+    string (those characters are held back)."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
