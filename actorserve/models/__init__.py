@@ -27,4 +27,12 @@ def builtin_settings() -> list[ModelSettings]:
             inputs=(TensorSpec("INPUT", "INT64", (1,)),),
             outputs=(TensorSpec("OUTPUT", "INT64", (1,)),),
         ),
+        ModelSettings(
+            name="text",
+            implementation="actorserve.models.text.TextModel",
+            parameters={"prefill_chunk": 32, "max_tokens_limit": 2048},
+            sequence=SequenceSettings(idle_timeout_ms=600_000, max_sequences=4096, evict_idle=True),
+            inputs=(TensorSpec("text_input", "BYTES", (1,)),),
+            outputs=(TensorSpec("text_output", "BYTES", (1,)),),
+        ),
     ]
