@@ -172,18 +172,18 @@ async def test_batch_model_with_two_replicas_streams(client: httpx.AsyncClient, 
     """Two streams on a BatchModel with workers=2: one per replica, every event exact."""
     host = server.engine.host("counter")
     assert len(host.batchers) == 2
-    n = 200
     url = "/v2/models/counter/infer_stream"
-    async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": n}}) as a:
+    # a is long enough to be still running (or paused on its full reply buffer) when b comes
+    async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": 100_000}}) as a:
         a_events = a.aiter_sse()
-        a_first = await a_events.__anext__()  # a is now in a batch (it pauses once 64 replies wait)
-        async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": n}}) as b:
+        a_head = [await a_events.__anext__()]
+        async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": 200}}) as b:
             assert sorted(batcher.load for batcher in host.batchers) == [1, 1]
             b_events = await collect(b.aiter_sse())
-        a_rest = await collect(a_events)
-    a_ks, a_replicas = counts([a_first, *a_rest])
+        a_head += [await a_events.__anext__() for _ in range(99)]
+    a_ks, a_replicas = counts(a_head)
     b_ks, b_replicas = counts(b_events)
-    assert (a_ks, b_ks) == (list(range(n)), list(range(n)))
+    assert (a_ks, b_ks) == (list(range(100)), list(range(200)))
     assert len(a_replicas) == len(b_replicas) == 1
     assert a_replicas != b_replicas
     await settle()
