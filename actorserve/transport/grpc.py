@@ -25,14 +25,17 @@ anything else is a bug, logged with its traceback and sent as INTERNAL.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 import struct
+import threading
 import weakref
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import aclosing
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, Final, Protocol, TypeVar
 
 import trio
 import trio_asyncio
@@ -92,6 +95,16 @@ _WRITE_BATCH: Final = 64
 
 _PREFIX = struct.Struct(">?I")
 
+#: How grpclib's asyncio meets trio: "thread" (grpclib on its own asyncio thread) or
+#: "trio-asyncio" (grpclib on a trio-asyncio loop in the trio thread).
+BRIDGES: Final = ("thread", "trio-asyncio")
+DEFAULT_BRIDGE: Final = "trio-asyncio"
+
+#: How long the trio side waits for a cancelled asyncio task to finish.
+_AIO_CANCEL_TIMEOUT: Final = 5.0
+
+T = TypeVar("T")
+
 #: ``find_models(name)`` -> the settings of every version of model ``name``.
 FindModels = Callable[[str], list[ModelSettings]]
 
@@ -101,6 +114,7 @@ async def serve_grpc(
     settings: Settings,
     *,
     find_models: FindModels | None = None,
+    bridge: str = DEFAULT_BRIDGE,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the engine over gRPC on ``settings.host``:``settings.grpc_port`` until cancelled.
@@ -111,25 +125,212 @@ async def serve_grpc(
     (shielded), then cancels what is left and closes every connection.
 
     ``find_models(name)`` gives the settings of every version of a model for
-    RepositoryModelLoad (default: the models in ``settings``).
+    RepositoryModelLoad (default: the models in ``settings``). ``bridge`` chooses how
+    grpclib's asyncio meets trio (see :data:`BRIDGES`); the default is the faster one.
     """
+    if bridge not in BRIDGES:
+        raise ValueError(f"bridge must be one of {', '.join(BRIDGES)}, got {bridge!r}")
+    service = InferenceService(engine, settings, find_models)
     port = settings.grpc_port if settings.grpc_port is not None else 0
     listener = _bind(settings.host, port)
     try:
-        async with trio_asyncio.open_loop():
-            service = InferenceService(engine, settings, find_models)
-            server = _Server([service])
-            await trio_asyncio.aio_as_trio(server.start)(sock=listener)
-            host, bound_port = listener.getsockname()[:2]
-            log.info("gRPC listening on %s:%d", host, bound_port)
-            try:
-                task_status.started((host, bound_port))
-                await trio.sleep_forever()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await _shut_down(server, service, settings.grace_period)
+        if bridge == "thread":
+            async with _asyncio_thread() as thread_bridge:
+                await _serve(service, thread_bridge, listener, task_status)
+        else:
+            async with trio_asyncio.open_loop():
+                await _serve(service, _TrioAsyncioBridge(), listener, task_status)
     finally:
         listener.close()
+
+
+async def _serve(
+    service: InferenceService,
+    bridge: _Bridge,
+    listener: socket.socket,
+    task_status: trio.TaskStatus[tuple[str, int]],
+) -> None:
+    service.bridge = bridge
+    server = await bridge.to_aio(service.start, listener)
+    host, port = listener.getsockname()[:2]
+    log.info("gRPC listening on %s:%d", host, port)
+    try:
+        task_status.started((host, port))
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            service.drain_started.set()
+            await bridge.to_aio(service.shut_down, server)
+
+
+# --------------------------------------------------------------------------- bridges
+
+
+class _Bridge(Protocol):
+    """How asyncio (grpclib) and trio (the engine) call each other.
+
+    ``to_trio`` is awaited on the asyncio side and runs a trio function in a new trio
+    task; cancelling the awaiting asyncio task cancels that trio task. ``to_aio`` is
+    awaited on the trio side and runs an asyncio coroutine function on grpclib's loop;
+    cancelling the trio side cancels the asyncio task and waits (bounded) for it."""
+
+    def to_trio(self, afn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]: ...
+
+    async def to_aio(self, afn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T: ...
+
+
+class _TrioAsyncioBridge:
+    """grpclib on a trio-asyncio loop inside the trio run: one thread."""
+
+    def to_trio(self, afn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
+        return trio_asyncio.trio_as_aio(afn)(*args)  # type: ignore[no-any-return]
+
+    async def to_aio(self, afn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        return await trio_asyncio.aio_as_trio(afn)(*args)  # type: ignore[no-any-return]
+
+
+class _ThreadBridge:
+    """grpclib on a plain asyncio loop in its own thread. Nothing blocks either loop:
+    asyncio -> trio is ``TrioToken.run_sync_soon``, trio -> asyncio is
+    ``call_soon_threadsafe``; each side waits on its own primitive."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery) -> None:
+        self.loop = loop
+        self.token = token
+        #: owns the trio side of every bridged call
+        self.nursery = nursery
+
+    async def to_trio(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        done: asyncio.Future[T] = self.loop.create_future()
+        call = _TrioCall()
+        self.token.run_sync_soon(self._spawn, call, afn, args, done)
+        try:
+            return await done
+        except asyncio.CancelledError:
+            with contextlib.suppress(trio.RunFinishedError):
+                self.token.run_sync_soon(call.cancel)
+            raise
+
+    def _spawn(self, call: _TrioCall, afn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], done: asyncio.Future[Any]) -> None:
+        try:
+            self.nursery.start_soon(self._run, call, afn, args, done)
+        except RuntimeError:  # the nursery is closed: the server is gone
+            self._post(done, None, GRPCError(Status.UNAVAILABLE, "the server is shutting down"))
+
+    async def _run(self, call: _TrioCall, afn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], done: asyncio.Future[Any]) -> None:
+        result: Any = None
+        error: BaseException | None = asyncio.CancelledError()  # unless it finishes
+        try:
+            with trio.CancelScope() as call.scope:
+                if call.cancelled:
+                    call.scope.cancel()
+                try:
+                    result, error = await afn(*args), None
+                except Exception as exc:
+                    error = exc
+        finally:
+            self._post(done, result, error)
+
+    def _post(self, done: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(_settle, done, result, error)
+
+    async def to_aio(self, afn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        future = asyncio.run_coroutine_threadsafe(afn(*args), self.loop)
+        finished = trio.Event()
+        token = self.token
+
+        def wake(_: object) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(finished.set)
+
+        future.add_done_callback(wake)
+        try:
+            await finished.wait()
+        except BaseException:
+            future.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(_AIO_CANCEL_TIMEOUT) as waited:
+                await finished.wait()
+            if waited.cancelled_caught:
+                log.error("gRPC: an asyncio task ignored its cancellation for %.0f s", _AIO_CANCEL_TIMEOUT)
+            raise
+        return future.result()
+
+
+class _TrioCall:
+    """The trio side of one bridged call, cancellable from the asyncio thread (through
+    ``run_sync_soon``) before or after it started."""
+
+    __slots__ = ("cancelled", "scope")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.scope: trio.CancelScope | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    elif error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@asynccontextmanager
+async def _asyncio_thread() -> AsyncIterator[_ThreadBridge]:
+    """A plain asyncio loop running in its own thread for as long as the block lasts.
+
+    On exit: the trio sides of bridged calls are cancelled, then every asyncio task
+    left is cancelled and awaited (bounded), then the loop stops and its thread ends."""
+    # Made explicitly: importing trio_asyncio installs an event loop policy whose loops
+    # only run inside trio.
+    loop = asyncio.SelectorEventLoop()
+    thread = threading.Thread(target=loop.run_forever, name="actorserve-grpc-asyncio", daemon=True)
+    thread.start()
+    bridge: _ThreadBridge | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            # The trio sides of calls must outlive a cancellation of serve_grpc until
+            # the drain is over, as trio-asyncio's own task nursery does: shielded,
+            # cancelled explicitly at the end.
+            calls, calls_scope = await nursery.start(_shielded_nursery)
+            bridge = _ThreadBridge(loop, trio.lowlevel.current_trio_token(), calls)
+            try:
+                yield bridge
+            finally:
+                calls_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if bridge is not None:
+                with trio.move_on_after(_AIO_CANCEL_TIMEOUT):
+                    await bridge.to_aio(_cancel_other_tasks)
+            loop.call_soon_threadsafe(loop.stop)
+            await trio.to_thread.run_sync(thread.join)
+            loop.close()
+
+
+async def _shielded_nursery(
+    *, task_status: trio.TaskStatus[tuple[trio.Nursery, trio.CancelScope]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.CancelScope(shield=True) as scope:
+        async with trio.open_nursery() as nursery:
+            task_status.started((nursery, scope))
+            await trio.sleep_forever()
+
+
+async def _cancel_other_tasks() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -147,21 +348,6 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-async def _shut_down(server: _Server, service: InferenceService, grace: float) -> None:
-    """Stop listening, refuse new calls, wait up to ``grace`` for the calls in flight,
-    cancel the rest, close the connections."""
-    service.begin_drain()
-    server.stop_listening()
-    with trio.move_on_after(grace):
-        await service.idle.wait()
-    if service.calls:
-        log.warning("gRPC: cancelling %d call(s) still running after the grace period", service.calls)
-    server.close()
-    with trio.move_on_after(max(grace, 1.0)):
-        await trio_asyncio.aio_as_trio(server.wait_closed)()
-    server.close_connections()
 
 
 class _Server(Server):
@@ -306,7 +492,10 @@ _Method = Callable[[Stream[Any, Any]], Awaitable[None]]
 
 class InferenceService:
     """The grpclib handlers of ``GRPCInferenceService``, registered raw (not through
-    betterproto2's generated base, whose bidi method is half-duplex)."""
+    betterproto2's generated base, whose bidi method is half-duplex).
+
+    Handlers run on grpclib's asyncio loop and reach the engine only through
+    ``bridge.to_trio``; call counting and draining live on the asyncio side too."""
 
     def __init__(self, engine: Engine, settings: Settings, find_models: FindModels | None = None) -> None:
         if settings.grpc_stream_dialect not in ("triton", "mlserver"):
@@ -318,13 +507,39 @@ class InferenceService:
         self.engine = engine
         self.settings = settings
         self.find_models = find_models
+        self.bridge: _Bridge = _TrioAsyncioBridge()
+        #: calls running (asyncio side)
         self.calls = 0
+        #: refusing new calls (set on the asyncio side, read on both)
         self.draining = False
-        #: set once draining and no call is running.
-        self.idle = trio.Event()
-        #: set when draining starts (streams stop reading then).
+        #: set (on the trio side) when draining starts: streams stop reading then.
         self.drain_started = trio.Event()
-        self._to_trio = trio_asyncio.trio_as_aio
+        self._idle: asyncio.Event | None = None
+
+    # -- lifecycle, on the asyncio side ---------------------------------------------------
+
+    async def start(self, listener: socket.socket) -> _Server:
+        self._idle = asyncio.Event()
+        server = _Server([self])
+        await server.start(sock=listener)
+        return server
+
+    async def shut_down(self, server: _Server) -> None:
+        """Stop listening, refuse new calls, give the calls in flight the grace period,
+        cancel the rest, close the connections."""
+        grace = self.settings.grace_period
+        self.draining = True
+        server.stop_listening()
+        if self.calls:
+            assert self._idle is not None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        if self.calls:
+            log.warning("gRPC: cancelling %d call(s) still running after the grace period", self.calls)
+        server.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), max(grace, 1.0))
+        server.close_connections()
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = Cardinality.UNARY_UNARY
@@ -355,9 +570,9 @@ class InferenceService:
             for name, func, cardinality, request, reply, work in methods
         }
 
-    # -- call tracking (drain on shutdown) --------------------------------------------
-
     def _tracked(self, func: _Method) -> _Method:
+        """Count the call while it runs; refuse it while draining."""
+
         async def handler(stream: Stream[Any, Any]) -> None:
             if self.draining:
                 raise GRPCError(Status.UNAVAILABLE, "the server is shutting down")
@@ -366,16 +581,11 @@ class InferenceService:
                 await func(stream)
             finally:
                 self.calls -= 1
-                if self.draining and not self.calls:
-                    self.idle.set()
+                if not self.calls and self._idle is not None:
+                    self._idle.set()
+                    self._idle.clear()  # wakes the current waiter; later ones wait again
 
         return handler
-
-    def begin_drain(self) -> None:
-        self.draining = True
-        self.drain_started.set()
-        if not self.calls:
-            self.idle.set()
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> _Wire:
         return _Wire(stream, recv_type, self.settings)
@@ -387,7 +597,11 @@ class InferenceService:
             raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
         return wire, message
 
-    # -- health and metadata: plain attribute reads, answered on the asyncio side ------
+    async def _on_trio(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call a synchronous engine method on the trio side (its state belongs there)."""
+        return await self.bridge.to_trio(_call_mapping_errors, fn, *args)
+
+    # -- health and metadata --------------------------------------------------------------
 
     async def _server_live(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerLiveRequest)
@@ -395,14 +609,12 @@ class InferenceService:
 
     async def _server_ready(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerReadyRequest)
-        await wire.send(ServerReadyResponse(ready=self.engine.ready and not self.draining))
+        ready = await self._on_trio(lambda: self.engine.ready)
+        await wire.send(ServerReadyResponse(ready=ready and not self.draining))
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
-        try:
-            ready = self.engine.model_ready(message.name, message.version or None)
-        except ActorServeError as exc:
-            raise _status_error(exc) from None
+        ready = await self._on_trio(self.engine.model_ready, message.name, message.version or None)
         await wire.send(ModelReadyResponse(ready=ready and not self.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
@@ -411,10 +623,7 @@ class InferenceService:
 
     async def _model_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelMetadataRequest)
-        try:
-            meta = self.engine.metadata(message.name, message.version or None)
-        except ActorServeError as exc:
-            raise _status_error(exc) from None
+        meta = await self._on_trio(self.engine.metadata, message.name, message.version or None)
         await wire.send(
             ModelMetadataResponse(
                 name=meta["name"],
@@ -431,7 +640,7 @@ class InferenceService:
             RepositoryIndexResponseModelIndex(
                 name=entry["name"], version=entry["version"], state=entry["state"], reason=entry["reason"]
             )
-            for entry in self.engine.repository_index()
+            for entry in await self._on_trio(self.engine.repository_index)
             if not message.ready or entry["state"] == "READY"
         ]
         await wire.send(RepositoryIndexResponse(models=models))
@@ -440,7 +649,7 @@ class InferenceService:
 
     async def _model_infer(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelInferRequest)
-        reply = await self._to_trio(self._infer)(message)
+        reply = await self.bridge.to_trio(self._infer, message)
         await wire.send(reply)
 
     async def _infer(self, message: Any) -> Any:
@@ -453,7 +662,7 @@ class InferenceService:
 
     async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, RepositoryModelLoadRequest)
-        await self._to_trio(self._load)(message)
+        await self.bridge.to_trio(self._load, message)
         await wire.send(RepositoryModelLoadResponse())
 
     async def _load(self, message: Any) -> None:
@@ -474,7 +683,7 @@ class InferenceService:
 
     async def _repository_model_unload(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, RepositoryModelUnloadRequest)
-        await self._to_trio(self._unload)(message)
+        await self.bridge.to_trio(self._unload, message)
         await wire.send(RepositoryModelUnloadResponse())
 
     async def _unload(self, message: Any) -> None:
@@ -494,7 +703,14 @@ class InferenceService:
             metadata: Mapping[str, Any] = stream.metadata or {}
             status_errors = str(metadata.get(TRITON_GRPC_ERROR, "")).strip().lower() in ("true", "1")
             call = _TritonStream(self, wire, status_errors=status_errors)
-        await self._to_trio(call.run)()
+        await self.bridge.to_trio(call.run)
+
+
+async def _call_mapping_errors(fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise _status_error(exc) from None
 
 
 def _tensor_metadata(specs: list[dict[str, Any]]) -> list[Any]:
@@ -530,7 +746,7 @@ class _StreamCall:
         self.wire = wire
         self.max_inflight = service.settings.grpc_stream_max_inflight
         self._fatal: GRPCError | None = None
-        self._to_aio = trio_asyncio.aio_as_trio
+        self.bridge = service.bridge
 
     async def run(self) -> None:
         outbox, to_write = trio.open_memory_channel[Any](self.max_inflight)
@@ -545,7 +761,7 @@ class _StreamCall:
         raise NotImplementedError
 
     async def recv(self) -> Any:
-        return await self._to_aio(self.wire.recv)()
+        return await self.bridge.to_aio(self.wire.recv)
 
     async def _write(self, to_write: trio.MemoryReceiveChannel[Any], call_scope: trio.CancelScope) -> None:
         async with to_write:
@@ -562,7 +778,7 @@ class _StreamCall:
                 fatal = next((i for i, m in enumerate(batch) if isinstance(m, _Fatal)), None)
                 messages = batch if fatal is None else batch[:fatal]
                 if messages:
-                    await self._to_aio(self.wire.send_many)(messages)
+                    await self.bridge.to_aio(self.wire.send_many, messages)
                 if fatal is not None:
                     self._fatal = batch[fatal].error
                     call_scope.cancel()
