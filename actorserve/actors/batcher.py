@@ -48,6 +48,7 @@ class WorkItem:
     paused: bool = False
     finished: bool = False
     error: BaseException | None = None
+    undelivered: int = 0  # an output of the last step not yet in ``replies``
     done: trio.Event = attrs.field(factory=trio.Event)
 
     def cancel(self, error: BaseException | None = None) -> None:
@@ -88,6 +89,18 @@ class WorkItem:
             self.paused = False
             self.batcher.wake()
         return reply
+
+
+@attrs.define(eq=False, slots=True)
+class _Step:
+    """A step running in a worker thread; ``finish`` is called on the trio thread."""
+
+    result: outcome.Outcome[list[StepOutput]] | None = None
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def finish(self, result: outcome.Outcome[list[StepOutput]]) -> None:
+        self.result = result
+        self.done.set()
 
 
 @attrs.frozen
@@ -166,12 +179,18 @@ class ContinuousBatcher:
     async def _loop(self) -> None:
         scheduler = self._scheduler
         idle = True
+        # Outputs of the last step, handed out while the next step computes.
+        pending: tuple[list[WorkItem], list[StepOutput] | BaseException] | None = None
         while True:
             self._refill()
-            if idle and self.max_batch_time > 0 and 0 < scheduler.running < scheduler.max_batch_size:
+            if pending is None and idle and self.max_batch_time > 0 and 0 < scheduler.running < scheduler.max_batch_size:
                 await self._gather(self.max_batch_time)
             batch = [item for item in scheduler.plan() if not self._sits_out(item)]
             if not batch:
+                if pending is not None:
+                    self._deliver(*pending)
+                    pending = None
+                    continue
                 idle = scheduler.running == 0
                 # Nothing to step: wait for a submit, a cancel or a reader catching up.
                 if not self._wakeup.is_set():
@@ -181,8 +200,13 @@ class ContinuousBatcher:
             idle = False
             if self._on_step is not None:
                 self._on_step(batch)
-            outputs = await self._step(batch)
-            self._deliver(batch, outputs)
+            step = self._start_step(batch)
+            if pending is not None:
+                self._deliver(*pending)  # the readers run while this step computes
+                pending = None
+            outputs = await self._step_result(batch, step)
+            self._settle(batch, outputs)
+            pending = (batch, outputs)
 
     async def _gather(self, max_time: float) -> None:
         """Wait up to ``max_time`` for the batch to fill up (only after being idle)."""
@@ -202,7 +226,7 @@ class ContinuousBatcher:
             self._sweep_cancelled()
 
     def _sits_out(self, item: WorkItem) -> bool:
-        if item.replies.full():
+        if len(item.replies) + item.undelivered >= item.replies.capacity:
             item.paused = True
             return True
         return False
@@ -221,14 +245,39 @@ class ContinuousBatcher:
                 log.exception("%s: on_request_cancelled raised", self.name)
         item.finish()
 
-    async def _step(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
+    def _start_step(self, batch: list[WorkItem]) -> _Step:
+        """Start the model's step for ``batch`` now, without yielding to other tasks.
+
+        Why not ``trio.to_thread.run_sync(..., limiter=CapacityLimiter(1))``: acquiring
+        the limiter is a checkpoint *before* the thread starts, so the readers woken by
+        the previous step all ran first and the next step started late (the engine
+        benchmark measured 0.72-0.79x the plain loop at 64 streams that way). One step at
+        a time per replica holds by construction: only this task starts steps, and it
+        waits for each (:meth:`_step_result`) before starting the next.
+        """
+        step = _Step()
         works = [item.work for item in batch]
+        if not self.model.step_in_thread:
+            step.result = outcome.capture(self.model.step, works)
+            step.done.set()
+            return step
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[list[StepOutput]]) -> None:
+            token.run_sync_soon(step.finish, result)
+
+        trio.lowlevel.start_thread_soon(functools.partial(self.model.step, works), deliver)
+        return step
+
+    async def _step_result(self, batch: list[WorkItem], step: _Step) -> list[StepOutput] | BaseException:
+        """Wait for a started step. A running step is never abandoned: cancellation
+        waits for it (it holds the work objects), then takes effect."""
+        with trio.CancelScope(shield=True):
+            await step.done.wait()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        assert step.result is not None
         try:
-            if self.model.step_in_thread:
-                outputs = await self._step_in_thread(works)
-            else:
-                outputs = self.model.step(works)
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            outputs = step.result.unwrap()
         except Exception as exc:
             log.exception("%s: step of %d items failed", self.name, len(batch))
             return exc
@@ -241,46 +290,39 @@ class ContinuousBatcher:
             return error
         return outputs
 
-    async def _step_in_thread(self, works: list[Any]) -> list[StepOutput]:
-        """Run the step in a worker thread and wait for it, never abandoning it.
-
-        Why not ``trio.to_thread.run_sync(..., limiter=CapacityLimiter(1))``: acquiring
-        the limiter is a checkpoint *before* the thread starts, so the readers woken by
-        the previous step's delivery all ran first and the next step started late; the
-        engine benchmark measured 0.79x the plain loop at 64 streams that way. Here the
-        thread starts synchronously and the readers run while it computes. One step at a
-        time per replica holds by construction: only this batcher's task starts steps,
-        and it waits for each.
-        """
-        task = trio.lowlevel.current_task()
-        token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[list[StepOutput]]) -> None:
-            token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value(result))
-
-        trio.lowlevel.start_thread_soon(functools.partial(self.model.step, works), deliver)
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            return trio.lowlevel.Abort.FAILED  # a running step is waited for, then we cancel
-
-        result: outcome.Outcome[list[StepOutput]] = await trio.lowlevel.wait_task_rescheduled(abort)
-        return result.unwrap()
+    def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
+        """Right after a step: items that are done or failed leave the schedule (their
+        slots are refilled by the next step), the rest hold one undelivered output."""
+        scheduler = self._scheduler
+        if isinstance(outputs, BaseException):
+            for item in batch:
+                scheduler.finish(item)
+            return
+        for item, out in zip(batch, outputs, strict=True):
+            if out.done or out.error is not None:
+                scheduler.finish(item)
+            elif out.response is not None:
+                item.undelivered = 1
 
     def _deliver(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
+        """Hand a settled step's outputs to the readers. May run while the next step
+        computes: it touches only reply mailboxes and responses, never work objects, and
+        leaves cancelled items that are still scheduled to the next sweep."""
         if isinstance(outputs, BaseException):
             failure = outputs if isinstance(outputs, ModelFailed) else ModelFailed(
                 f"model {self.model.name!r} failed: {type(outputs).__name__}: {outputs}"
             )
             for item in batch:
-                self._scheduler.finish(item)
                 item.fail(failure)
             return
         for item, out in zip(batch, outputs, strict=True):
+            item.undelivered = 0
+            final = out.done or out.error is not None
             if item.cancelled:
-                self._drop(item)
+                if final:
+                    item.finish()
                 continue
             if out.error is not None:
-                self._scheduler.finish(item)
                 item.fail(out.error)
                 continue
             if out.response is not None:
@@ -292,11 +334,11 @@ class ContinuousBatcher:
                 try:
                     item.replies.send_nowait(response)
                 except trio.ClosedResourceError:
-                    item.cancelled = True
-                    self._drop(item)
+                    item.cancelled = True  # the sweep drops it before the next step
+                    if final:
+                        item.finish()
                     continue
-            if out.done:
-                self._scheduler.finish(item)
+            if final:
                 item.finish()
 
     def _fail_all(self, error: Exception) -> None:
