@@ -1,0 +1,126 @@
+"""The engine API: routing, versions, load/unload, MLServer-style streams, plain models
+in sequences."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import attrs
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import actorserve
+from actorserve import InferenceRequest, ModelNotFound, ModelSettings, SequenceNotFound
+from actorserve.codecs import tensor_from_numpy
+from actorserve.settings import builtin_models
+from support.models import recording_settings, request
+
+
+def builtin(name: str) -> ModelSettings:
+    return next(m for m in builtin_models() if m.name == name)
+
+
+def prompt(text: str, **parameters: object) -> InferenceRequest:
+    data = np.empty(1, dtype=object)
+    data[0] = text.encode()
+    return InferenceRequest([tensor_from_numpy("text_input", data, "BYTES")], id=text, parameters=dict(parameters))
+
+
+async def test_unknown_model_and_version() -> None:
+    async with actorserve.open_engine([builtin("identity")]) as engine:
+        with pytest.raises(ModelNotFound, match="'nope' is not loaded"):
+            await engine.infer(request("r"), model="nope")
+        with pytest.raises(ModelNotFound, match="no version '9'"):
+            await engine.infer(request("r"), model="identity", version="9")
+
+
+async def test_versions_load_unload_and_default() -> None:
+    v1 = attrs.evolve(builtin("identity"), version="1")
+    v2 = attrs.evolve(builtin("identity"), version="2")
+    async with actorserve.open_engine([v1, v2]) as engine:
+        x = InferenceRequest([tensor_from_numpy("INPUT0", np.array([1.0], dtype=np.float32))])
+        assert (await engine.infer(x, model="identity")).model_version == "2"  # newest by default
+        engine.set_default_version("identity", "1")
+        assert (await engine.infer(x, model="identity")).model_version == "1"
+        assert engine.metadata("identity")["versions"] == ["1", "2"]
+        await engine.unload("identity", "1")
+        assert [h.version for h in engine.models()] == ["2"]
+        await engine.unload("identity")
+        assert engine.models() == []
+        assert engine.ready  # nothing loaded is not "not ready"
+        await engine.load(v1)
+        assert engine.model_ready("identity")
+
+
+async def test_mlserver_style_stream_of_requests() -> None:
+    async with actorserve.open_engine([builtin("streamer"), recording_settings()]) as engine:
+
+        async def requests() -> AsyncIterator[InferenceRequest]:
+            yield prompt("a", n_tokens=2)
+            yield prompt("b", n_tokens=1)
+
+        async with engine.stream(requests(), model="streamer") as responses:
+            texts = [r.outputs[0].data[0] async for r in responses]
+        assert texts == [b"a:0", b"a:1", b"b:0"]
+
+        async def batch_requests() -> AsyncIterator[InferenceRequest]:
+            yield request("x", 2)
+            yield request("y", 1)
+
+        async with engine.stream(batch_requests(), model="rec") as responses:
+            got = [(r.id, int(r.outputs[0].data[0])) async for r in responses]
+        assert got == [("x", 0), ("x", 1), ("y", 0)]
+
+
+async def test_plain_model_sequences_run_in_order(autojump_clock: trio.testing.MockClock) -> None:
+    async with actorserve.open_engine([builtin("streamer")]) as engine:
+        first = await engine.infer(prompt("p", n_tokens=1, sequence_start=True), model="streamer")
+        sid = first.parameters["sequence_id"]
+        order: list[bytes] = []
+
+        async def run(text: str) -> None:
+            async with engine.infer_stream(prompt(text, n_tokens=3, delay=0.1, sequence_id=sid), model="streamer") as rs:
+                async for r in rs:
+                    order.append(r.outputs[0].data[0])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(run, "b")
+        assert order == [b"a:0", b"a:1", b"a:2", b"b:0", b"b:1", b"b:2"]
+        await engine.infer(prompt("c", n_tokens=0, sequence_id=sid, sequence_end=True), model="streamer")
+        with pytest.raises(SequenceNotFound, match="has ended"):
+            await engine.infer(prompt("d", sequence_id=sid), model="streamer")
+
+
+async def test_plain_model_sequence_cancel_stops_running_request(autojump_clock: trio.testing.MockClock) -> None:
+    async with actorserve.open_engine([builtin("streamer")]) as engine:
+        await engine.infer(prompt("p", n_tokens=0, sequence_id="s", sequence_start=True), model="streamer")
+        async with engine.infer_stream(prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer") as rs:
+            await rs.__anext__()
+            await engine.infer(prompt("x", sequence_id="s", sequence_cancel=True), model="streamer")
+            with pytest.raises(SequenceNotFound, match="cancelled"):
+                async for _ in rs:
+                    pass
+
+
+async def test_streamer_and_identity_contracts() -> None:
+    async with actorserve.open_engine([builtin("streamer"), builtin("identity")]) as engine:
+        unary = await engine.infer(prompt("hi", n_tokens=3), model="streamer")
+        assert unary.outputs[0].data.tolist() == [b"hi:0", b"hi:1", b"hi:2"]
+        assert unary.outputs[1].data.tolist() == [0, 1, 2] and unary.id == "hi"
+        default = await engine.infer(InferenceRequest([], parameters={"n_tokens": 1}), model="streamer")
+        assert default.outputs[0].data.tolist() == [b"tok:0"]
+        with pytest.raises(actorserve.BadInput, match="n_tokens"):
+            await engine.infer(prompt("hi", n_tokens=-1), model="streamer")
+        x = tensor_from_numpy("INPUT0", np.arange(6, dtype=np.int32).reshape(2, 3))
+        y = tensor_from_numpy("INPUT1", np.array([b"a"], dtype=object), "BYTES")
+        out = await engine.infer(
+            InferenceRequest([x, y], parameters={"p": 1, "sequence_id": 0}, outputs=[actorserve.RequestedOutput("OUTPUT1")]),
+            model="identity",
+        )
+        assert [t.name for t in out.outputs] == ["OUTPUT1"] and out.parameters == {"p": 1}
+        with pytest.raises(actorserve.BadInput, match="unknown requested output 'OUT9'"):
+            await engine.infer(InferenceRequest([x], outputs=[actorserve.RequestedOutput("OUT9")]), model="identity")
