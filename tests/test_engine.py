@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from support.models import recording_settings, request
 
 import actorserve
 from actorserve import InferenceRequest, ModelNotFound, ModelSettings, SequenceNotFound
 from actorserve.codecs import tensor_from_numpy
 from actorserve.settings import builtin_models
-from support.models import recording_settings, request
 
 
 def builtin(name: str) -> ModelSettings:
