@@ -44,6 +44,7 @@ from ..settings import ModelSettings, Settings, SettingsError
 from ..types import InferenceRequest, InferenceResponse, Tensor
 from . import sse
 from .errors import RETRY_AFTER_SECONDS, client_message, http_status
+from .playground import register_playground
 
 log = logging.getLogger(__name__)
 
@@ -695,7 +696,7 @@ class RestAPI:
             query = ((key, request.args.getlist(key)) for key in request.args)
             infer_request = generate_request_from_query(query, datatypes)
             apply_sequence_headers(infer_request, RequestHeaders.from_lookup(request.headers.get))
-            return await self._stream(infer_request, name, version, _encode_generate, end_event=True)
+            return await self._stream(infer_request, name, version, _encode_event_source, end_event=True)
         infer_request, encode = await self._generate_request(name, version)
         return await self._stream(infer_request, name, version, encode)
 
@@ -755,6 +756,14 @@ def _encode_oip(response: InferenceResponse) -> bytes:
 
 def _encode_generate(response: InferenceResponse) -> bytes:
     return json_bytes(generate_response_to_json(response))
+
+
+def _encode_event_source(response: InferenceResponse) -> bytes:
+    """A GET stream's event names its sequence too: ``EventSource`` cannot read headers."""
+    doc = generate_response_to_json(response)
+    if "sequence_id" in response.parameters:
+        doc["sequence_id"] = response.parameters["sequence_id"]
+    return json_bytes(doc)
 
 
 class _BodyTooLarge(Exception):
@@ -934,4 +943,5 @@ def create_app(
         return response
 
     app.after_request(compress)
+    register_playground(app)
     return RestApp(api, app, fast_path=fast_path)
