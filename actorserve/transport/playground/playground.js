@@ -151,6 +151,7 @@ function generate() {
   output.dataset.events = "0";
   statsLabel.textContent = "";
 
+  if (keep) promptBox.value = ""; // the sequence remembers it: type only what comes next
   source = new EventSource(url);
   setState("streaming");
   source.onmessage = (event) => {
