@@ -11,7 +11,9 @@ measures from this process with aiohttp (keep-alive connections):
 - tokens/s of 64 concurrent streams.
 
 ``--mode`` picks the front door for ``infer``: the raw-ASGI fast path, Quart, or both.
-Every phase is bounded by ``--duration`` seconds (the streams by their token count).
+Each scenario runs ``--rounds`` times per server, alternating servers round by round
+(so load from elsewhere on the machine hits both alike), and the median run is printed.
+Every unary run lasts ``--duration`` seconds; a stream run, its token count.
 """
 
 from __future__ import annotations
@@ -143,40 +145,59 @@ async def streams(url: str, concurrent: int, n_tokens: int) -> float:
     return sum(counts) / elapsed
 
 
-def run_mode(name: str, fast_path: bool, duration: float) -> dict[str, Any]:
-    process, url = start_server(fast_path)
-    results: dict[str, Any] = {}
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return sorted(runs, key=lambda r: r["req_s"])[len(runs) // 2]
+
+
+def run(modes: list[tuple[str, bool]], duration: float, rounds: int) -> dict[str, dict[str, Any]]:
+    """Every scenario runs ``rounds`` times, alternating the servers round by round so
+    that load from elsewhere on the machine hits both alike; the median run is reported."""
+    servers = {name: start_server(fast) for name, fast in modes}
+    results: dict[str, dict[str, Any]] = {name: {} for name, _ in modes}
+    raw, binary_headers = binary_unary()
+    scenarios: list[tuple[str, int, bytes, dict[str, str]]] = [
+        ("json c=1", 1, UNARY, {"Content-Type": "application/json"}),
+        ("json c=16", 16, UNARY, {"Content-Type": "application/json"}),
+        ("json c=64", 64, UNARY, {"Content-Type": "application/json"}),
+        ("binary c=16", 16, raw, binary_headers),
+    ]
     try:
-        for concurrency in (1, 16, 64):
-            stats = asyncio.run(unary(url, concurrency, duration, UNARY, {"Content-Type": "application/json"}))
-            results[f"json c={concurrency}"] = stats
-            print(f"[{name}] unary infer JSON   c={concurrency:<3} {stats['req_s']:8.0f} req/s   "
-                  f"p50 {stats['p50_ms']:6.2f} ms   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}",
-                  flush=True)  # fmt: skip
-        raw, headers = binary_unary()
-        stats = asyncio.run(unary(url, 16, duration, raw, headers))
-        results["binary c=16"] = stats
-        print(f"[{name}] unary infer binary c=16  {stats['req_s']:8.0f} req/s   "
-              f"p50 {stats['p50_ms']:6.2f} ms   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}", flush=True)
-        one = asyncio.run(streams(url, 1, 10_000))
-        results["sse one stream events/s"] = one
-        print(f"[{name}] SSE one stream (10000 tokens)      {one:8.0f} events/s", flush=True)
-        many = asyncio.run(streams(url, 64, 1_000))
-        results["sse 64 streams tokens/s"] = many
-        print(f"[{name}] SSE 64 streams (1000 tokens each)  {many:8.0f} tokens/s", flush=True)
+        for key, concurrency, body, headers in scenarios:
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in modes}
+            for _ in range(rounds):
+                for name, _fast in modes:
+                    url = servers[name][1]
+                    runs[name].append(asyncio.run(unary(url, concurrency, duration, body, headers)))
+            for name, _ in modes:
+                stats = results[name][key] = median_run(runs[name])
+                each = ", ".join(f"{r['req_s']:.0f}" for r in runs[name])
+                print(f"[{name:5}] unary infer {key:<12} {stats['req_s']:7.0f} req/s   p50 {stats['p50_ms']:6.2f} ms"
+                      f"   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}   (runs: {each})", flush=True)
+        for key, concurrent, n_tokens in (("sse 1 stream", 1, 10_000), ("sse 64 streams", 64, 1_000)):
+            rates: dict[str, list[float]] = {name: [] for name, _ in modes}
+            for _ in range(rounds):
+                for name, _fast in modes:
+                    rates[name].append(asyncio.run(streams(servers[name][1], concurrent, n_tokens)))
+            for name, _ in modes:
+                rate = results[name][key] = sorted(rates[name])[len(rates[name]) // 2]
+                each = ", ".join(f"{r:.0f}" for r in rates[name])
+                print(f"[{name:5}] {key} ({n_tokens} tokens each) {rate:8.0f} events/s   (runs: {each})", flush=True)
     finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        for process, _ in servers.values():
+            assert process.stdin is not None
+            process.stdin.close()
+        for process, _ in servers.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per unary measurement (default 5)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per unary run (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per scenario and server; the median is shown")
     parser.add_argument("--mode", choices=("fast", "quart", "both"), default="both")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
@@ -185,7 +206,7 @@ def main() -> None:
         serve_forever(fast_path=not args.no_fast_path)
         return
     modes = [("fast", True), ("quart", False)] if args.mode == "both" else [(args.mode, args.mode == "fast")]
-    summary = {name: run_mode(name, fast, args.duration) for name, fast in modes}
+    summary = run(modes, args.duration, args.rounds)
     if len(summary) == 2:
         for key in ("json c=1", "json c=16", "json c=64", "binary c=16"):
             fast, quart = summary["fast"][key]["req_s"], summary["quart"][key]["req_s"]
