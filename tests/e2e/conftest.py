@@ -107,9 +107,13 @@ class CountingBatchModel(BatchModel[None, Count]):
         return outputs
 
 
+#: The light built-in models (the text model loads torch weights: its own tests cover it).
+LIGHT_BUILTINS = ("identity", "streamer", "accumulator")
+
+
 def rest_models() -> tuple[ModelSettings, ...]:
     return (
-        *builtin_models(),
+        *(m for m in builtin_models() if m.name in LIGHT_BUILTINS),
         ModelSettings(name="gate", implementation=GateModel, sequence=SequenceSettings(max_queue=1)),
         ModelSettings(name="failing", implementation=FailingModel),
         ModelSettings(name="counter", implementation=CountingBatchModel, workers=2),

@@ -118,7 +118,8 @@ async def test_cancelling_the_reader_closes_the_source() -> None:
 
 
 async def test_stream_response_has_no_timeout_and_closing_it_cancels_the_request() -> None:
-    settings = Settings(models=tuple(builtin_models()), http_port=0, grpc_port=None)
+    streamer = [m for m in builtin_models() if m.name == "streamer"]
+    settings = Settings(models=tuple(streamer), http_port=0, grpc_port=None)
     async with open_engine(settings) as engine:
         app = create_app(engine, settings)
         api = app.api
