@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODELS_DIR",
         type=Path,
         help="folder(s) searched for model-settings.json files (any depth); "
-        "without one the built-in models (identity, streamer, accumulator) are served",
+        "without one the built-in models (identity, streamer, accumulator, text) are served",
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
