@@ -43,6 +43,7 @@ DEFAULT_MAX_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+DRAW_BLOCK = 64
 _U64 = (1 << 64) - 1
 
 
@@ -69,6 +70,8 @@ class Generation:
     """One request's work: the characters to feed, then the characters to generate."""
 
     __slots__ = (
+        "draw_at",
+        "draws",
         "emitted",
         "fed",
         "feed",
@@ -113,6 +116,20 @@ class Generation:
         self.generated = 0
         self.held = ""  # generated text that may be the start of a stop string
         self.emitted = 0  # responses sent
+        self.draws: list[float] = []  # uniforms drawn ahead from ``generator``
+        self.draw_at = 0
+
+    def next_draw(self) -> float:
+        """The next uniform of this request's generator. Drawn in blocks: ``torch.rand(n)``
+        on a CPU generator yields the same numbers as n scalar draws (the tests check),
+        and one call per block instead of one per character keeps the step lean."""
+        if self.draw_at == len(self.draws):
+            block = min(DRAW_BLOCK, max(1, self.max_tokens - self.generated))
+            self.draws = torch.rand(block, generator=self.generator, dtype=torch.float64).tolist()
+            self.draw_at = 0
+        value = self.draws[self.draw_at]
+        self.draw_at += 1
+        return value
 
     def start(self) -> None:
         """Take over the state's pending characters (first step only)."""
@@ -137,13 +154,14 @@ def sample_rows(
     logits: torch.Tensor,
     temperatures: list[float],
     top_ks: list[int],
-    generators: list[torch.Generator],
+    draws: list[float],
 ) -> list[int]:
     """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
 
-    The same float64 operations as the single-row version, row by row identical (the
-    tests compare them), so a stream's text does not depend on its batch: one uniform
-    draw from the row's own generator for each sampled row, none for a greedy one.
+    ``draws[i]`` is row i's uniform draw from its own generator (ignored, and not to be
+    drawn, when the row is greedy: temperature 0). The float64 operations are those of
+    the single-row version and give the same choice row by row (the tests compare them),
+    so a stream's text does not depend on what else is in its batch.
     """
     n, vocab_size = logits.shape
     rows = logits.to(torch.float64)
@@ -169,8 +187,8 @@ def sample_rows(
         rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
     probs = torch.softmax(rows, dim=1)
     cdf = torch.cumsum(probs, dim=1)
-    draws = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
-    index = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
+    u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
     index = index.clamp_(max=vocab_size - 1)
     picked = index.tolist()
     zero = (probs.gather(1, index.unsqueeze(1)).view(-1) == 0.0).tolist()
@@ -222,6 +240,8 @@ class TextModel(BatchModel[TextState, Generation]):
         #: states of the open sequences, by id (new_state / on_sequence_end, event loop only)
         self.sequences: dict[str, TextState] = {}
         self.core: TextLMCore
+        # (decode rows, their new states [L, B, H], per-row views) of the last step
+        self._last_decode: tuple[list[Generation], torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     async def load(self) -> None:
         import trio
@@ -362,12 +382,12 @@ class TextModel(BatchModel[TextState, Generation]):
             if ready:
                 logits_parts.append(logits if len(ready) == len(prefill) else logits[ready])
         if decode:
-            states, logits = core.decode(
-                [w.state.hidden if w.state.hidden is not None else self._zeros for w in decode], decode_tokens
-            )
+            stacked, logits = core.decode(self._stack(decode), decode_tokens)
+            views = stacked.unbind(1)
             for j, work in enumerate(decode):
-                work.state.hidden = states[j]
+                work.state.hidden = views[j]
                 work.fed += 1
+            self._last_decode = (decode, stacked, views)
             if all(w.generated < w.max_tokens for w in decode):
                 logits_parts.append(logits)
                 rows.extend(decode)
@@ -376,6 +396,8 @@ class TextModel(BatchModel[TextState, Generation]):
                 if keep:
                     logits_parts.append(logits[keep])
                     rows.extend(decode[j] for j in keep)
+        else:
+            self._last_decode = None
         tokens: list[int] = []
         if rows:
             both = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
@@ -383,7 +405,7 @@ class TextModel(BatchModel[TextState, Generation]):
                 both.cpu(),  # the one transfer of the step
                 [w.temperature for w in rows],
                 [w.top_k for w in rows],
-                [w.generator for w in rows],
+                [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],
             )
         produced = dict(zip(map(id, rows), tokens, strict=True))
         for i, work in enumerate(batch):
@@ -397,6 +419,18 @@ class TextModel(BatchModel[TextState, Generation]):
             else:
                 outputs[i] = _NOTHING
         return outputs  # type: ignore[return-value]
+
+    def _stack(self, decode: list[Generation]) -> torch.Tensor:
+        """The decode rows' states as one [L, B, H] tensor: the previous step's output as
+        it is when the same rows decode again (the usual case), else stacked anew."""
+        last = self._last_decode
+        if last is not None and last[0] == decode:
+            views = last[2]
+            if all(w.state.hidden is views[j] for j, w in enumerate(decode)):
+                return last[1]
+        return torch.stack(
+            [w.state.hidden if w.state.hidden is not None else self._zeros for w in decode], dim=1
+        )
 
     def _generated(self, work: Generation, token: int) -> StepOutput:
         """Account for one generated character: stream it (or hold it back while it may

@@ -23,7 +23,7 @@ from actorserve import BadInput, InferenceRequest, ModelSettings, SequenceNotFou
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.models import builtin_settings
-from actorserve.models.text import Generation, TextModel, sample_rows
+from actorserve.models.text import Generation, TextModel, TextState, sample_rows
 from actorserve.models.textlm.network import TextLMCore, generate
 from actorserve.server import serve
 from actorserve.settings import Settings
@@ -115,24 +115,28 @@ def test_sample_rows_is_the_single_row_sampler_row_by_row() -> None:
     temperatures = [[0.0, 0.3, 0.8, 1.0, 2.5][i % 5] for i in range(n)]
     top_ks = [[0, 1, 5, 64, 65, 200][i % 6] for i in range(n)]
     seeds = range(1000, 1000 + n)
-    batched = sample_rows(logits, temperatures, top_ks, [TextLMCore.make_generator(s) for s in seeds])
+    draws = [
+        torch.rand((), generator=TextLMCore.make_generator(s), dtype=torch.float64).item() if t > 0 else -1.0
+        for s, t in zip(seeds, temperatures, strict=True)
+    ]
     single = [
         TextLMCore.sample(logits[i], temperatures[i], top_ks[i], TextLMCore.make_generator(s))
         for i, s in enumerate(seeds)
     ]
-    assert batched == single
+    assert sample_rows(logits, temperatures, top_ks, draws) == single
 
 
-def test_sample_rows_draws_once_per_sampled_row() -> None:
-    logits = torch.randn(4, 65)
-    gens = [TextLMCore.make_generator(7) for _ in range(4)]
-    sample_rows(logits, [0.0, 0.8, 0.0, 1.0], [0, 0, 0, 3], gens)
-    fresh = TextLMCore.make_generator(7)
-    once = torch.rand((), generator=TextLMCore.make_generator(7), dtype=torch.float64)
-    torch.rand((), generator=fresh, dtype=torch.float64)
-    follow = torch.rand((), generator=fresh, dtype=torch.float64)
-    nexts = [torch.rand((), generator=g, dtype=torch.float64) for g in gens]
-    assert nexts == [once, follow, once, follow]
+def test_draws_ahead_are_the_generator_sequence() -> None:
+    """A request draws uniforms in blocks; they are the numbers scalar draws would give."""
+    work = Generation(
+        request(""), TextState(), [], max_tokens=150, temperature=0.8, top_k=0, seed=42, stop=()
+    )
+    drawn = []
+    for _ in range(150):
+        drawn.append(work.next_draw())
+        work.generated += 1
+    generator = TextLMCore.make_generator(42)
+    assert drawn == [torch.rand((), generator=generator, dtype=torch.float64).item() for _ in range(150)]
 
 
 # -- generation -------------------------------------------------------------------------------
