@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import functools
 import importlib
 import os
 import re
@@ -204,11 +204,14 @@ def serve(bridge: str) -> None:
 
     async def run() -> None:
         settings = Settings(models=tuple(builtin_models()), host="127.0.0.1", http_port=None, grpc_port=0)
-        async with actorserve.open_engine(settings) as engine:
-            await serve_grpc(engine, settings, bridge=bridge)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with actorserve.open_engine(settings) as engine, trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(serve_grpc, engine, settings, bridge=bridge))
+                async for _ in signals:  # stop: serve_grpc drains, then the engine closes
+                    nursery.cancel_scope.cancel()
+                    break
 
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
+    trio.run(run)
 
 
 # --------------------------------------------------------------------------- main

@@ -186,6 +186,7 @@ async def test_cancel_mid_stream_leaves_the_engine_without_work(grpc_server: Grp
             stream.send(req("gate", "A", n_tokens=5, gate="never", free=1))
             stream.send(req("gate", "B", n_tokens=5, gate="never"))
             first = index_of(await stream.recv())
+            await asyncio.to_thread(lambda: trio.from_thread.run(model.started["B"].wait, trio_token=grpc_server.token))
             await stream.cancel()
             return first
 
@@ -251,6 +252,48 @@ async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: 
     assert await in_asyncio(second_call) == [("s2", 0), ("s2", 1)]
     assert model.outcome == {"s1": "cancelled", "s2": "done"}
     assert supervisor.actor("S") is None
+
+
+async def test_sequence_cancel_on_a_stream_stops_the_running_request(grpc_server: GrpcServer) -> None:
+    """``sequence_cancel`` does not wait behind the running request of its sequence: it
+    is answered at once, and the running request ends with the reason in-band."""
+    model: GatedBatchModel = grpc_server.model("ticker")
+    supervisor = grpc_server.engine.host("ticker").supervisor
+    assert supervisor is not None
+
+    async def scenario() -> tuple[Any, ...]:
+        async with channel(grpc_server) as ch:
+            stream = DuplexStream(ch)
+            stream.send(req("ticker", "T1", n_tokens=100, sequence_id="S", sequence_start=True))
+            model.permits.release()
+            first = index_of(await stream.recv())
+            stream.send(req("ticker", "cancel", sequence_id="S", sequence_cancel=True))
+            answers = [await stream.recv()]
+            if answers[0].infer_response.id == "cancel":
+                # T1 leaves the batch when the step already waiting for a permit is done
+                model.permits.release()
+                answers.append(await stream.recv())
+            model.permits.release()
+            rest = await stream.rest()
+            by_id = {m.infer_response.id: m for m in answers}
+            cancel, running = by_id["cancel"], by_id["T1"]
+            return (
+                first,
+                (cancel.error_message, response_from_pb(cancel.infer_response).parameters),
+                (running.infer_response.id, running.error_message),
+                rest,
+            )
+
+    assert await in_asyncio(scenario) == (
+        ("T1", 0),
+        ("", {"sequence_id": "S", "sequence_cancelled": True}),
+        ("T1", "sequence 'S' was cancelled"),
+        [],
+    )
+    with trio.fail_after(TIMEOUT):
+        await model.cancelled_event.wait()
+    assert supervisor.actor("S") is None
+    grpc_server.assert_no_leftover_work()
 
 
 async def test_cancelled_unary_call_cancels_its_request(grpc_server: GrpcServer) -> None:
