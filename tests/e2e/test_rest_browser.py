@@ -1,9 +1,11 @@
 """A real browser (Chromium through Playwright) reading streams: ``EventSource`` on the
 GET ``generate_stream`` (closing on ``event: end``) and ``fetch`` on the POST
-``infer_stream``. Playwright's synchronous API runs in a worker thread."""
+``infer_stream``. Playwright's synchronous API runs in a child process."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,16 @@ def in_browser(base_url: str) -> dict[str, Any]:
 
 
 async def test_browser_event_source_and_fetch(server: Server) -> None:
+    # Playwright runs in its own process: its sync API needs a plain asyncio loop, and
+    # trio-asyncio (imported by the gRPC transport) changes asyncio's loop policy here.
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"from test_rest_browser import in_browser; print(json.dumps(in_browser({str(server.http_url)!r})))"
+    )
     with trio.fail_after(120):
-        got = await trio.to_thread.run_sync(in_browser, str(server.http_url))
+        done = await trio.run_process([sys.executable, "-c", code], capture_stdout=True, capture_stderr=True,
+                                      check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    got = json.loads(done.stdout)
     assert got["events"] == ["web:0", "web:1", "web:2"]
     assert got["fetched"] == {"status": 200, "type": "text/event-stream", "tokens": ["f:0", "f:1"]}
