@@ -4,7 +4,9 @@ batching, chunked prefill and per-sequence state.
 Input ``text_input`` BYTES [1] (the prompt; absent or empty is allowed); output
 ``text_output`` BYTES [1], one streamed response per generated character (a character
 that could start a ``stop`` string is held back until it is known not to, so a response
-may then carry a few). Unary ``infer`` returns the whole text as one ``text_output``.
+may then carry a few). The last response of a request has ``parameters.finish_reason``:
+``"length"`` (max_tokens reached) or ``"stop"``. Unary ``infer`` returns the whole text as
+one ``text_output``.
 
 Request parameters (see ``docs/textlm.md``): ``max_tokens`` (default 64, at most the
 model parameter ``max_tokens_limit``, 2048), ``temperature`` (>= 0, default 0.8, 0 is
@@ -72,7 +74,6 @@ class Generation:
     __slots__ = (
         "draw_at",
         "draws",
-        "emitted",
         "fed",
         "feed",
         "finished",
@@ -115,7 +116,6 @@ class Generation:
         self.finished = False
         self.generated = 0
         self.held = ""  # generated text that may be the start of a stop string
-        self.emitted = 0  # responses sent
         self.draws: list[float] = []  # uniforms drawn ahead from ``generator``
         self.draw_at = 0
 
@@ -258,6 +258,7 @@ class TextModel(BatchModel[TextState, Generation]):
         self._newline = vocab.encode("\n")
         # One object array per character, reused by every response that carries it.
         self._char_data = [self._bytes(c.encode()) for c in vocab.chars]
+        self._empty = self._bytes(b"")
         self.core.prefill([self._zeros], [self._newline])  # warm up torch's kernels
 
     @staticmethod
@@ -440,31 +441,31 @@ class TextModel(BatchModel[TextState, Generation]):
         if not work.stop:
             if work.generated >= work.max_tokens:
                 return self._finish(work, self._char_data[token])
-            work.emitted += 1
             return StepOutput(self._text_response(work, self._char_data[token]))
         text = work.held + self._chars[token]
         # ``held`` holds no whole stop string, so a match can only end at this character.
         ats = [at for stop in work.stop if (at := text.find(stop)) >= 0]
         if ats:
             at = min(ats)
-            return self._finish(work, self._bytes(text[:at].encode()) if at else None)
+            return self._finish(work, self._bytes(text[:at].encode()) if at else None, "stop")
         keep = _longest_stop_prefix(text, work.stop)
         out, work.held = text[: len(text) - keep], text[len(text) - keep :]
         if work.generated >= work.max_tokens:
             return self._finish(work, self._bytes(text.encode()))
         if not out:
             return _NOTHING
-        work.emitted += 1
         return StepOutput(self._text_response(work, self._bytes(out.encode())))
 
-    def _finish(self, work: Generation, data: np.ndarray[Any, np.dtype[Any]] | None = None) -> StepOutput:
+    def _finish(
+        self, work: Generation, data: np.ndarray[Any, np.dtype[Any]] | None = None, reason: str = "length"
+    ) -> StepOutput:
+        """The last response of a request: its remaining text (possibly empty) and
+        ``parameters.finish_reason`` ("length" or "stop"), so that a client of a stream
+        that carries several requests (gRPC) knows where each one ends."""
         work.settle()
-        if data is None and work.emitted:
-            return _DONE
-        # Every request gets at least one response (it carries a new sequence's id).
-        return StepOutput(
-            self._text_response(work, data if data is not None else self._bytes(b"")), done=True
-        )
+        response = self._text_response(work, data if data is not None else self._empty)
+        response.parameters["finish_reason"] = reason
+        return StepOutput(response, done=True)
 
     def _text_response(self, work: Generation, data: np.ndarray[Any, np.dtype[Any]]) -> InferenceResponse:
         return InferenceResponse(
@@ -473,7 +474,6 @@ class TextModel(BatchModel[TextState, Generation]):
 
 
 _NOTHING = StepOutput()
-_DONE = StepOutput(done=True)
 
 
 def _longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,20 @@ from httpx_sse import aconnect_sse
 from actorserve.models.text import TextModel
 from actorserve.models.textlm.network import generate
 from actorserve.server import Server
+from actorserve.settings import builtin_models
 from actorserve.transport.playground import FILES
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]  # fmt: skip
 BROWSER_TIMEOUT = 120.0
+
+
+@pytest.fixture
+async def server(launch: Callable[..., Awaitable[Server]]) -> Server:
+    """A server with every built-in model, the text model included (the shared fixture
+    leaves it out)."""
+    return await launch(models=tuple(builtin_models()))
 
 
 def text_model(server: Server) -> TextModel:

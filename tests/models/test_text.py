@@ -195,6 +195,9 @@ async def test_max_tokens_is_the_exact_number_of_characters() -> None:
             assert [len(c) for c in streamed] == [1] * n
             assert await text(engine, "ROMEO:\n", max_tokens=n, seed=5) == "".join(streamed)
         assert len(await text(engine, "ROMEO:\n", seed=5)) == 64  # the default
+        # The last response says why the request ended.
+        async with engine.infer_stream(request("ROMEO:\n", max_tokens=3), model="text") as responses:
+            assert [r.parameters async for r in responses] == [{}, {}, {"finish_reason": "length"}]
         # Nothing to generate: one empty response (it carries a new sequence's id).
         assert await chunks(engine, request("ROMEO:\n", max_tokens=0)) == [""]
         assert await text(engine, "ROMEO:\n", max_tokens=0) == ""
@@ -219,6 +222,10 @@ async def test_stop_strings_end_generation_and_are_not_output() -> None:
         assert "".join(streamed) == full
         assert len(streamed) < 120
         assert max(len(c) for c in streamed) >= 3
+        stopped = await engine.infer(
+            request("ROMEO:\n", max_tokens=120, temperature=0, stop="\n"), model="text"
+        )
+        assert stopped.parameters == {"finish_reason": "stop"}
         # A stop string that is the very first text: one empty response.
         assert await chunks(engine, request("ROMEO:\n", max_tokens=120, temperature=0, stop=full[:2])) == [""]
 
