@@ -14,8 +14,8 @@
      ``TextLMCore.decode`` and the model's sampler, ``--tokens`` times).
    Rounds are interleaved; the best round of each is printed (the machine is shared).
 2. Chunked prefill (in-process engine, no network): ITL of 16 running streams while
-   2,000-character prompts arrive, with ``prefill_chunk`` 32 and with the whole prompt
-   read in one step.
+   2,000-character prompts arrive (one, or eight 150 ms apart), with ``prefill_chunk`` 16,
+   32 and 64 and with the whole prompt read in one step.
 
 Every phase is bounded by timeouts.
 """
@@ -411,16 +411,18 @@ def main() -> None:
     if not args.skip_itl:
         import trio
 
-        print("\nchunked prefill: 16 running streams, 8 prompts of 2,000 characters arriving 150 ms apart (in-process)")
-        print(f"{'prefill_chunk':>14} {'ITL p50':>8} {'p99':>7} {'max':>7} {'new TTFT p50':>13} {'max':>7}  (ms)")
-        for chunk in (32, 2000):
-            r = trio.run(itl_under_prefill, chunk, 16, 8, 2000, 0.15)
-            label = f"{chunk}" if chunk < 2000 else "whole prompt"
-            print(
-                f"{label:>14} {r['itl_p50']:>8.2f} {r['itl_p99']:>7.2f} {r['itl_max']:>7.1f} "
-                f"{r['ttft_p50']:>13.1f} {r['ttft_max']:>7.1f}",
-                flush=True,
-            )
+        print("\nchunked prefill (in-process engine): ITL of 16 running streams while prompts of 2,000")
+        print("characters arrive; TTFT of those prompts")
+        print(f"{'arrivals':>22} {'prefill_chunk':>13} {'ITL p50':>8} {'p99':>7} {'max':>7} {'TTFT p50':>9} {'max':>7}  (ms)")
+        for arrivals, label in ((1, "1"), (8, "8, 150 ms apart")):
+            for chunk in (16, 32, 64, 2000):
+                r = trio.run(itl_under_prefill, chunk, 16, arrivals, 2000, 0.15)
+                name = f"{chunk}" if chunk < 2000 else "whole prompt"
+                print(
+                    f"{label:>22} {name:>13} {r['itl_p50']:>8.2f} {r['itl_p99']:>7.2f} {r['itl_max']:>7.1f} "
+                    f"{r['ttft_p50']:>9.1f} {r['ttft_max']:>7.1f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
