@@ -1,16 +1,26 @@
 """The gRPC transport: Triton's ``inference.GRPCInferenceService`` served by grpclib.
 
 grpclib runs on asyncio only, so this is the one module of actorserve with asyncio code.
-It runs grpclib on a trio-asyncio loop inside the caller's trio run: a grpclib handler
-(an asyncio task) parses the message and hands the work to a trio task with
-``trio_asyncio.trio_as_aio``; trio code reads and writes a call's messages with
-``trio_asyncio.aio_as_trio``. Nothing blocks either side: there is one thread.
+A grpclib handler (an asyncio task) reads the message and hands the work to a trio task
+(``bridge.to_trio``); trio code reads and writes a stream's messages through
+``bridge.to_aio``. Two bridges implement that and pass the same tests:
+
+- ``"trio-asyncio"`` (the default): grpclib on a trio-asyncio loop inside the caller's
+  trio run. One thread; nothing can block the other side.
+- ``"thread"``: grpclib on a plain asyncio loop in its own thread. asyncio -> trio is
+  ``TrioToken.run_sync_soon``, trio -> asyncio is ``call_soon_threadsafe``; neither side
+  ever blocks waiting for the other (no ``trio.from_thread.run``).
+
+Measured end to end (``benchmarks/grpc.py``, docs/grpc.md) neither wins everywhere: the
+thread bridge does more concurrent unary calls/s, trio-asyncio has lower single-caller
+latency and more streamed tokens/s, so the default stays trio-asyncio.
 
 Who owns what:
 
 - :func:`serve_grpc` owns the loop, the listening socket and the grpclib server;
   cancelling it drains (new calls get UNAVAILABLE, in-flight calls get
-  ``settings.grace_period`` seconds) and then closes every connection.
+  ``settings.grace_period`` seconds) and then closes every connection. The trio sides
+  of calls live in a nursery that outside cancellation does not reach until then.
 - A unary call is one trio task. A client that cancels (or a deadline that expires)
   cancels the asyncio handler, which cancels the trio task, which leaves the engine's
   request: the engine drops it at its next step.
@@ -126,7 +136,7 @@ async def serve_grpc(
 
     ``find_models(name)`` gives the settings of every version of a model for
     RepositoryModelLoad (default: the models in ``settings``). ``bridge`` chooses how
-    grpclib's asyncio meets trio (see :data:`BRIDGES`); the default is the faster one.
+    grpclib's asyncio meets trio (see :data:`BRIDGES` and the module docstring).
     """
     if bridge not in BRIDGES:
         raise ValueError(f"bridge must be one of {', '.join(BRIDGES)}, got {bridge!r}")
@@ -737,25 +747,39 @@ class _StreamCall:
     outbox to the client, and whatever feeds it (see the subclasses).
 
     A fatal error is queued behind the responses before it (so the client gets them),
-    then the writer ends the call with that status.
+    then the writer ends the call with that status. When the server starts draining,
+    ``reading`` is cancelled: no new request is read, the ones in flight finish, and
+    the call ends with UNAVAILABLE.
     """
 
     def __init__(self, service: InferenceService, wire: _Wire) -> None:
         self.service = service
         self.engine = service.engine
         self.wire = wire
-        self.max_inflight = service.settings.grpc_stream_max_inflight
-        self._fatal: GRPCError | None = None
         self.bridge = service.bridge
+        self.max_inflight = service.settings.grpc_stream_max_inflight
+        #: subclasses read requests inside it
+        self.reading = trio.CancelScope()
+        self._cut_short = False
+        self._fatal: GRPCError | None = None
 
     async def run(self) -> None:
         outbox, to_write = trio.open_memory_channel[Any](self.max_inflight)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write, to_write, nursery.cancel_scope)
-            async with outbox:
+            async with outbox, trio.open_nursery() as feeding:
+                feeding.start_soon(self._stop_reading_on_drain)
                 await self.feed(outbox)
+                feeding.cancel_scope.cancel()
         if self._fatal is not None:
             raise self._fatal
+        if self._cut_short:
+            raise GRPCError(Status.UNAVAILABLE, "the server is shutting down")
+
+    async def _stop_reading_on_drain(self) -> None:
+        await self.service.drain_started.wait()
+        self._cut_short = True
+        self.reading.cancel()
 
     async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
         raise NotImplementedError
@@ -804,26 +828,13 @@ class _TritonStream(_StreamCall):
         #: sequence id -> set when the last request of that sequence read so far is done.
         self._sequence_tail: dict[str, trio.Event] = {}
         self._sessions: dict[tuple[str, str | None], _InputSession] = {}
-        self.cut_short = False
-
-    async def run(self) -> None:
-        await super().run()
-        if self.cut_short:
-            raise GRPCError(Status.UNAVAILABLE, "the server is shutting down")
 
     async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
         async with trio.open_nursery() as requests:
-            async with trio.open_nursery() as reading:
-                reading.start_soon(self._stop_reading_on_drain, reading.cancel_scope)
+            with self.reading:
                 await self._read(requests, outbox)
-                reading.cancel_scope.cancel()
             for session in self._sessions.values():
-                session.inbox.close()  # the client half-closed: end those models' input
-
-    async def _stop_reading_on_drain(self, reading: trio.CancelScope) -> None:
-        await self.service.drain_started.wait()
-        self.cut_short = True
-        reading.cancel()
+                session.inbox.close()  # no more requests: end those models' input
 
     async def _read(self, requests: trio.Nursery, outbox: trio.MemorySendChannel[Any]) -> None:
         while True:
@@ -959,26 +970,23 @@ class _MLServerStream(_StreamCall):
     ``ModelInferResponse`` messages; an error ends the call with its status."""
 
     async def feed(self, outbox: trio.MemorySendChannel[Any]) -> None:
-        first = await self.recv()
-        if first is None:
-            return
-        try:
-            first_request = request_from_pb(first)
-        except Exception as exc:
-            await outbox.send(_Fatal(_status_error(exc)))
-            return
         inbox, requests = trio.open_memory_channel[InferenceRequest](self.max_inflight)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read, inbox, outbox.clone(), nursery.cancel_scope)
-            try:
-                async with requests, aclosing(_prepend(first_request, requests)) as stream_in, self.engine.stream(
-                    stream_in, model=first.model_name, version=first.model_version or None
-                ) as responses:
-                    async for response in responses:
-                        await outbox.send(response_to_pb(response))
-            except Exception as exc:
-                await outbox.send(_Fatal(_status_error(exc)))
-                nursery.cancel_scope.cancel()
+            async with requests:
+                try:
+                    first = await requests.receive()
+                except trio.EndOfChannel:
+                    return
+                try:
+                    async with aclosing(_prepend(first, requests)) as stream_in, self.engine.stream(
+                        stream_in, model=first.model_name or "", version=first.model_version
+                    ) as responses:
+                        async for response in responses:
+                            await outbox.send(response_to_pb(response))
+                except Exception as exc:
+                    await outbox.send(_Fatal(_status_error(exc)))
+                    nursery.cancel_scope.cancel()
 
     async def _read(
         self,
@@ -987,20 +995,21 @@ class _MLServerStream(_StreamCall):
         call_scope: trio.CancelScope,
     ) -> None:
         async with inbox, outbox:
-            while True:
-                message = await self.recv()
-                if message is None:
-                    return
-                try:
-                    request = request_from_pb(message)
-                except Exception as exc:
-                    await outbox.send(_Fatal(_status_error(exc)))
-                    call_scope.cancel()
-                    return
-                try:
-                    await inbox.send(request)
-                except trio.BrokenResourceError:
-                    return  # the model stopped reading its input
+            with self.reading:
+                while True:
+                    message = await self.recv()
+                    if message is None:
+                        return
+                    try:
+                        request = request_from_pb(message)
+                    except Exception as exc:
+                        await outbox.send(_Fatal(_status_error(exc)))
+                        call_scope.cancel()
+                        return
+                    try:
+                        await inbox.send(request)
+                    except trio.BrokenResourceError:
+                        return  # the model stopped reading its input
 
 
 async def _prepend(

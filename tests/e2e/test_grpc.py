@@ -528,3 +528,28 @@ async def test_shutdown_cancels_calls_still_running_after_the_grace_period(bridg
         assert status_of(error) in ("StatusCode.CANCELLED", "StatusCode.UNAVAILABLE")
         server.assert_no_leftover_work()
         c.close()
+
+
+async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it(bridge: str) -> None:
+    async with running_grpc_server(bridge=bridge) as server:
+        model = server.model("gate")
+        stream = StreamClient(server)
+        stream.client.async_stream_infer("gate", [], request_id="inflight", parameters={"gate": "g", "n_tokens": 2})
+        with trio.fail_after(TIMEOUT):
+            await model.started["inflight"].wait()
+        server.scope.cancel()  # serve_grpc drains: the stream stops reading...
+        await trio.testing.wait_all_tasks_blocked()
+        model.gates["g"].set()  # ...its request in flight finishes...
+
+        def scenario() -> list[Any]:
+            got: list[Any] = []
+            for _ in range(3):
+                result, error = stream.next()
+                got.append(int(result.as_numpy("index")[0]) if error is None else (status_of(error), error.message()))
+            stream.close()
+            return got
+
+        # ...and then the call ends with UNAVAILABLE.
+        assert await in_thread(scenario) == [0, 1, ("StatusCode.UNAVAILABLE", "the server is shutting down")]
+        with trio.fail_after(TIMEOUT):
+            await server.stopped.wait()
