@@ -9,7 +9,7 @@ module has three layers:
 - :class:`RestAPI`, the Quart views for every endpoint (see ``docs/rest.md``);
 - :class:`RestApp`, the ASGI application handed to hypercorn: a thin raw-ASGI fast path
   for ``POST /v2/models/{name}[/versions/{v}]/infer`` (the hot path, where Quart's
-  per-request machinery halves the throughput) that uses the same functions
+  per-request machinery costs 30-45% of the throughput) that uses the same functions
   as the Quart view, and Quart for everything else.
 
 Every error a client sees is ``{"error": "<message>"}`` JSON with a meaningful status,
