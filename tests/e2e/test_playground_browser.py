@@ -4,6 +4,7 @@ the text stream in, continuing the sequence and ending it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -86,11 +87,24 @@ def drive_playground(base_url: str, screenshot: Path, open_sequences: Callable[[
     """Runs in a worker thread; ``open_sequences()`` is called on the trio thread (through
     ``trio.from_thread``) between the two prompts and after the sequence was ended."""
 
+    from playwright.sync_api import expect, sync_playwright
+
+    # Playwright's sync API makes an asyncio loop in this thread. Once trio-asyncio is
+    # imported (by the gRPC transport) its policy would hand out a trio-asyncio loop;
+    # outside trio it makes the policy thread-local, so ask for a plain one here only.
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        return _drive(base_url, screenshot, open_sequences, expect, sync_playwright)
+    finally:
+        asyncio.set_event_loop_policy(None)
+
+
+def _drive(
+    base_url: str, screenshot: Path, open_sequences: Callable[[], list[str]], expect: Any, sync_playwright: Any
+) -> dict[str, Any]:
     async def settled_sequences() -> list[str]:
         await trio.testing.wait_all_tasks_blocked()  # the ended sequence's actor finishes
         return open_sequences()
-
-    from playwright.sync_api import expect, sync_playwright
 
     got: dict[str, Any] = {}
     with sync_playwright() as playwright:
