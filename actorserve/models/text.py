@@ -29,6 +29,7 @@ intra-op threads, default 1).
 from __future__ import annotations
 
 import secrets
+import threading
 from typing import Any, ClassVar
 
 import numpy as np
@@ -242,6 +243,7 @@ class TextModel(BatchModel[TextState, Generation]):
         self.core: TextLMCore
         # (decode rows, their new states [L, B, H], per-row views) of the last step
         self._last_decode: tuple[list[Generation], torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+        self._configured_threads: set[int] = set()
 
     async def load(self) -> None:
         import trio
@@ -335,6 +337,11 @@ class TextModel(BatchModel[TextState, Generation]):
     # -- the step (worker thread) --------------------------------------------------------------
 
     def step(self, batch: list[Generation]) -> list[StepOutput]:
+        if self.threads > 0 and threading.get_ident() not in self._configured_threads:
+            # OpenMP's thread count is per calling thread once that thread has used it:
+            # a worker thread that ran torch before load() would still use every core.
+            torch.set_num_threads(self.threads)
+            self._configured_threads.add(threading.get_ident())
         with torch.inference_mode():
             try:
                 return self._step(batch)
