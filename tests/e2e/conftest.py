@@ -8,7 +8,6 @@ Quart) to run a test against both front doors.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -18,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import trio
+from support.models import GateModel
 
 from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, ModelSettings, StepOutput
 from actorserve.codecs import tensor_from_numpy
@@ -28,39 +28,6 @@ from actorserve.settings import SequenceSettings, Settings, builtin_models
 
 #: Bound on every wait in these tests: a hang fails the test instead of freezing the run.
 TIMEOUT = 20.0
-
-
-class GateModel(Model):
-    """Streams ``n_tokens`` responses (output ``index`` = k, int64). With parameter
-    ``gate`` (a name), it emits ``free`` tokens (default 1) and then waits for the test to
-    open that gate before each further token. Records which requests started and left.
-
-    With a sequence it keeps nothing; it exists to hold requests in flight on demand."""
-
-    def __init__(self, settings: ModelSettings) -> None:
-        super().__init__(settings)
-        self.gates: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.started: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.left: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.outcome: dict[str, str] = {}
-
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        async for request in requests:
-            rid = str(request.id)
-            n_tokens = int_parameter(request, "n_tokens", 3, minimum=0)
-            gate = request.parameters.get("gate")
-            free = int_parameter(request, "free", 1, minimum=0)
-            self.started[rid].set()
-            outcome = "cancelled"
-            try:
-                for k in range(n_tokens):
-                    if gate is not None and k >= free:
-                        await self.gates[str(gate)].wait()
-                    yield self.response(request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))])
-                outcome = "done"
-            finally:
-                self.outcome[rid] = outcome
-                self.left[rid].set()
 
 
 class FailingModel(Model):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import numpy as np
 import pytest
+import support.models
 import trio
 import trio.testing
 
@@ -31,35 +31,12 @@ from actorserve.transport.grpc import BRIDGES, DEFAULT_BRIDGE, serve_grpc
 T = TypeVar("T")
 
 
-class GateModel(Model):
-    """Streams ``n_tokens`` responses (output ``index`` = k). With parameter ``gate``
-    (a name) it emits ``free`` tokens (default 0), then waits for the test to open that
-    gate before the rest. Records which requests started and which left (and how)."""
+class GateModel(support.models.GateModel):
+    """The shared gate model, with one token and no free ones by default, and a unary
+    ``predict`` answering with the last response."""
 
-    def __init__(self, settings: ModelSettings) -> None:
-        super().__init__(settings)
-        self.gates: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.started: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.left: defaultdict[str, trio.Event] = defaultdict(trio.Event)
-        self.outcome: dict[str, str] = {}
-
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
-        async for request in requests:
-            rid = str(request.id)
-            n_tokens = int_parameter(request, "n_tokens", 1, minimum=0)
-            gate = request.parameters.get("gate")
-            free = int_parameter(request, "free", 0, minimum=0)
-            self.started[rid].set()
-            outcome = "cancelled"
-            try:
-                for k in range(n_tokens):
-                    if gate is not None and k >= free:
-                        await self.gates[str(gate)].wait()
-                    yield self.response(request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))])
-                outcome = "done"
-            finally:
-                self.outcome[rid] = outcome
-                self.left[rid].set()
+    default_tokens = 1
+    default_free = 0
 
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
         responses = [r async for r in self.predict_stream(_one(request))]

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import numpy as np
+import trio
 
-from actorserve import BatchModel, InferenceRequest, ModelSettings, SequenceSettings, StepOutput
+from actorserve import (
+    BatchModel,
+    InferenceRequest,
+    InferenceResponse,
+    Model,
+    ModelSettings,
+    SequenceSettings,
+    StepOutput,
+)
 from actorserve.codecs import tensor_from_numpy
 from actorserve.model import int_parameter
 
@@ -101,3 +112,39 @@ def request(request_id: str, n_tokens: int = 1, *, model: str = "rec", **paramet
     return InferenceRequest(
         inputs=[], id=request_id, parameters={"n_tokens": n_tokens, **parameters}, model_name=model
     )
+
+
+class GateModel(Model):
+    """Streams ``n_tokens`` responses (output ``index`` = k, int64). With parameter
+    ``gate`` (a name), it emits ``free`` tokens and then waits for the test to open that
+    gate before each further token. Records which requests started and left (and how).
+
+    With a sequence it keeps nothing; it exists to hold requests in flight on demand."""
+
+    default_tokens = 3
+    default_free = 1
+
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.gates: defaultdict[str, trio.Event] = defaultdict(trio.Event)
+        self.started: defaultdict[str, trio.Event] = defaultdict(trio.Event)
+        self.left: defaultdict[str, trio.Event] = defaultdict(trio.Event)
+        self.outcome: dict[str, str] = {}
+
+    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        async for request in requests:
+            rid = str(request.id)
+            n_tokens = int_parameter(request, "n_tokens", self.default_tokens, minimum=0)
+            gate = request.parameters.get("gate")
+            free = int_parameter(request, "free", self.default_free, minimum=0)
+            self.started[rid].set()
+            outcome = "cancelled"
+            try:
+                for k in range(n_tokens):
+                    if gate is not None and k >= free:
+                        await self.gates[str(gate)].wait()
+                    yield self.response(request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))])
+                outcome = "done"
+            finally:
+                self.outcome[rid] = outcome
+                self.left[rid].set()
