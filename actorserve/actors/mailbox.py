@@ -1,9 +1,9 @@
 """A bounded, single-consumer mailbox.
 
 Every sequence actor owns one, and every in-flight request has one for its replies, so
-it is kept small: a list and two task slots, no channel pair, no parking lot. At most
-one task receives and at most one task waits in :meth:`Mailbox.send` at a time (the
-owner); :meth:`Mailbox.send_nowait` may be called by anyone.
+it is kept small: a list and one task slot, no channel pair, no parking lot. One task
+(the owner) receives; :meth:`Mailbox.send_nowait` may be called by anyone and never
+waits: a full mailbox is an error the sender reports, not a queue of senders.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Mailbox(Generic[T]):
     :class:`trio.ClosedResourceError`.
     """
 
-    __slots__ = ("_capacity", "_closed", "_items", "_receiver", "_sender", "name")
+    __slots__ = ("_capacity", "_closed", "_items", "_receiver", "name")
 
     def __init__(self, capacity: int, name: str = "mailbox") -> None:
         if capacity < 1:
@@ -41,7 +41,6 @@ class Mailbox(Generic[T]):
         self._capacity = capacity
         self._items: list[T] = []
         self._receiver: trio.lowlevel.Task | None = None
-        self._sender: trio.lowlevel.Task | None = None
         self._closed = False
         self.name = name
 
@@ -74,20 +73,6 @@ class Mailbox(Generic[T]):
             trio.lowlevel.reschedule(self._receiver)
             self._receiver = None
 
-    async def send(self, item: T) -> None:
-        """Wait for room, then send. Only one task may wait here at a time."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._items) >= self._capacity and not self._closed:
-            assert self._sender is None, "only one task may wait to send"
-            self._sender = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort_send)
-        self.send_nowait(item)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    def _abort_send(self, _: object) -> trio.lowlevel.Abort:
-        self._sender = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
     def _abort_receive(self, _: object) -> trio.lowlevel.Abort:
         self._receiver = None
         return trio.lowlevel.Abort.SUCCEEDED
@@ -97,11 +82,7 @@ class Mailbox(Generic[T]):
             if self._closed:
                 raise trio.EndOfChannel
             raise trio.WouldBlock
-        item = self._items.pop(0)
-        if self._sender is not None:
-            trio.lowlevel.reschedule(self._sender)
-            self._sender = None
-        return item
+        return self._items.pop(0)
 
     async def receive(self) -> T:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -119,9 +100,6 @@ class Mailbox(Generic[T]):
         if self._receiver is not None:
             trio.lowlevel.reschedule(self._receiver)
             self._receiver = None
-        if self._sender is not None:
-            trio.lowlevel.reschedule(self._sender)
-            self._sender = None
         return list(self._items)
 
     def drain(self) -> list[T]:

@@ -45,9 +45,6 @@ class Scheduler(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._running or key in self._queued
 
-    def is_running(self, key: K) -> bool:
-        return key in self._running
-
     def submit(self, key: K, sequence: Hashable | None = None) -> None:
         """Queue ``key``; ``sequence`` groups keys that must never run together."""
         if key in self:

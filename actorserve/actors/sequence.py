@@ -101,10 +101,6 @@ class SequenceActor:
     def idle(self) -> bool:
         return self.current is None and not len(self.mailbox)
 
-    @property
-    def last_used(self) -> float:
-        return self.idle_since if self.idle_since is not None else trio.current_time()
-
     def deliver(self, job: Job) -> None:
         """Queue ``job``; :class:`Overloaded` if the mailbox is full,
         :class:`trio.ClosedResourceError` if the sequence is ending."""
