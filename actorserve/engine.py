@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -186,6 +186,17 @@ class Engine:
             host.stop()
 
 
+def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Re-raise a group holding one error (however deeply nested) as that error, so a
+    caller's ``except OSError`` or ``except ModelNotFound`` works; else the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    if error is group:
+        raise group
+    raise error from error.__cause__
+
+
 @asynccontextmanager
 async def open_engine(
     settings: Settings | Iterable[ModelSettings] | None = None,
@@ -214,6 +225,4 @@ async def open_engine(
     except BaseExceptionGroup as group:
         # The caller's own error (raised in the block) must reach it as itself, not
         # wrapped in the engine's nursery group.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from group.exceptions[0].__cause__
-        raise
+        raise_single(group)

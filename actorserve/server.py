@@ -26,7 +26,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from .engine import Engine, open_engine
+from .engine import Engine, open_engine, raise_single
 from .errors import BadInput, ModelNotFound
 from .settings import (
     MODEL_SETTINGS_FILE,
@@ -139,29 +139,32 @@ async def serve(
         settings = Settings(models=tuple(builtin_models()))
     repository = repository or ModelRepository()
     find_models: FindModels = partial(repository.find, known=settings.models)
-    async with open_engine(settings) as engine:
-        server = Server(engine, settings)
-        http_stopped = trio.Event()
-        grpc_scope = trio.CancelScope()
-        async with trio.open_nursery() as nursery:
-            if settings.http_port is not None:
-                app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)
-                server.http_address = await nursery.start(
-                    _serve_http, app, settings, server._stopping, http_stopped
-                )
-            else:
-                http_stopped.set()
-            if settings.grpc_port is not None:
-                server.grpc_address = await _start_grpc(nursery, engine, settings, find_models, grpc_scope)
-            task_status.started(server)
-            await server._stopping.wait()
-            log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
-            grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
-            with trio.move_on_after(settings.grace_period + 1.0):
-                async with trio.open_nursery() as drain:
-                    drain.start_soon(engine.aclose, settings.grace_period)
-                    drain.start_soon(http_stopped.wait)
-            nursery.cancel_scope.cancel()
+    try:
+        async with open_engine(settings) as engine:
+            server = Server(engine, settings)
+            http_stopped = trio.Event()
+            grpc_scope = trio.CancelScope()
+            async with trio.open_nursery() as nursery:
+                if settings.http_port is not None:
+                    app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)
+                    server.http_address = await nursery.start(
+                        _serve_http, app, settings, server._stopping, http_stopped
+                    )
+                else:
+                    http_stopped.set()
+                if settings.grpc_port is not None:
+                    server.grpc_address = await _start_grpc(nursery, engine, settings, find_models, grpc_scope)
+                task_status.started(server)
+                await server._stopping.wait()
+                log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
+                grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
+                with trio.move_on_after(settings.grace_period + 1.0):
+                    async with trio.open_nursery() as drain:
+                        drain.start_soon(engine.aclose, settings.grace_period)
+                        drain.start_soon(http_stopped.wait)
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # e.g. a port in use: raise the OSError itself
+        raise_single(group)
     log.info("actorserve stopped")
 
 

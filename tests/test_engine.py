@@ -124,3 +124,21 @@ async def test_streamer_and_identity_contracts() -> None:
         assert [t.name for t in out.outputs] == ["OUTPUT1"] and out.parameters == {"p": 1}
         with pytest.raises(actorserve.BadInput, match="unknown requested output 'OUT9'"):
             await engine.infer(InferenceRequest([x], outputs=[actorserve.RequestedOutput("OUT9")]), model="identity")
+
+
+async def test_startup_error_reaches_an_embedder_as_itself() -> None:
+    import socket
+
+    from actorserve.server import serve
+    from actorserve.settings import Settings
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        settings = Settings(models=(builtin("identity"),), http_port=port, grpc_port=None)
+        with pytest.raises(OSError):  # not an ExceptionGroup wrapping it
+            await serve(settings)
+    finally:
+        taken.close()
