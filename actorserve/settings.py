@@ -14,11 +14,16 @@ from typing import Any
 
 import attrs
 
+from .errors import BadInput
+
 MODEL_SETTINGS_FILE = "model-settings.json"
 
 
-class SettingsError(ValueError):
-    """A settings file or value is invalid; the message names the file and the problem."""
+class SettingsError(BadInput, ValueError):
+    """A settings file or value is invalid; the message names the file and the problem.
+
+    A :class:`BadInput`, so a load request naming a broken model folder is answered
+    400 / INVALID_ARGUMENT by both transports."""
 
 
 @attrs.frozen

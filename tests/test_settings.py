@@ -57,3 +57,16 @@ def test_env_settings() -> None:
     settings = Settings.from_env(env, host="::1")
     assert settings.http_port == 0 and settings.grpc_port is None
     assert settings.grace_period == 2.5 and settings.host == "::1"
+
+
+async def test_loading_a_broken_model_is_bad_input_on_every_transport() -> None:
+    from grpclib.const import Status
+
+    import actorserve
+    from actorserve.settings import ModelSettings
+    from actorserve.transport.errors import grpc_status, http_status
+
+    async with actorserve.open_engine([]) as engine:
+        with pytest.raises(actorserve.BadInput, match=r"cannot import 'no_such\.Model'") as info:
+            await engine.load(ModelSettings(name="m", implementation="no_such.Model"))
+    assert http_status(info.value) == 400 and grpc_status(info.value) == Status.INVALID_ARGUMENT
