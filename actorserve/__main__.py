@@ -21,7 +21,8 @@ import trio
 
 from . import __version__
 from .errors import ModelFailed
-from .server import ModelRepository, Server, serve
+from .repository import ModelRepository
+from .server import Server, serve
 from .settings import MODEL_SETTINGS_FILE, Settings, SettingsError, builtin_models
 
 log = logging.getLogger("actorserve")

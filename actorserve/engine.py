@@ -19,9 +19,18 @@ from typing import Any, NoReturn
 import trio
 
 from .actors.host import ModelHost
-from .errors import ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
-from .model import BatchModel
-from .settings import ModelSettings, Settings
+from .api import (
+    ModelInfo,
+    ModelMetadata,
+    ModelState,
+    ModelStatistics,
+    RepositoryEntry,
+    TensorMetadata,
+)
+from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .model import BatchModel, Model
+from .repository import ModelRepository
+from .settings import ModelSettings, Settings, SettingsError
 from .types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger(__name__)
@@ -31,11 +40,34 @@ def _version_key(version: str) -> tuple[int, int | str]:
     return (0, int(version)) if version.isdigit() else (1, version)
 
 
-class Engine:
-    """Owns a :class:`ModelHost` per loaded model version. Made by :func:`open_engine`."""
+_HOST_STATES = {
+    "loading": ModelState.LOADING,
+    "ready": ModelState.READY,
+    "stopping": ModelState.UNLOADING,
+    "stopped": ModelState.UNAVAILABLE,
+}
 
-    def __init__(self, nursery: trio.Nursery, settings: Settings) -> None:
+
+def _info(host: ModelHost) -> ModelInfo:
+    model = host.replicas[0] if host.replicas else None
+    return ModelInfo(
+        name=host.name,
+        version=host.version,
+        state=_HOST_STATES.get(host.state, ModelState.UNAVAILABLE),
+        batched=host.batched,
+        stream_input=bool(host.model_class.stream_input),
+        workers=host.settings.workers,
+        max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+    )
+
+
+class Engine:
+    """The in-process engine: owns a :class:`ModelHost` per loaded model version and
+    implements :class:`actorserve.api.EngineAPI`. Made by :func:`open_engine`."""
+
+    def __init__(self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None) -> None:
         self.settings = settings
+        self.repository = repository or ModelRepository()
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
         self._default_version: dict[str, str] = {}
@@ -92,10 +124,6 @@ class Engine:
             self._default_version.pop(name, None)
         log.info("unloaded model %s%s", name, f" version {version}" if version else "")
 
-    def set_default_version(self, name: str, version: str) -> None:
-        self.host(name, version)
-        self._default_version[name] = version
-
     def host(self, name: str | None, version: str | None = None) -> ModelHost:
         """The host of a model version (default: the default or newest version)."""
         if not name:
@@ -110,27 +138,33 @@ class Engine:
             raise ModelNotFound(f"model {name!r} has no version {version!r}")
         return host
 
-    def models(self) -> list[ModelHost]:
+    def hosts(self) -> list[ModelHost]:
+        """Every loaded model version's host (internal: the transports use :meth:`models`)."""
         return [h for versions in self._hosts.values() for h in versions.values()]
 
     @property
-    def ready(self) -> bool:
+    def is_ready(self) -> bool:
         """Every model loaded and ready (and the engine not closing)."""
-        return not self._closing and all(h.ready for h in self.models())
+        return not self._closing and all(h.ready for h in self.hosts())
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
-        return self.host(name, version).ready
-
-    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+    def metadata_dict(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Transitional: the OIP metadata as a dict (the transports move to :meth:`metadata`)."""
         host = self.host(name, version)
         meta = host.metadata()
         meta["versions"] = sorted(self._hosts[name], key=_version_key)
         return meta
 
-    def repository_index(self) -> list[dict[str, Any]]:
+    def repository_index_dicts(self) -> list[dict[str, Any]]:
+        """Transitional: the index as dicts (the transports move to :meth:`repository_index`)."""
         return [
-            {"name": h.name, "version": h.version, "state": "READY" if h.ready else h.state.upper(), "reason": ""}
-            for h in sorted(self.models(), key=lambda h: (h.name, _version_key(h.version)))
+            {"name": e.name, "version": e.version, "state": str(e.state), "reason": e.reason}
+            for e in self._index()
+        ]
+
+    def _index(self) -> list[RepositoryEntry]:
+        return [
+            RepositoryEntry(h.name, h.version, _info(h).state, "")
+            for h in sorted(self.hosts(), key=lambda h: (h.name, _version_key(h.version)))
         ]
 
     # -- inference -----------------------------------------------------------------------
@@ -171,6 +205,79 @@ class Engine:
         async with self.host(model, version).stream(requests) as responses:
             yield responses
 
+    # -- the EngineAPI (typed records; what the transports call) -------------------------
+
+    async def ready(self) -> bool:
+        return self.is_ready
+
+    async def models(self) -> list[ModelInfo]:
+        return [_info(h) for h in self.hosts()]
+
+    async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
+        return _info(self.host(name, version))
+
+    async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        host = self.host(name, version)
+        meta = host.metadata()
+        return ModelMetadata(
+            name=str(meta.get("name", host.name)),
+            versions=tuple(sorted(self._hosts[host.name], key=_version_key)),
+            platform=str(meta.get("platform", "")),
+            inputs=tuple(_tensor_metadata(t) for t in meta.get("inputs", ())),
+            outputs=tuple(_tensor_metadata(t) for t in meta.get("outputs", ())),
+        )
+
+    async def repository_index(self) -> list[RepositoryEntry]:
+        return self._index()
+
+    async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
+        host = self.host(name, version)
+        waiting = running = steps = stepped = 0
+        for batcher in host.batchers:
+            stats = batcher.statistics()
+            waiting += stats.waiting
+            running += stats.running
+            steps += stats.steps
+            stepped += stats.items_stepped
+        supervisor = host.supervisor.statistics() if host.supervisor is not None else None
+        return ModelStatistics(
+            name=host.name,
+            version=host.version,
+            inflight=host.inflight,
+            waiting=waiting,
+            running=running,
+            steps=steps,
+            items_stepped=stepped,
+            open_sequences=supervisor.open_sequences if supervisor else 0,
+            sequences_started=supervisor.started if supervisor else 0,
+            sequences_ended=dict(supervisor.ended) if supervisor else {},
+        )
+
+    async def load_from_repository(self, name: str) -> None:
+        for model_settings in self.repository.find(name, known=self.settings.models):
+            try:
+                await self.load(model_settings)
+            except SettingsError as exc:  # e.g. an implementation that cannot be imported
+                raise BadInput(str(exc)) from None
+
+    async def set_default_version(self, name: str, version: str) -> None:
+        self.host(name, version)
+        self._default_version[name] = version
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight (polled each trio tick; for tests and
+        benchmarks, not the hot path)."""
+        while self._busy():  # noqa: ASYNC110 (to be replaced by an event set by the hosts)
+            await trio.sleep(0.001)
+
+    def _busy(self) -> bool:
+        return any(h.inflight or any(b.load for b in h.batchers) for h in self.hosts())
+
+    def model(self, name: str, version: str | None = None, replica: int = 0) -> Model:
+        """The model object serving ``name`` (in-process only: for embedders and tests
+        that talk to their own model, e.g. to open a gate)."""
+        return self.host(name, version).replicas[replica]
+
     # -- shutdown -------------------------------------------------------------------------
 
     async def aclose(self, grace: float | None = None) -> None:
@@ -178,12 +285,16 @@ class Engine:
         sequence (reason ``shutdown``) and stop every model."""
         self._closing = True
         grace = self.settings.grace_period if grace is None else grace
-        hosts = self.models()
+        hosts = self.hosts()
         with trio.move_on_after(grace):
             for host in hosts:
                 await host.drain(grace)
         for host in hosts:
             host.stop()
+
+
+def _tensor_metadata(spec: Any) -> TensorMetadata:
+    return TensorMetadata(str(spec["name"]), str(spec.get("datatype", "")), tuple(spec.get("shape", ())))
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -200,6 +311,8 @@ def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
 @asynccontextmanager
 async def open_engine(
     settings: Settings | Iterable[ModelSettings] | None = None,
+    *,
+    repository: ModelRepository | None = None,
 ) -> AsyncIterator[Engine]:
     """Load the models of ``settings`` (default: the built-in models) and yield the engine.
 
@@ -213,7 +326,7 @@ async def open_engine(
         settings = Settings(models=tuple(settings))
     try:
         async with trio.open_nursery() as nursery:
-            engine = Engine(nursery, settings)
+            engine = Engine(nursery, settings, repository)
             try:
                 for model_settings in settings.models:
                     await engine.load(model_settings)

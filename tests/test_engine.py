@@ -42,16 +42,16 @@ async def test_versions_load_unload_and_default() -> None:
     async with actorserve.open_engine([v1, v2]) as engine:
         x = InferenceRequest([tensor_from_numpy("INPUT0", np.array([1.0], dtype=np.float32))])
         assert (await engine.infer(x, model="identity")).model_version == "2"  # newest by default
-        engine.set_default_version("identity", "1")
+        await engine.set_default_version("identity", "1")
         assert (await engine.infer(x, model="identity")).model_version == "1"
-        assert engine.metadata("identity")["versions"] == ["1", "2"]
+        assert (await engine.metadata("identity")).versions == ("1", "2")
         await engine.unload("identity", "1")
-        assert [h.version for h in engine.models()] == ["2"]
+        assert [m.version for m in await engine.models()] == ["2"]
         await engine.unload("identity")
-        assert engine.models() == []
-        assert engine.ready  # nothing loaded is not "not ready"
+        assert await engine.models() == []
+        assert await engine.ready()  # nothing loaded is not "not ready"
         await engine.load(v1)
-        assert engine.model_ready("identity")
+        assert (await engine.model_info("identity")).ready
 
 
 async def test_mlserver_style_stream_of_requests() -> None:

@@ -69,4 +69,4 @@ async def test_loading_a_broken_model_is_bad_input_on_every_transport() -> None:
     async with actorserve.open_engine([]) as engine:
         with pytest.raises(actorserve.BadInput, match=r"cannot import 'no_such\.Model'") as info:
             await engine.load(ModelSettings(name="m", implementation="no_such.Model"))
-    assert http_status(info.value) == 400 and grpc_status(info.value) == Status.INVALID_ARGUMENT
+    assert http_status(info.value) == 400 and Status(grpc_status(info.value)) == Status.INVALID_ARGUMENT

@@ -6,9 +6,8 @@ Anything that is not an :class:`~actorserve.errors.ActorServeError` is a bug: it
 
 from __future__ import annotations
 
+import enum
 from typing import Final
-
-from grpclib.const import Status
 
 from ..errors import (
     ActorServeError,
@@ -22,35 +21,49 @@ from ..errors import (
     ShuttingDown,
 )
 
+
+class GrpcCode(enum.IntEnum):
+    """The gRPC status codes this table uses (the numbers are the wire's; grpclib's
+    ``Status`` has the same values). Kept here so REST never imports grpclib."""
+
+    INVALID_ARGUMENT = 3
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    RESOURCE_EXHAUSTED = 8
+    INTERNAL = 13
+    UNAVAILABLE = 14
+
+
 #: domain error -> (HTTP status, gRPC status)
-ERROR_TABLE: Final[dict[type[ActorServeError], tuple[int, Status]]] = {
-    BadInput: (400, Status.INVALID_ARGUMENT),
-    ModelNotFound: (404, Status.NOT_FOUND),
-    SequenceNotFound: (404, Status.NOT_FOUND),
-    SequenceConflict: (409, Status.ALREADY_EXISTS),
-    Overloaded: (429, Status.RESOURCE_EXHAUSTED),
-    ModelFailed: (500, Status.INTERNAL),
-    ModelNotReady: (503, Status.UNAVAILABLE),
-    ShuttingDown: (503, Status.UNAVAILABLE),
+ERROR_TABLE: Final[dict[type[ActorServeError], tuple[int, GrpcCode]]] = {
+    BadInput: (400, GrpcCode.INVALID_ARGUMENT),
+    ModelNotFound: (404, GrpcCode.NOT_FOUND),
+    SequenceNotFound: (404, GrpcCode.NOT_FOUND),
+    SequenceConflict: (409, GrpcCode.ALREADY_EXISTS),
+    Overloaded: (429, GrpcCode.RESOURCE_EXHAUSTED),
+    ModelFailed: (500, GrpcCode.INTERNAL),
+    ModelNotReady: (503, GrpcCode.UNAVAILABLE),
+    ShuttingDown: (503, GrpcCode.UNAVAILABLE),
 }
 
 #: seconds a client is told to wait after 429 / 503.
 RETRY_AFTER_SECONDS: Final = 1
 
 
-def _lookup(error: BaseException) -> tuple[int, Status]:
+def _lookup(error: BaseException) -> tuple[int, GrpcCode]:
     for cls in type(error).__mro__:
         entry = ERROR_TABLE.get(cls)
         if entry is not None:
             return entry
-    return 500, Status.INTERNAL
+    return 500, GrpcCode.INTERNAL
 
 
 def http_status(error: BaseException) -> int:
     return _lookup(error)[0]
 
 
-def grpc_status(error: BaseException) -> Status:
+def grpc_status(error: BaseException) -> GrpcCode:
+    """The gRPC code (an int; ``grpclib.const.Status(code)`` on the gRPC side)."""
     return _lookup(error)[1]
 
 

@@ -494,7 +494,7 @@ def _status_error(exc: BaseException) -> GRPCError:
         return exc
     if not isinstance(exc, ActorServeError):
         log.error("gRPC: unexpected error", exc_info=exc)
-    return GRPCError(grpc_status(exc), client_message(exc))
+    return GRPCError(Status(grpc_status(exc)), client_message(exc))
 
 
 _Method = Callable[[Stream[Any, Any]], Awaitable[None]]
@@ -619,12 +619,12 @@ class InferenceService:
 
     async def _server_ready(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerReadyRequest)
-        ready = await self._on_trio(lambda: self.engine.ready)
+        ready = await self._on_trio(lambda: self.engine.is_ready)
         await wire.send(ServerReadyResponse(ready=ready and not self.draining))
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
-        ready = await self._on_trio(self.engine.model_ready, message.name, message.version or None)
+        ready = await self._on_trio(lambda: self.engine.host(message.name, message.version or None).ready)
         await wire.send(ModelReadyResponse(ready=ready and not self.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
@@ -633,7 +633,7 @@ class InferenceService:
 
     async def _model_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelMetadataRequest)
-        meta = await self._on_trio(self.engine.metadata, message.name, message.version or None)
+        meta = await self._on_trio(self.engine.metadata_dict, message.name, message.version or None)
         await wire.send(
             ModelMetadataResponse(
                 name=meta["name"],
@@ -650,7 +650,7 @@ class InferenceService:
             RepositoryIndexResponseModelIndex(
                 name=entry["name"], version=entry["version"], state=entry["state"], reason=entry["reason"]
             )
-            for entry in await self._on_trio(self.engine.repository_index)
+            for entry in await self._on_trio(self.engine.repository_index_dicts)
             if not message.ready or entry["state"] == "READY"
         ]
         await wire.send(RepositoryIndexResponse(models=models))

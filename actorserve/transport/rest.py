@@ -623,9 +623,9 @@ class RestAPI:
         return _response(json_reply({"live": True}))
 
     async def ready(self) -> Response:
-        if self.engine.ready:
+        if self.engine.is_ready:
             return _response(json_reply({"ready": True}))
-        not_ready = [f"{h.name}:{h.version}" for h in self.engine.models() if not h.ready]
+        not_ready = [f"{h.name}:{h.version}" for h in self.engine.hosts() if not h.ready]
         why = "the server is shutting down" if not not_ready else f"not ready: {', '.join(not_ready)}"
         return _response(error_reply(ModelNotReady(why)))
 
@@ -633,7 +633,7 @@ class RestAPI:
         return _response(json_reply({"name": "actorserve", "version": __version__, "extensions": list(EXTENSIONS)}))
 
     async def model_metadata(self, name: str, version: str | None = None) -> Response:
-        return _response(json_reply(self.engine.metadata(name, version)))
+        return _response(json_reply(self.engine.metadata_dict(name, version)))
 
     async def model_ready(self, name: str, version: str | None = None) -> Response:
         host = self.engine.host(name, version)
@@ -650,7 +650,7 @@ class RestAPI:
                 if not isinstance(obj, dict):
                     raise BadInput("the repository index request must be a JSON object")
                 ready_only = bool_parameter(obj.get("ready", False), "ready")
-        index = self.engine.repository_index()
+        index = self.engine.repository_index_dicts()
         if ready_only:
             index = [entry for entry in index if entry["state"] == "READY"]
         return _response(json_reply(index))
@@ -692,7 +692,7 @@ class RestAPI:
 
     async def generate_stream(self, name: str, version: str | None = None) -> Response:
         if request.method == "GET":
-            datatypes = _input_datatypes(self.engine.metadata(name, version))
+            datatypes = _input_datatypes(self.engine.metadata_dict(name, version))
             query = ((key, request.args.getlist(key)) for key in request.args)
             infer_request = generate_request_from_query(query, datatypes)
             apply_sequence_headers(infer_request, RequestHeaders.from_lookup(request.headers.get))
@@ -712,7 +712,7 @@ class RestAPI:
         obj = loads(body)
         if not isinstance(obj, dict) or "inputs" in obj:
             return decode_infer_request(body, headers, obj=obj)[0], _encode_oip
-        datatypes = _input_datatypes(self.engine.metadata(name, version))
+        datatypes = _input_datatypes(self.engine.metadata_dict(name, version))
         infer_request = generate_request_from_json(obj, datatypes)
         apply_sequence_headers(infer_request, headers)
         return infer_request, _encode_generate

@@ -142,7 +142,7 @@ def leftover_work(engine: Engine) -> dict[str, Any]:
     """What is still running in the engine, per model (empty when all is quiet). Open
     sequences are not counted: a disconnect leaves them open on purpose."""
     busy: dict[str, Any] = {}
-    for host in engine.models():
+    for host in engine.hosts():
         stats = [b.statistics() for b in host.batchers]
         work = {
             "inflight": host.inflight,

@@ -172,7 +172,7 @@ class GrpcServer:
 
     def assert_no_leftover_work(self) -> None:
         """Nothing in flight anywhere: no request in a host, a batcher, or a replica."""
-        for host in self.engine.models():
+        for host in self.engine.hosts():
             assert host.inflight == 0, f"{host.name}: {host.inflight} requests in flight"
             assert host._plain_load == [0] * len(host._plain_load), f"{host.name}: {host._plain_load}"
             for batcher in host.batchers:
@@ -207,7 +207,7 @@ async def running_grpc_server(bridge: str = DEFAULT_BRIDGE, **overrides: Any) ->
         try:
             yield server
         finally:
-            for model_host in engine.models():
+            for model_host in engine.hosts():
                 for replica in model_host.replicas:
                     if isinstance(replica, GatedBatchModel):
                         replica.release_all()

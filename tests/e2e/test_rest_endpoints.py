@@ -12,7 +12,8 @@ import pytest
 import trio
 
 import actorserve
-from actorserve.server import ModelRepository, Server, serve
+from actorserve.repository import ModelRepository
+from actorserve.server import Server, serve
 from actorserve.settings import Settings, builtin_models
 
 

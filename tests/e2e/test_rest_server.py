@@ -106,7 +106,7 @@ async def test_cancelling_the_surrounding_scope_stops_everything(make_settings: 
             assert address is not None
             engine = server.engine
             nursery.cancel_scope.cancel()
-    assert engine.models() == []
+    assert engine.hosts() == []
     with pytest.raises(OSError):
         await trio.open_tcp_stream(*address)
 

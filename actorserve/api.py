@@ -1,0 +1,272 @@
+"""The engine boundary: what the transports may know about the engine.
+
+Every front door (REST, gRPC, and any later one) is typed against :class:`EngineAPI`
+and the records below, never against the actors. Two classes implement it: the
+in-process :class:`actorserve.engine.Engine` and, in the multi-process server, a client
+that talks to the engine process over a socket. So every method is ``async`` (a client
+may need a round trip) and every value that crosses it is a plain frozen record.
+
+Sequence controls are parsed here, once, by :meth:`SequenceControl.from_parameters`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from .errors import BadInput
+from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
+
+
+class ModelState(enum.StrEnum):
+    """A model version's state, with Triton's names (the repository index shows them)."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class EndReason(enum.StrEnum):
+    """Why a sequence ended (passed to :meth:`BatchModel.on_sequence_end`).
+
+    A ``StrEnum``: ``reason == "expired"`` works for models written against strings."""
+
+    ENDED = "ended"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    EVICTED = "evicted"
+    FAILED = "failed"
+    SHUTDOWN = "shutdown"
+
+    @property
+    def phrase(self) -> str:
+        """How a client is told: ``sequence 'x' <phrase>``."""
+        return _PHRASES[self]
+
+
+_PHRASES: dict[EndReason, str] = {
+    EndReason.ENDED: "has ended",
+    EndReason.CANCELLED: "was cancelled",
+    EndReason.EXPIRED: "expired",
+    EndReason.EVICTED: "was evicted (max_sequences reached)",
+    EndReason.FAILED: "failed",
+    EndReason.SHUTDOWN: "was shut down",
+}
+
+
+def bool_parameter(value: object, name: str) -> bool:
+    """A boolean from JSON, gRPC or a header (true/false, 1/0, yes/no, "" is false);
+    :class:`BadInput` names the parameter otherwise. The one bool parser."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no", ""):
+            return False
+    raise BadInput(f"parameter {name!r}: expected a boolean, got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class SequenceControl:
+    """The sequence part of a request: ``id`` (None: no sequence) and start/end/cancel."""
+
+    id: str | None = None
+    start: bool = False
+    end: bool = False
+    cancel: bool = False
+
+    @property
+    def stateful(self) -> bool:
+        return self.id is not None or self.start or self.cancel
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any] | None) -> SequenceControl:
+        """Read ``sequence_id/start/end/cancel`` (the transports put headers there too).
+        An id of 0 or "" means no sequence, as in Triton; :class:`BadInput` otherwise."""
+        if not params:
+            return _NO_SEQUENCE
+        raw_id = params.get("sequence_id")
+        sequence_id: str | None
+        if raw_id is None or raw_id == 0 or raw_id == "":
+            sequence_id = None
+        elif isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
+            raise BadInput(f"parameter 'sequence_id': expected an integer or a string, got {raw_id!r}")
+        else:
+            sequence_id = str(raw_id)
+        start = params.get("sequence_start", False)
+        end = params.get("sequence_end", False)
+        cancel = params.get("sequence_cancel", False)
+        if sequence_id is None and start is False and end is False and cancel is False:
+            return _NO_SEQUENCE
+        return cls(
+            id=sequence_id,
+            start=bool_parameter(start, "sequence_start"),
+            end=bool_parameter(end, "sequence_end"),
+            cancel=bool_parameter(cancel, "sequence_cancel"),
+        )
+
+
+_NO_SEQUENCE = SequenceControl()
+
+
+@attrs.frozen(slots=True)
+class TensorMetadata:
+    """A declared input or output. ``datatype`` is an OIP datatype; ``shape`` uses -1
+    for any size."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class ModelMetadata:
+    """OIP model metadata (``GET /v2/models/{name}``, gRPC ModelMetadata)."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...] = ()
+    outputs: tuple[TensorMetadata, ...] = ()
+
+    def input_datatypes(self) -> dict[str, str]:
+        """Declared input name -> datatype."""
+        return {spec.name: spec.datatype for spec in self.inputs}
+
+
+@attrs.frozen(slots=True)
+class ModelInfo:
+    """What a front door needs to know to route a request to a model version."""
+
+    name: str
+    version: str
+    state: ModelState
+    #: a BatchModel, stepped by continuous batchers
+    batched: bool
+    #: ``predict_stream`` consumes a stream of requests together (MLServer's stream-in)
+    stream_input: bool
+    workers: int
+    max_batch_size: int = 0
+    #: why the model is not READY (a load error, readable), else ""
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+
+@attrs.frozen(slots=True)
+class RepositoryEntry:
+    """One row of the repository index."""
+
+    name: str
+    version: str
+    state: ModelState
+    reason: str = ""
+
+
+@attrs.frozen(slots=True)
+class ModelStatistics:
+    """Counters of one model version, summed over its replicas."""
+
+    name: str
+    version: str
+    #: requests accepted and not yet answered
+    inflight: int
+    #: requests waiting for a batch slot / in the running batch (BatchModel only)
+    waiting: int = 0
+    running: int = 0
+    steps: int = 0
+    items_stepped: int = 0
+    open_sequences: int = 0
+    sequences_started: int = 0
+    #: reason -> count of ended sequences
+    sequences_ended: Mapping[str, int] = attrs.field(factory=dict)
+
+
+ResponseStream = AbstractAsyncContextManager[AsyncIterator[InferenceResponse]]
+
+
+@runtime_checkable
+class EngineAPI(Protocol):
+    """What every front door calls. Errors are the domain errors of
+    :mod:`actorserve.errors`; a transport maps them with one table.
+
+    Streams are async context managers: leaving the block (or being cancelled) cancels
+    the request in the engine, which drops it from its batch at the next step; the
+    request's sequence, if any, stays open."""
+
+    async def ready(self) -> bool:
+        """Every model loaded and ready, and the engine accepting work."""
+        ...
+
+    async def models(self) -> list[ModelInfo]:
+        """Every loaded model version."""
+        ...
+
+    async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
+        """One model version (default: the default or newest); :class:`ModelNotFound`."""
+        ...
+
+    async def metadata(self, name: str, version: str | None = None) -> ModelMetadata: ...
+
+    async def repository_index(self) -> list[RepositoryEntry]: ...
+
+    async def statistics(self, name: str, version: str | None = None) -> ModelStatistics: ...
+
+    async def load_from_repository(self, name: str) -> None:
+        """(Re)load every version of model ``name`` from the model repository, importing
+        its code afresh; :class:`ModelNotFound` or :class:`BadInput` say why not."""
+        ...
+
+    async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
+        """Unload a model (every version, or one); in-flight requests get ``grace``
+        seconds (default: the server's grace period); its sequences end ``shutdown``."""
+        ...
+
+    async def infer(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> InferenceResponse:
+        """One response (a streaming model's responses merged)."""
+        ...
+
+    def infer_stream(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> ResponseStream:
+        """The responses of one request, as produced."""
+        ...
+
+    def stream(
+        self, requests: AsyncIterator[InferenceRequest], *, model: str, version: str | None = None
+    ) -> ResponseStream:
+        """MLServer's ``predict_stream``: a stream of requests in, responses out."""
+        ...
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight in any model (for tests and drains)."""
+        ...
+
+
+__all__ = [
+    "SEQUENCE_PARAMETERS",
+    "EndReason",
+    "EngineAPI",
+    "ModelInfo",
+    "ModelMetadata",
+    "ModelState",
+    "ModelStatistics",
+    "RepositoryEntry",
+    "ResponseStream",
+    "SequenceControl",
+    "TensorMetadata",
+    "bool_parameter",
+]
