@@ -193,7 +193,39 @@ class ModelStatistics:
     sequences_ended: Mapping[str, int] = attrs.field(factory=dict)
 
 
-ResponseStream = AbstractAsyncContextManager[AsyncIterator[InferenceResponse]]
+@runtime_checkable
+class ResponseIterator(Protocol):
+    """The responses of one request. Besides ``async for``, :meth:`next_batch` returns
+    every response already waiting (at least one, without waiting for more), so a
+    transport can write them in one go; it raises :class:`StopAsyncIteration` at the
+    end and the request's error, if it failed, after the responses before it."""
+
+    def __aiter__(self) -> ResponseIterator: ...
+
+    async def __anext__(self) -> InferenceResponse: ...
+
+    async def next_batch(self) -> list[InferenceResponse]: ...
+
+
+class OneByOne:
+    """A :class:`ResponseIterator` over any async iterator (batches of one)."""
+
+    __slots__ = ("_responses",)
+
+    def __init__(self, responses: AsyncIterator[InferenceResponse]) -> None:
+        self._responses = responses
+
+    def __aiter__(self) -> OneByOne:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        return await self._responses.__anext__()
+
+    async def next_batch(self) -> list[InferenceResponse]:
+        return [await self._responses.__anext__()]
+
+
+ResponseStream = AbstractAsyncContextManager[ResponseIterator]
 
 
 @runtime_checkable
@@ -264,7 +296,9 @@ __all__ = [
     "ModelMetadata",
     "ModelState",
     "ModelStatistics",
+    "OneByOne",
     "RepositoryEntry",
+    "ResponseIterator",
     "ResponseStream",
     "SequenceControl",
     "TensorMetadata",

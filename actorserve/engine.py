@@ -14,17 +14,19 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
 from .actors.host import ModelHost
 from .api import (
+    EngineAPI,
     ModelInfo,
     ModelMetadata,
     ModelState,
     ModelStatistics,
     RepositoryEntry,
+    ResponseIterator,
     TensorMetadata,
 )
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
@@ -107,8 +109,11 @@ class Engine:
                 if not versions:
                     self._hosts.pop(host.name, None)
 
-    async def unload(self, name: str, version: str | None = None, *, grace: float = 0.0) -> None:
-        """Unload a model (every version, or one); its sequences end with ``shutdown``."""
+    async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
+        """Unload a model (every version, or one); its sequences end with ``shutdown``.
+        In-flight requests get ``grace`` seconds (default: ``settings.grace_period``)."""
+        if grace is None:
+            grace = self.settings.grace_period
         versions = self._hosts.get(name)
         if not versions:
             raise ModelNotFound(f"model {name!r} is not loaded")
@@ -186,7 +191,7 @@ class Engine:
     @asynccontextmanager
     async def infer_stream(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
-    ) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+    ) -> AsyncIterator[ResponseIterator]:
         """The responses of one request, as produced. Leaving the block cancels it."""
         async with self._route(request, model, version).infer_stream(request) as responses:
             yield responses
@@ -198,7 +203,7 @@ class Engine:
         *,
         model: str,
         version: str | None = None,
-    ) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+    ) -> AsyncIterator[ResponseIterator]:
         """MLServer's ``predict_stream``: a stream of requests in, responses out."""
         if self._closing:
             raise ShuttingDown("the engine is shutting down")
@@ -291,6 +296,10 @@ class Engine:
                 await host.drain(grace)
         for host in hosts:
             host.stop()
+
+
+if TYPE_CHECKING:  # the in-process engine implements the boundary the transports use
+    _conforms: type[EngineAPI] = Engine
 
 
 def _tensor_metadata(spec: Any) -> TensorMetadata:

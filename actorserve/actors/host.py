@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from ..api import OneByOne, ResponseIterator
 from ..errors import (
     ActorServeError,
     BadInput,
@@ -97,6 +98,14 @@ class _ItemStream:
 
     async def __anext__(self) -> InferenceResponse:
         return await self._item.next_reply()
+
+    async def next_batch(self) -> list[InferenceResponse]:
+        """The next response and every one already buffered behind it."""
+        item = self._item
+        batch = [await item.next_reply()]
+        while len(item.replies):
+            batch.append(await item.next_reply())
+        return batch
 
 
 async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
@@ -245,7 +254,7 @@ class ModelHost:
     # -- the public operations ----------------------------------------------------------
 
     @asynccontextmanager
-    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[ResponseIterator]:
         """Responses for one request, as they are produced. Leaving the block (or being
         cancelled) cancels the request; its sequence, if any, stays open."""
         self._enter()
@@ -254,7 +263,7 @@ class ModelHost:
             if control.cancel:
                 assert self.supervisor is not None
                 sequence_id = self.supervisor.cancel(control.id)
-                yield _single(self._cancelled_response(request, sequence_id))
+                yield OneByOne(_single(self._cancelled_response(request, sequence_id)))
             elif self.batched:
                 item = await self._start_batched(request, control)
                 try:
@@ -263,7 +272,7 @@ class ModelHost:
                     item.cancel()
             else:
                 async with aclosing(self._plain_stream(request, control)) as stream:
-                    yield stream
+                    yield OneByOne(stream)
         finally:
             self._leave()
 
@@ -365,7 +374,7 @@ class ModelHost:
                 item.finish()
 
     @asynccontextmanager
-    async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[AsyncIterator[InferenceResponse]]:
+    async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[ResponseIterator]:
         """MLServer's streaming: a stream of requests in, one stream of responses out.
 
         A model with ``stream_input`` gets the whole request stream in one
@@ -376,12 +385,12 @@ class ModelHost:
                 index = self._take_plain_replica()
                 try:
                     async with aclosing(self.replicas[index].predict_stream(requests)) as out:  # type: ignore[type-var]
-                        yield out
+                        yield OneByOne(out)
                 finally:
                     self._plain_load[index] -= 1
             else:
                 async with aclosing(self._each(requests)) as out:
-                    yield out
+                    yield OneByOne(out)
         finally:
             self._leave()
 
