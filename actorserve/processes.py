@@ -1,0 +1,278 @@
+"""The multi-process server (``python -m actorserve --api-workers N``): one engine process,
+N front processes, and the parent that starts, watches and stops them::
+
+    parent: binds the REST and gRPC sockets once, then supervises
+      |- engine process: every model, sequence and batcher; serves the fronts on a Unix socket
+      `- front 1..N:    REST + gRPC on the inherited sockets, an EngineClient to the engine
+
+Like vLLM's API-server / EngineCore split: per-token Python of the transports (HTTP
+parsing, SSE framing, protobuf) runs in the fronts, the step loop in the engine process,
+so the two no longer share one GIL. All state lives in the engine, so any front serves
+any sequence.
+
+Children are started in their own session (a Ctrl-C or a signal to the parent's process
+group reaches only the parent, which then stops them in order: fronts drain first, then
+the engine). Each child holds the read end of a pipe from the parent on its stdin: EOF
+means the parent is gone, and the child stops at once. A front that dies is restarted
+(its own connections are lost); the engine dying stops the server with exit code 1.
+
+The children re-read the same command line and environment as the parent, so they build
+the same :class:`~actorserve.settings.Settings`; ``_ACTORSERVE_*`` variables tell them their
+role, the engine's socket and the inherited file descriptors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import attrs
+import trio
+
+log = logging.getLogger(__name__)
+
+ROLE_VAR = "_ACTORSERVE_ROLE"
+SOCKET_VAR = "_ACTORSERVE_ENGINE_SOCKET"
+READY_FD_VAR = "_ACTORSERVE_READY_FD"
+HTTP_FD_VAR = "_ACTORSERVE_HTTP_FD"
+GRPC_FD_VAR = "_ACTORSERVE_GRPC_FD"
+INDEX_VAR = "_ACTORSERVE_FRONT_INDEX"
+
+#: a front that dies more often than this within RESTART_WINDOW seconds stops the server
+MAX_RESTARTS = 5
+RESTART_WINDOW = 60.0
+#: how long a child gets after SIGTERM beyond the grace period before it is killed
+KILL_AFTER = 5.0
+
+
+class ChildFailed(Exception):
+    """A child process could not start, or the engine process died; the message says which."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@attrs.define(eq=False)
+class _Child:
+    role: str
+    index: int
+    process: trio.Process
+    lifeline: trio.abc.SendStream | None
+
+    @property
+    def label(self) -> str:
+        return "engine" if self.role == "engine" else f"front {self.index}"
+
+
+@attrs.define(eq=False)
+class Supervisor:
+    """The parent's view of its children; :meth:`shutdown` starts the ordered stop."""
+
+    argv: tuple[str, ...]
+    api_workers: int
+    grace_period: float
+    http_sock: socket.socket | None
+    grpc_sock: socket.socket | None
+    engine_socket: Path
+    engine: _Child | None = None
+    fronts: dict[int, _Child] = attrs.field(factory=dict)
+    stopping: trio.Event = attrs.field(factory=trio.Event)
+    exit_code: int = 0
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+
+    # -- starting children ----------------------------------------------------------------
+
+    async def _spawn(self, role: str, index: int) -> _Child:
+        """Start one child and wait (bounded by nothing but its own start-up) until it
+        says it is ready, or raise :class:`ChildFailed` with its exit code."""
+        ready_r, ready_w = os.pipe()
+        env = dict(os.environ)
+        env[ROLE_VAR] = role
+        env[SOCKET_VAR] = str(self.engine_socket)
+        env[READY_FD_VAR] = str(ready_w)
+        env[INDEX_VAR] = str(index)
+        pass_fds = [ready_w]
+        if role == "front":
+            for var, sock in ((HTTP_FD_VAR, self.http_sock), (GRPC_FD_VAR, self.grpc_sock)):
+                if sock is not None:
+                    env[var] = str(sock.fileno())
+                    pass_fds.append(sock.fileno())
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "actorserve", *self.argv],
+                env=env,
+                pass_fds=pass_fds,
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+            )
+        finally:
+            os.close(ready_w)
+        child = _Child(role, index, process, process.stdin)
+        label = child.label
+        async with trio.lowlevel.FdStream(ready_r) as ready:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await ready.receive_some(64)
+                if not chunk:
+                    break
+                line += chunk
+        if line.strip() != b"ready":
+            code = await process.wait()
+            raise ChildFailed(f"the {label} process exited during start-up (exit code {code})", code or 1)
+        log.info("%s process started (pid %d)", label, process.pid)
+        return child
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> int:
+        """Start the engine, then the fronts; watch them until :meth:`shutdown` or the
+        engine's death; stop everything in order. Returns the exit code."""
+        self.engine = await self._spawn("engine", 0)
+        try:
+            for index in range(1, self.api_workers + 1):
+                self.fronts[index] = await self._spawn("front", index)
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_engine, nursery.cancel_scope)
+                for index in list(self.fronts):
+                    nursery.start_soon(self._watch_front, index)
+                await self.stopping.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._stop_all()
+        return self.exit_code
+
+    async def _watch_engine(self, scope: trio.CancelScope) -> None:
+        assert self.engine is not None
+        code = await self.engine.process.wait()
+        if not self.stopping.is_set():
+            log.error("the engine process (pid %d) exited with code %d: stopping the server",
+                      self.engine.process.pid, code)
+            self.exit_code = 1
+            self.stopping.set()
+
+    async def _watch_front(self, index: int) -> None:
+        restarts: list[float] = []
+        while True:
+            child = self.fronts[index]
+            code = await child.process.wait()
+            if self.stopping.is_set():
+                return
+            now = trio.current_time()
+            restarts = [t for t in restarts if now - t < RESTART_WINDOW] + [now]
+            if len(restarts) > MAX_RESTARTS:
+                log.error("front %d died %d times within %.0f s: stopping the server",
+                          index, len(restarts), RESTART_WINDOW)
+                self.exit_code = 1
+                self.stopping.set()
+                return
+            log.warning("front %d (pid %d) exited with code %d: restarting it",
+                        index, child.process.pid, code)
+            try:
+                self.fronts[index] = await self._spawn("front", index)
+            except ChildFailed as exc:
+                log.error("%s", exc)
+                self.exit_code = 1
+                self.stopping.set()
+                return
+
+    async def _stop_all(self) -> None:
+        """Fronts first (they drain their requests), then the engine."""
+        await _stop([c for c in self.fronts.values()], self.grace_period)
+        if self.engine is not None:
+            await _stop([self.engine], self.grace_period)
+
+
+async def _stop(children: list[_Child], grace: float) -> None:
+    """SIGTERM each running child, wait up to ``grace + KILL_AFTER`` s, then SIGKILL."""
+    running = [c for c in children if c.process.returncode is None]
+    for child in running:
+        with contextlib.suppress(ProcessLookupError):
+            child.process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(grace + KILL_AFTER):
+        for child in running:
+            await child.process.wait()
+    for child in running:
+        if child.process.returncode is None:
+            log.warning("%s (pid %d) did not stop in time: killing it", child.label, child.process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                child.process.kill()
+            await child.process.wait()
+        if child.lifeline is not None:
+            await child.lifeline.aclose()
+
+
+def engine_socket_path() -> Path:
+    """A fresh private folder for the engine's Unix socket (removed by the OS' tmp cleanup
+    and by :func:`run_parent` on exit)."""
+    folder = Path(tempfile.mkdtemp(prefix="actorserve-"))
+    folder.chmod(0o700)
+    return folder / "engine.sock"
+
+
+# -- in the children -------------------------------------------------------------------------
+
+
+def role() -> str | None:
+    """``"engine"`` or ``"front"`` in a child of the multi-process server, else None."""
+    return os.environ.get(ROLE_VAR) or None
+
+
+def say_ready() -> None:
+    """Tell the parent this child is serving (once)."""
+    fd = os.environ.pop(READY_FD_VAR, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"ready\n")
+    finally:
+        os.close(int(fd))
+
+
+async def watch_parent(scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` when the parent goes away (EOF on the stdin pipe it holds)."""
+    async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as lifeline:
+        while await lifeline.receive_some(64):
+            pass
+    log.warning("the parent process is gone: stopping")
+    scope.cancel()
+
+
+def inherited_socket(var: str) -> socket.socket | None:
+    """The listening socket the parent passed under ``var``, or None."""
+    fd = os.environ.get(var)
+    if not fd:
+        return None
+    return socket.socket(fileno=int(fd))
+
+
+def front_index() -> int:
+    return int(os.environ.get(INDEX_VAR, "0"))
+
+
+def engine_socket() -> str:
+    return os.environ[SOCKET_VAR]
+
+
+__all__ = [
+    "ChildFailed",
+    "Supervisor",
+    "engine_socket",
+    "engine_socket_path",
+    "front_index",
+    "inherited_socket",
+    "role",
+    "say_ready",
+    "watch_parent",
+]
