@@ -12,13 +12,13 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.grpc as grpcclient
-from e2e.grpc_fixtures import GrpcServer, bridge, grpc_server, in_thread, running_grpc_server, wait_until
+from e2e.grpc_fixtures import GrpcServer, grpc_server, in_thread, running_grpc_server, wait_until
 from tritonclient.utils import InferenceServerException
 
 import actorserve
 from actorserve.settings import Settings, builtin_models
 
-__all__ = ["bridge", "grpc_server"]
+__all__ = ["grpc_server"]
 
 TIMEOUT = 20.0  # seconds any one client call may take before the test fails
 
@@ -484,8 +484,8 @@ async def test_serve_starts_grpc_next_to_rest() -> None:
         server.shutdown()
 
 
-async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge) as server:
+async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones() -> None:
+    async with running_grpc_server() as server:
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
@@ -510,8 +510,8 @@ async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(bridge: str)
         c.close()
 
 
-async def test_shutdown_cancels_calls_still_running_after_the_grace_period(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge, grace_period=0.2) as server:
+async def test_shutdown_cancels_calls_still_running_after_the_grace_period() -> None:
+    async with running_grpc_server(grace_period=0.2) as server:
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
@@ -530,8 +530,8 @@ async def test_shutdown_cancels_calls_still_running_after_the_grace_period(bridg
         c.close()
 
 
-async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge) as server:
+async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it() -> None:
+    async with running_grpc_server() as server:
         model = server.model("gate")
         stream = StreamClient(server)
         stream.client.async_stream_infer("gate", [], request_id="inflight", parameters={"gate": "g", "n_tokens": 2})
