@@ -35,15 +35,18 @@ async def serve_grpc(
 
     Start it with ``await nursery.start(serve_grpc, engine, settings)``, which returns
     the bound ``(host, port)``. It listens on ``sock`` when given (a bound, listening
-    TCP socket; the caller keeps owning it), else on a socket of its own bound to
-    ``settings.host``:``settings.grpc_port`` (port 0 picks a free one). On
+    TCP socket; the caller keeps owning it and closes it: until then, connections made
+    after the drain wait in its backlog instead of being refused), else on a socket of
+    its own bound to ``settings.host``:``settings.grpc_port`` (port 0 picks a free one). On
     cancellation it stops accepting calls, gives in-flight calls up to
     ``settings.grace_period`` seconds (shielded), then cancels what is left and closes
     every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
     if the port cannot be bound.
     """
     service = InferenceService(engine, settings)
-    listener = sock if sock is not None else bind(settings.host, settings.grpc_port or 0)
+    # grpclib's close() closes the socket it serves on: give it a duplicate of the
+    # caller's, so the caller's stays open.
+    listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)
     try:
         async with trio_asyncio.open_loop():
             server = await to_aio(service.start, listener)
@@ -57,8 +60,7 @@ async def serve_grpc(
                     service.drain_started.set()
                     await to_aio(service.shut_down, server)
     finally:
-        if sock is None:
-            listener.close()
+        listener.close()
 
 
 def bind(host: str, port: int) -> socket.socket:
