@@ -83,7 +83,7 @@ async def serve(
     repository = repository or ModelRepository()
     find_models: FindModels = partial(repository.find, known=settings.models)
     try:
-        async with open_engine(settings) as engine:
+        async with open_engine(settings, repository=repository) as engine:
             server = Server(engine, settings)
             http_stopped = trio.Event()
             grpc_scope = trio.CancelScope()
@@ -96,7 +96,7 @@ async def serve(
                 else:
                     http_stopped.set()
                 if settings.grpc_port is not None:
-                    server.grpc_address = await _start_grpc(nursery, engine, settings, find_models, grpc_scope)
+                    server.grpc_address = await _start_grpc(nursery, engine, settings, grpc_scope)
                 task_status.started(server)
                 await server._stopping.wait()
                 log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
@@ -146,7 +146,7 @@ def _address(bind_url: str) -> Address:
 
 
 async def _start_grpc(
-    nursery: trio.Nursery, engine: Engine, settings: Settings, find_models: FindModels, scope: trio.CancelScope
+    nursery: trio.Nursery, engine: Engine, settings: Settings, scope: trio.CancelScope
 ) -> Address | None:
     """Start the gRPC transport in ``scope`` (cancelling it starts gRPC's own drain), or
     log why it is unavailable and return None."""
@@ -158,7 +158,7 @@ async def _start_grpc(
 
     async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
-            await serve_grpc(engine, settings, find_models=find_models, task_status=task_status)
+            await serve_grpc(engine, settings, task_status=task_status)
 
     host, port = await nursery.start(run)
     return (str(host), int(port))

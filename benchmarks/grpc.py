@@ -1,6 +1,6 @@
 """gRPC benchmark: unary ModelInfer calls/s and ModelStreamInfer tokens/s.
 
-    python benchmarks/grpc.py [--seconds 3] [--rounds 3] [--bridge thread|trio-asyncio]
+    python benchmarks/grpc.py [--seconds 3] [--rounds 3] [--baseline CHECKOUT]
 
 Starts its own server process (the engine with the built-in models and ``serve_grpc``
 on a free 127.0.0.1 port, no REST) and drives it with ``grpc.aio`` (grpcio's C core)
@@ -11,11 +11,10 @@ using pre-serialised requests, so the client costs little:
 - 64 concurrent ``ModelStreamInfer`` streams, each sending ``streamer`` requests of 64
   tokens one after another on its own long-lived stream: tokens/s.
 
-Both ways of joining grpclib's asyncio to trio are measured, each in its own server
-process running the same ``serve_grpc`` (``--bridge`` picks one): ``thread`` (grpclib on
-its own asyncio thread, a non-blocking bridge to the trio thread) and ``trio-asyncio``.
-Rounds are interleaved so background load hits both alike. Every phase is bounded
-(warm-up + fixed window + timeouts); the script prints numbers and is not a test.
+``--baseline CHECKOUT`` also starts the same server on the actorserve of another
+checkout (e.g. ``git worktree add /tmp/base main``) and measures both; rounds are
+interleaved so background load hits both alike. Every phase is bounded (warm-up + fixed
+window + timeouts); the script prints numbers and is not a test.
 """
 
 from __future__ import annotations
@@ -70,9 +69,9 @@ def _requests() -> tuple[bytes, bytes]:
 class ServerProcess:
     """A server in its own process group; its gRPC port is read from its log."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] = ENV) -> None:
         self.proc = subprocess.Popen(
-            argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=ENV, text=True, start_new_session=True
+            argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True, start_new_session=True
         )
         self.port = self._wait_for_port()
 
@@ -189,9 +188,9 @@ async def streams(port: int, n_streams: int, seconds: float, body: bytes) -> dic
 # --------------------------------------------------------------------------- the server
 
 
-def serve(bridge: str) -> None:
-    """The engine with the built-in models and ``serve_grpc`` over ``bridge`` on a free
-    port (what ``python -m actorserve --http-port off`` runs, with the bridge chosen)."""
+def serve() -> None:
+    """The engine with the built-in models and ``serve_grpc`` on a free port (what
+    ``python -m actorserve --http-port off`` runs)."""
     import logging
 
     import trio
@@ -206,7 +205,7 @@ def serve(bridge: str) -> None:
         settings = Settings(models=tuple(builtin_models()), host="127.0.0.1", http_port=None, grpc_port=0)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with actorserve.open_engine(settings) as engine, trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(serve_grpc, engine, settings, bridge=bridge))
+                nursery.start_soon(functools.partial(serve_grpc, engine, settings))
                 async for _ in signals:  # stop: serve_grpc drains, then the engine closes
                     nursery.cancel_scope.cancel()
                     break
@@ -224,19 +223,14 @@ def _spread(values: list[float]) -> str:
 
 
 def main() -> None:
-    from actorserve.transport.grpc import BRIDGES, DEFAULT_BRIDGE
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring window per point (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default 3)")
-    parser.add_argument(
-        "--bridge", choices=BRIDGES, action="append",
-        help=f"a bridge to measure (repeatable; default: all, {DEFAULT_BRIDGE} is what serve() uses)",
-    )  # fmt: skip
-    parser.add_argument("--serve", choices=BRIDGES, help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", metavar="CHECKOUT", help="also measure the actorserve in this checkout")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve()
         return
     unary_body, stream_body = _requests()
     print(f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -244,8 +238,11 @@ def main() -> None:
 
     servers: dict[str, ServerProcess] = {}
     try:
-        for bridge in args.bridge or BRIDGES:
-            servers[bridge] = ServerProcess([sys.executable, __file__, "--serve", bridge])
+        servers["this"] = ServerProcess([sys.executable, __file__, "--serve"])
+        if args.baseline:
+            baseline = os.path.abspath(args.baseline)
+            env = {**ENV, "PYTHONPATH": os.pathsep.join([baseline, ENV.get("PYTHONPATH", "")])}
+            servers["baseline"] = ServerProcess([sys.executable, __file__, "--serve"], env)
         calls: dict[tuple[str, int], list[float]] = {}
         p50: dict[tuple[str, int], list[float]] = {}
         tokens: dict[str, list[float]] = {}
@@ -261,10 +258,10 @@ def main() -> None:
                 tokens.setdefault(label, []).append(r["tokens_per_s"])
         for (label, concurrency), values in sorted(calls.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             median_p50 = sorted(p50[label, concurrency])[len(values) // 2]
-            print(f"{label:<13} unary ModelInfer  c={concurrency:<3} {_spread(values)} calls/s"
+            print(f"{label:<9} unary ModelInfer  c={concurrency:<3} {_spread(values)} calls/s"
                   f"   p50 {median_p50:6.2f} ms", flush=True)
         for label, values in tokens.items():
-            print(f"{label:<13} ModelStreamInfer  64 streams x {STREAM_TOKENS} tokens {_spread(values)} tokens/s",
+            print(f"{label:<9} ModelStreamInfer  64 streams x {STREAM_TOKENS} tokens {_spread(values)} tokens/s",
                   flush=True)
     finally:
         for server in servers.values():

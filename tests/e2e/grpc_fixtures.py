@@ -26,7 +26,7 @@ from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, M
 from actorserve.codecs import tensor_from_numpy
 from actorserve.model import int_parameter
 from actorserve.settings import SequenceSettings, Settings, builtin_models
-from actorserve.transport.grpc import BRIDGES, DEFAULT_BRIDGE, serve_grpc
+from actorserve.transport.grpc import serve_grpc
 
 T = TypeVar("T")
 
@@ -181,7 +181,7 @@ class GrpcServer:
 
 
 @asynccontextmanager
-async def running_grpc_server(bridge: str = DEFAULT_BRIDGE, **overrides: Any) -> AsyncIterator[GrpcServer]:
+async def running_grpc_server(**overrides: Any) -> AsyncIterator[GrpcServer]:
     """Engine with :func:`test_models` + ``serve_grpc`` on 127.0.0.1 port 0."""
     values: dict[str, Any] = {
         "models": test_models(),
@@ -197,7 +197,7 @@ async def running_grpc_server(bridge: str = DEFAULT_BRIDGE, **overrides: Any) ->
     async def run_grpc(engine: actorserve.Engine, *, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         try:
             with scope:
-                await serve_grpc(engine, settings, bridge=bridge, task_status=task_status)
+                await serve_grpc(engine, settings, task_status=task_status)
         finally:
             stopped.set()
 
@@ -217,15 +217,9 @@ async def running_grpc_server(bridge: str = DEFAULT_BRIDGE, **overrides: Any) ->
             nursery.cancel_scope.cancel()
 
 
-@pytest.fixture(params=BRIDGES)
-def bridge(request: pytest.FixtureRequest) -> str:
-    """Every gRPC test runs over both ways of joining grpclib's asyncio to trio."""
-    return str(request.param)
-
-
 @pytest.fixture
-async def grpc_server(bridge: str) -> AsyncIterator[GrpcServer]:
-    async with running_grpc_server(bridge=bridge) as server:
+async def grpc_server() -> AsyncIterator[GrpcServer]:
+    async with running_grpc_server() as server:
         yield server
 
 

@@ -3,8 +3,11 @@ worker thread) against a real server on 127.0.0.1 port 0."""
 
 from __future__ import annotations
 
+import json
 import queue
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,13 +15,16 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.grpc as grpcclient
-from e2e.grpc_fixtures import GrpcServer, bridge, grpc_server, in_thread, running_grpc_server, wait_until
+from e2e.grpc_fixtures import GrpcServer, grpc_server, in_thread, running_grpc_server, wait_until
 from tritonclient.utils import InferenceServerException
 
 import actorserve
+from actorserve.repository import ModelRepository
 from actorserve.settings import Settings, builtin_models
+from actorserve.transport.grpc import serve_grpc
+from actorserve.transport.grpc.server import bind
 
-__all__ = ["bridge", "grpc_server"]
+__all__ = ["grpc_server"]
 
 TIMEOUT = 20.0  # seconds any one client call may take before the test fails
 
@@ -484,8 +490,58 @@ async def test_serve_starts_grpc_next_to_rest() -> None:
         server.shutdown()
 
 
-async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge) as server:
+async def test_serve_grpc_serves_on_a_socket_bound_by_the_caller() -> None:
+    """With ``sock=``, serve_grpc listens there (port 0 chosen by the caller's bind) and
+    leaves the socket to its owner."""
+    settings = Settings(models=tuple(builtin_models()), host="127.0.0.1", http_port=None, grpc_port=None)
+    listener = bind("127.0.0.1", 0)
+    with listener:
+        async with actorserve.open_engine(settings) as engine, trio.open_nursery() as nursery:
+            address = await nursery.start(partial(serve_grpc, engine, settings, sock=listener))
+            assert address == listener.getsockname()
+
+            def scenario() -> bool:
+                with grpcclient.InferenceServerClient(f"127.0.0.1:{address[1]}") as c:
+                    return bool(c.is_server_ready())
+
+            assert await in_thread(scenario) is True
+            nursery.cancel_scope.cancel()
+        assert listener.fileno() != -1  # not closed: the caller owns it
+
+
+async def test_repository_load_finds_models_added_to_the_model_folders(tmp_path: Path) -> None:
+    """RepositoryModelLoad reads the model folders given to serve() afresh."""
+
+    def write_model(name: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model-settings.json").write_text(
+            json.dumps({"name": name, "implementation": "actorserve.models.identity.IdentityModel"})
+        )
+
+    write_model("echo")
+    repository = ModelRepository((tmp_path,))
+    settings = Settings(
+        models=tuple(repository.discover()), host="127.0.0.1", http_port=None, grpc_port=0, grace_period=2.0
+    )
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(actorserve.serve, settings, repository=repository))
+        assert server.grpc_address is not None
+        write_model("late")
+
+        def scenario() -> tuple[list[str], str]:
+            with grpcclient.InferenceServerClient("{}:{}".format(*server.grpc_address)) as c:
+                c.load_model("late")
+                names = [m["name"] for m in c.get_model_repository_index(as_json=True)["models"]]
+                with pytest.raises(InferenceServerException) as info:
+                    c.load_model("nope")
+                return names, status_of(info.value)
+
+        assert await in_thread(scenario) == (["echo", "late"], "StatusCode.NOT_FOUND")
+        server.shutdown()
+
+
+async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones() -> None:
+    async with running_grpc_server() as server:
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
@@ -510,8 +566,8 @@ async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(bridge: str)
         c.close()
 
 
-async def test_shutdown_cancels_calls_still_running_after_the_grace_period(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge, grace_period=0.2) as server:
+async def test_shutdown_cancels_calls_still_running_after_the_grace_period() -> None:
+    async with running_grpc_server(grace_period=0.2) as server:
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
@@ -530,8 +586,8 @@ async def test_shutdown_cancels_calls_still_running_after_the_grace_period(bridg
         c.close()
 
 
-async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge) as server:
+async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it() -> None:
+    async with running_grpc_server() as server:
         model = server.model("gate")
         stream = StreamClient(server)
         stream.client.async_stream_infer("gate", [], request_id="inflight", parameters={"gate": "g", "n_tokens": 2})

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from e2e.grpc_fixtures import GrpcServer, bridge, grpc_server
+from e2e.grpc_fixtures import GrpcServer, grpc_server
 
-__all__ = ["bridge", "grpc_server"]
+__all__ = ["grpc_server"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

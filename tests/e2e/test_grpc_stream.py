@@ -23,7 +23,6 @@ from e2e.grpc_fixtures import (
     GatedBatchModel,
     GateModel,
     GrpcServer,
-    bridge,
     grpc_server,
     in_asyncio,
     running_grpc_server,
@@ -38,7 +37,7 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 
-__all__ = ["bridge", "grpc_server"]
+__all__ = ["grpc_server"]
 
 TIMEOUT = 20.0
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -149,8 +148,8 @@ async def test_several_requests_in_flight_on_one_stream(grpc_server: GrpcServer)
     grpc_server.assert_no_leftover_work()
 
 
-async def test_stream_stops_reading_past_max_inflight(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge, grpc_stream_max_inflight=2) as server:
+async def test_stream_stops_reading_past_max_inflight() -> None:
+    async with running_grpc_server(grpc_stream_max_inflight=2) as server:
         model: GateModel = server.model("gate")
 
         async def only_two_started() -> list[str]:
@@ -474,8 +473,8 @@ async def mlserver_call(server: GrpcServer, messages: list[pb.ModelInferRequest]
         return [response_from_pb(m) async for m in stream]
 
 
-async def test_mlserver_dialect_streams_bare_responses_and_errors_as_status(bridge: str) -> None:
-    async with running_grpc_server(bridge=bridge, grpc_stream_dialect="mlserver") as server:
+async def test_mlserver_dialect_streams_bare_responses_and_errors_as_status() -> None:
+    async with running_grpc_server(grpc_stream_dialect="mlserver") as server:
 
         async def scenario() -> list[Any]:
             tokens = await mlserver_call(server, [req("streamer", "a", n_tokens=2), req("streamer", "b", n_tokens=1)])

@@ -1,0 +1,32 @@
+"""Where grpclib's asyncio meets trio: grpclib runs on a trio-asyncio loop inside the
+caller's trio run, so both sides share one thread and neither can block the other.
+
+:func:`to_trio` is awaited on the asyncio side and runs a trio function in a new trio
+task; cancelling the awaiting asyncio task cancels that trio task (so a client that goes
+away cancels its request in the engine). :func:`to_aio` is awaited on the trio side and
+runs an asyncio coroutine function on grpclib's loop; cancelling the trio side cancels
+the asyncio task. Each hop costs a task switch on both loops: callers hop once per
+message read and once per batch of messages written, never per response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import trio_asyncio
+
+T = TypeVar("T")
+
+
+def to_trio(afn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
+    """From asyncio: ``await to_trio(afn, *args)`` runs ``afn(*args)`` as a trio task."""
+    return trio_asyncio.trio_as_aio(afn)(*args)  # type: ignore[no-any-return]
+
+
+async def to_aio(afn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """From trio: run ``afn(*args)`` on grpclib's asyncio loop and return its result."""
+    return await trio_asyncio.aio_as_trio(afn)(*args)  # type: ignore[no-any-return]
+
+
+__all__ = ["to_aio", "to_trio"]

@@ -1,0 +1,220 @@
+"""Everything that reaches into grpclib's private API, in one place (grpclib 0.4.9).
+
+grpclib lacks three things this transport needs, and adds them here:
+
+- :class:`GrpclibServer` keeps each call's request headers (grpclib drops
+  ``grpc-encoding`` / ``grpc-accept-encoding``) and its connections (so a drain can
+  close them);
+- :class:`Wire` reads and writes gzip/deflate messages (grpclib raises on a compressed
+  message and never sends one), framing them itself on grpclib's HTTP/2 stream with
+  :mod:`actorserve.transport.compression`;
+- :meth:`Wire.send_many` writes every message already waiting in one ``send_data`` on
+  the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
+  grpclib's own bookkeeping right (headers sent, message sent, counters), so its
+  trailers and statistics stay correct.
+
+:func:`frame_messages` is the pure part (bytes in, bytes out), tested without a server.
+Everything else here runs on grpclib's asyncio loop.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server, Stream
+
+from .. import compression
+
+#: The 5-byte gRPC message prefix: compressed flag, big-endian length.
+PREFIX: Final = struct.Struct(">?I")
+
+#: What a response's ``grpc-accept-encoding`` lists.
+ACCEPT_ENCODING: Final = ",".join((*compression.ENCODINGS, "identity"))
+
+#: Bytes of messages joined into one write at most (unless one message is bigger):
+#: bounds the copy, while a batch of small messages still goes in one DATA frame.
+WRITE_CHUNK: Final = 256 * 1024
+
+
+def frame_messages(
+    payloads: Iterable[bytes], encoding: str | None = None, min_bytes: int = 0, chunk_bytes: int = WRITE_CHUNK
+) -> list[bytes]:
+    """Serialized messages as gRPC frames (prefix + payload each), joined into chunks
+    of about ``chunk_bytes`` (a chunk holds at least one whole message), each to be
+    written at once.
+
+    With an ``encoding``, each payload of at least ``min_bytes`` is compressed (flag 1);
+    smaller ones go plain (flag 0) in the same call, as gRPC allows per message."""
+    chunks: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for payload in payloads:
+        compressed = encoding is not None and len(payload) >= min_bytes
+        if compressed:
+            assert encoding is not None
+            payload = compression.compress(payload, encoding)
+        if parts and size + len(payload) > chunk_bytes:
+            chunks.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(PREFIX.pack(compressed, len(payload)))
+        parts.append(payload)
+        size += PREFIX.size + len(payload)
+    if parts:
+        chunks.append(b"".join(parts))
+    return chunks
+
+
+class GrpclibServer(Server):
+    """grpclib's server, plus what it lacks for us: the request headers of a call (read
+    by :class:`Wire`) and the connections, so shutdown can close them."""
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol: H2Protocol = super()._protocol_factory()
+        handler = protocol.handler
+        accept = handler.accept
+
+        def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
+            stream.headers = headers  # the attribute the client side uses for response headers
+            accept(stream, headers, release_stream)
+
+        handler.accept = accept_keeping_headers  # type: ignore[method-assign]
+        self._protocols.add(protocol)
+        return protocol
+
+    def stop_listening(self) -> None:
+        """Close the listening socket; calls on open connections go on."""
+        if self._server is not None:
+            self._server.close()
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None and not connection.is_closing():
+                connection.close()
+
+
+class Wire:
+    """Reads and writes one call's messages (on grpclib's asyncio loop).
+
+    Without compression, reading and unary replies are grpclib's own ``recv_message`` /
+    ``send_message``. With a request in gzip or deflate, this reads the frames itself,
+    and answers in that encoding when the client also accepts it. :meth:`send_many`
+    always frames itself: one HTTP/2 write for the lot.
+
+    Errors are :class:`GRPCError`: UNIMPLEMENTED for an unknown encoding (raised by the
+    constructor), RESOURCE_EXHAUSTED for a message over ``max_bytes`` (inflated or
+    not), INTERNAL for one that does not inflate.
+    """
+
+    __slots__ = ("max_bytes", "min_bytes", "recv_type", "request_encoding", "response_encoding", "stream")
+
+    def __init__(self, stream: Stream[Any, Any], recv_type: Any, *, max_bytes: int, min_bytes: int) -> None:
+        self.stream = stream
+        self.recv_type = recv_type
+        self.max_bytes = max_bytes
+        #: smallest response message worth compressing
+        self.min_bytes = min_bytes
+        encoding = accept = None
+        for key, value in getattr(stream._stream, "headers", None) or ():
+            if key == "grpc-encoding":
+                encoding = value.strip().lower()
+            elif key == "grpc-accept-encoding":
+                accept = value
+        try:
+            self.request_encoding = compression.normalise(encoding)
+        except compression.BadEncoding:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"message encoding {encoding!r} is not supported"
+                f" (supported: identity, {', '.join(compression.ENCODINGS)})",
+            ) from None
+        # A client that compresses its request with an encoding it also accepts gets
+        # responses in that encoding. grpc-accept-encoding alone is not asking: grpcio
+        # sends "identity, deflate, gzip" on every call.
+        accepted = {a.strip().lower() for a in accept.split(",")} if accept else set()
+        self.response_encoding = self.request_encoding if self.request_encoding in accepted else None
+
+    async def recv(self) -> Any:
+        """The next message, or None when the client has half-closed."""
+        if self.request_encoding is None:
+            return await self.stream.recv_message()
+        h2 = self.stream._stream
+        prefix = await h2.recv_data(PREFIX.size)
+        if not prefix:
+            return None
+        compressed, size = PREFIX.unpack(prefix)
+        if size > self.max_bytes:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}")
+        data = await h2.recv_data(size)
+        if compressed:
+            data = self._decompress(data)
+        return self.recv_type.FromString(data)
+
+    def _decompress(self, data: bytes) -> bytes:
+        assert self.request_encoding is not None
+        try:
+            return compression.decompress(data, self.request_encoding, self.max_bytes)
+        except compression.TooLarge:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED, f"message decompresses to more than {self.max_bytes} bytes"
+            ) from None
+        except compression.BadEncoding as exc:
+            raise GRPCError(Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}") from None
+
+    async def send(self, message: Any) -> None:
+        """One message (a unary reply, or a lone stream message)."""
+        if self.response_encoding is None:
+            await self.stream.send_message(message)
+        else:
+            await self.send_many((message,))
+
+    async def send_many(self, messages: Sequence[Any]) -> None:
+        """Every message in one HTTP/2 ``send_data`` (one per :data:`WRITE_CHUNK` of
+        big ones): serialized, framed (compressed where the call asked for it) and
+        joined. grpclib's ``send_data`` splits the bytes into DATA frames by the peer's
+        flow-control window and frame size, and waits for the window, as its own
+        per-message send does."""
+        chunks = frame_messages(
+            (message.SerializeToString() for message in messages), self.response_encoding, self.min_bytes
+        )
+        await self._send_headers()
+        stream = self.stream
+        h2 = stream._stream
+        for chunk in chunks:
+            await h2.send_data(chunk)
+        # grpclib's bookkeeping, as its send_message keeps it (no SendMessage events:
+        # actorserve registers no listeners).
+        stream._send_message_done = True
+        stream._messages_sent += len(messages)
+        h2.connection.messages_sent += len(messages)
+        h2.connection.last_message_sent = time.monotonic()
+
+    async def _send_headers(self) -> None:
+        stream = self.stream
+        if stream._send_initial_metadata_done:
+            return
+        if self.response_encoding is None:
+            await stream.send_initial_metadata()
+            return
+        await stream._stream.send_headers([
+            (":status", "200"),
+            ("content-type", stream._content_type),
+            ("grpc-encoding", self.response_encoding),
+            ("grpc-accept-encoding", ACCEPT_ENCODING),
+        ])  # fmt: skip
+        # grpclib sends the trailers at the end, and must know the headers went out.
+        stream._send_initial_metadata_done = True
+
+
+__all__ = ["ACCEPT_ENCODING", "PREFIX", "WRITE_CHUNK", "GrpclibServer", "Wire", "frame_messages"]

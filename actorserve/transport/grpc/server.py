@@ -1,0 +1,84 @@
+"""``serve_grpc``: the listening socket, grpclib's loop, and the drain.
+
+:func:`serve_grpc` owns the loop (a trio-asyncio loop inside the caller's trio run, see
+:mod:`.bridge`), the grpclib server and, unless the caller passed one, the listening
+socket. Cancelling it drains: new calls get UNAVAILABLE, in-flight calls get
+``settings.grace_period`` seconds (shielded), then what is left is cancelled and every
+connection closed. The trio sides of calls live in trio-asyncio's own nursery, which the
+outside cancellation does not reach until then.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import trio
+import trio_asyncio
+
+from ...api import EngineAPI
+from ...settings import Settings
+from .bridge import to_aio
+from .service import InferenceService
+
+log = logging.getLogger("actorserve.transport.grpc")
+
+
+async def serve_grpc(
+    engine: EngineAPI,
+    settings: Settings,
+    *,
+    sock: socket.socket | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the engine over gRPC until cancelled.
+
+    Start it with ``await nursery.start(serve_grpc, engine, settings)``, which returns
+    the bound ``(host, port)``. It listens on ``sock`` when given (a bound, listening
+    TCP socket; the caller keeps owning it and closes it: until then, connections made
+    after the drain wait in its backlog instead of being refused), else on a socket of
+    its own bound to ``settings.host``:``settings.grpc_port`` (port 0 picks a free one). On
+    cancellation it stops accepting calls, gives in-flight calls up to
+    ``settings.grace_period`` seconds (shielded), then cancels what is left and closes
+    every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
+    if the port cannot be bound.
+    """
+    service = InferenceService(engine, settings)
+    # grpclib's close() closes the socket it serves on: give it a duplicate of the
+    # caller's, so the caller's stays open.
+    listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)
+    try:
+        async with trio_asyncio.open_loop():
+            server = await to_aio(service.start, listener)
+            host, port = listener.getsockname()[:2]
+            log.info("gRPC listening on %s:%d", host, port)
+            try:
+                task_status.started((host, port))
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    service.drain_started.set()
+                    await to_aio(service.shut_down, server)
+    finally:
+        listener.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (the caller owns it)."""
+    # IPPROTO_TCP explicitly: asyncio and grpclib set TCP_NODELAY only on sockets whose
+    # proto says TCP; without it every call waits ~40 ms for Nagle + delayed ACKs.
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+__all__ = ["bind", "serve_grpc"]

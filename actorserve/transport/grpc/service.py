@@ -1,0 +1,282 @@
+"""``inference.GRPCInferenceService``: the grpclib handlers, typed against
+:class:`~actorserve.api.EngineAPI` only.
+
+Handlers run on grpclib's asyncio loop; each reaches the engine through one
+:func:`~.bridge.to_trio` hop (the engine's state lives on the trio side). A unary call is
+one trio task: a client that cancels (or whose deadline passes) cancels the asyncio
+handler, which cancels the trio task, which leaves the engine's request. ModelStreamInfer
+is a :mod:`.streams` call. Call counting and draining live on the asyncio side.
+
+Errors: domain errors map to a gRPC status through :mod:`actorserve.transport.errors`;
+anything else is a bug, logged with its traceback and sent as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
+
+import trio
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ... import __version__
+from ...api import EngineAPI, ModelState, TensorMetadata
+from ...proto.convert import request_from_pb, response_to_pb
+from ...proto.inference import (
+    ModelInferRequest,
+    ModelInferResponse,
+    ModelMetadataRequest,
+    ModelMetadataResponse,
+    ModelMetadataResponseTensorMetadata,
+    ModelReadyRequest,
+    ModelReadyResponse,
+    ModelStreamInferResponse,
+    RepositoryIndexRequest,
+    RepositoryIndexResponse,
+    RepositoryIndexResponseModelIndex,
+    RepositoryModelLoadRequest,
+    RepositoryModelLoadResponse,
+    RepositoryModelUnloadRequest,
+    RepositoryModelUnloadResponse,
+    ServerLiveRequest,
+    ServerLiveResponse,
+    ServerMetadataRequest,
+    ServerMetadataResponse,
+    ServerReadyRequest,
+    ServerReadyResponse,
+)
+from ...settings import Settings, SettingsError
+from .bridge import to_trio
+from .h2 import GrpclibServer, Wire
+from .status import log, shutting_down, status_error
+from .streams import MLServerStream, StreamCall, TritonStream
+
+SERVICE: Final = "/inference.GRPCInferenceService/"
+
+#: What ServerMetadata lists: the same as REST's ``GET /v2``.
+EXTENSIONS: Final = ("binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming")
+
+#: Metadata header with which a Triton client asks for a gRPC status instead of an
+#: in-band ``error_message`` on ModelStreamInfer.
+TRITON_GRPC_ERROR: Final = "triton_grpc_error"
+
+T = TypeVar("T")
+
+_Method = Callable[[Stream[Any, Any]], Awaitable[None]]
+
+
+async def _mapping_errors(afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``await afn(*args)`` with a domain error turned into its :class:`GRPCError`."""
+    try:
+        return await afn(*args)
+    except Exception as exc:
+        raise status_error(exc) from None
+
+
+class InferenceService:
+    """The grpclib handlers of ``GRPCInferenceService``, registered raw (not through
+    betterproto2's generated base, whose bidi method is half-duplex).
+
+    :meth:`start` and :meth:`shut_down` run on the asyncio side (``serve_grpc`` calls
+    them); ``SettingsError`` for a bad ``grpc_stream_*`` setting."""
+
+    def __init__(self, engine: EngineAPI, settings: Settings) -> None:
+        if settings.grpc_stream_dialect not in ("triton", "mlserver"):
+            raise SettingsError(
+                f"grpc_stream_dialect must be 'triton' or 'mlserver', got {settings.grpc_stream_dialect!r}"
+            )
+        if settings.grpc_stream_max_inflight < 1:
+            raise SettingsError("grpc_stream_max_inflight must be >= 1")
+        self.engine = engine
+        self.settings = settings
+        #: calls running (asyncio side)
+        self.calls = 0
+        #: refusing new calls (set on the asyncio side, read on both)
+        self.draining = False
+        #: set (on the trio side) when draining starts: streams stop reading then.
+        self.drain_started = trio.Event()
+        self._idle: asyncio.Event | None = None
+
+    # -- lifecycle, on the asyncio side ---------------------------------------------------
+
+    async def start(self, listener: socket.socket) -> GrpclibServer:
+        self._idle = asyncio.Event()
+        server = GrpclibServer([self])
+        await server.start(sock=listener)
+        return server
+
+    async def shut_down(self, server: GrpclibServer) -> None:
+        """Stop listening, refuse new calls, give the calls in flight the grace period,
+        cancel the rest, close the connections."""
+        grace = self.settings.grace_period
+        self.draining = True
+        server.stop_listening()
+        if self.calls:
+            assert self._idle is not None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        if self.calls:
+            log.warning("gRPC: cancelling %d call(s) still running after the grace period", self.calls)
+        server.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), max(grace, 1.0))
+        server.close_connections()
+
+    def __mapping__(self) -> dict[str, Handler]:
+        unary = Cardinality.UNARY_UNARY
+        stream_reply = ModelInferResponse if self.settings.grpc_stream_dialect == "mlserver" else ModelStreamInferResponse
+        methods: list[tuple[str, _Method, Cardinality, Any, Any, bool]] = [
+            ("ServerLive", self._server_live, unary, ServerLiveRequest, ServerLiveResponse, False),
+            ("ServerReady", self._server_ready, unary, ServerReadyRequest, ServerReadyResponse, False),
+            ("ModelReady", self._model_ready, unary, ModelReadyRequest, ModelReadyResponse, False),
+            ("ServerMetadata", self._server_metadata, unary, ServerMetadataRequest, ServerMetadataResponse, False),
+            ("ModelMetadata", self._model_metadata, unary, ModelMetadataRequest, ModelMetadataResponse, False),
+            ("ModelInfer", self._model_infer, unary, ModelInferRequest, ModelInferResponse, True),
+            (
+                "ModelStreamInfer", self._model_stream_infer, Cardinality.STREAM_STREAM,
+                ModelInferRequest, stream_reply, True,
+            ),
+            ("RepositoryIndex", self._repository_index, unary, RepositoryIndexRequest, RepositoryIndexResponse, False),
+            (
+                "RepositoryModelLoad", self._repository_model_load, unary,
+                RepositoryModelLoadRequest, RepositoryModelLoadResponse, True,
+            ),
+            (
+                "RepositoryModelUnload", self._repository_model_unload, unary,
+                RepositoryModelUnloadRequest, RepositoryModelUnloadResponse, True,
+            ),
+        ]  # fmt: skip
+        return {
+            SERVICE + name: Handler(self._tracked(func) if work else func, cardinality, request, reply)
+            for name, func, cardinality, request, reply, work in methods
+        }
+
+    def _tracked(self, func: _Method) -> _Method:
+        """Count the call while it runs; refuse it while draining."""
+
+        async def handler(stream: Stream[Any, Any]) -> None:
+            if self.draining:
+                raise shutting_down()
+            self.calls += 1
+            try:
+                await func(stream)
+            finally:
+                self.calls -= 1
+                if not self.calls and self._idle is not None:
+                    self._idle.set()
+                    self._idle.clear()  # wakes the current waiter; later ones wait again
+
+        return handler
+
+    def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
+        return Wire(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
+
+    async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
+        wire = self._wire(stream, recv_type)
+        message = await wire.recv()
+        if message is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        return wire, message
+
+    async def _engine(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await afn(*args)`` on the trio side, errors mapped to a status."""
+        return await to_trio(_mapping_errors, afn, *args)
+
+    # -- health and metadata --------------------------------------------------------------
+
+    async def _server_live(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerLiveRequest)
+        await wire.send(ServerLiveResponse(live=True))
+
+    async def _server_ready(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerReadyRequest)
+        ready = await self._engine(self.engine.ready)
+        await wire.send(ServerReadyResponse(ready=ready and not self.draining))
+
+    async def _model_ready(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelReadyRequest)
+        info = await self._engine(self.engine.model_info, message.name, message.version or None)
+        await wire.send(ModelReadyResponse(ready=info.ready and not self.draining))
+
+    async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
+        wire, _ = await self._request(stream, ServerMetadataRequest)
+        await wire.send(ServerMetadataResponse(name="actorserve", version=__version__, extensions=list(EXTENSIONS)))
+
+    async def _model_metadata(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelMetadataRequest)
+        meta = await self._engine(self.engine.metadata, message.name, message.version or None)
+        await wire.send(
+            ModelMetadataResponse(
+                name=meta.name,
+                versions=list(meta.versions),
+                platform=meta.platform,
+                inputs=_tensor_metadata(meta.inputs),
+                outputs=_tensor_metadata(meta.outputs),
+            )
+        )
+
+    async def _repository_index(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, RepositoryIndexRequest)
+        models = [
+            RepositoryIndexResponseModelIndex(
+                name=entry.name, version=entry.version, state=entry.state.value, reason=entry.reason
+            )
+            for entry in await self._engine(self.engine.repository_index)
+            if not message.ready or entry.state is ModelState.READY
+        ]
+        await wire.send(RepositoryIndexResponse(models=models))
+
+    # -- inference and management -------------------------------------------------------
+
+    async def _model_infer(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelInferRequest)
+        reply = await to_trio(self._infer, message)
+        await wire.send(reply)
+
+    async def _infer(self, message: Any) -> Any:
+        try:
+            response = await self.engine.infer(request_from_pb(message))
+            return response_to_pb(response)
+        except Exception as exc:
+            raise status_error(exc) from None
+
+    async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
+        # As over REST: every version the repository has of the model; Triton's load
+        # parameters (config overrides) are not supported.
+        wire, message = await self._request(stream, RepositoryModelLoadRequest)
+        await self._engine(self.engine.load_from_repository, message.model_name)
+        await wire.send(RepositoryModelLoadResponse())
+
+    async def _repository_model_unload(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, RepositoryModelUnloadRequest)
+        await self._engine(self._unload, message.model_name)
+        await wire.send(RepositoryModelUnloadResponse())
+
+    async def _unload(self, name: str) -> None:
+        await self.engine.unload(name, grace=self.settings.grace_period)
+
+    async def _model_stream_infer(self, stream: Stream[Any, Any]) -> None:
+        wire = self._wire(stream, ModelInferRequest)
+        max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
+        call: StreamCall
+        if self.settings.grpc_stream_dialect == "mlserver":
+            call = MLServerStream(self.engine, wire, max_inflight=max_inflight, draining=draining)
+        else:
+            metadata: Mapping[str, Any] = stream.metadata or {}
+            status_errors = str(metadata.get(TRITON_GRPC_ERROR, "")).strip().lower() in ("true", "1")
+            call = TritonStream(
+                self.engine, wire, max_inflight=max_inflight, draining=draining, status_errors=status_errors
+            )
+        await to_trio(call.run)
+
+
+def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
+    return [ModelMetadataResponseTensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in specs]
+
+
+__all__ = ["EXTENSIONS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
