@@ -125,6 +125,7 @@ async def serve_grpc(
     *,
     find_models: FindModels | None = None,
     bridge: str = DEFAULT_BRIDGE,
+    sock: socket.socket | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the engine over gRPC on ``settings.host``:``settings.grpc_port`` until cancelled.
@@ -137,12 +138,14 @@ async def serve_grpc(
     ``find_models(name)`` gives the settings of every version of a model for
     RepositoryModelLoad (default: the models in ``settings``). ``bridge`` chooses how
     grpclib's asyncio meets trio (see :data:`BRIDGES` and the module docstring).
+    ``sock``: a bound, listening TCP socket to serve on instead of binding ``settings``'
+    address; ``serve_grpc`` then owns it and closes it when it returns.
     """
     if bridge not in BRIDGES:
         raise ValueError(f"bridge must be one of {', '.join(BRIDGES)}, got {bridge!r}")
     service = InferenceService(engine, settings, find_models)
     port = settings.grpc_port if settings.grpc_port is not None else 0
-    listener = _bind(settings.host, port)
+    listener = sock if sock is not None else _bind(settings.host, port)
     try:
         if bridge == "thread":
             async with _asyncio_thread() as thread_bridge:
