@@ -289,11 +289,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and the process's
     environment; return the exit code instead of exiting."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name=PROG, standalone_mode=True)
+        cli.main(args=list(argv) if argv is not None else None, prog_name=_prog_name(), standalone_mode=True)
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _prog_name() -> str:
+    """``python -m actorserve``, or the name of the console script that runs ``main``."""
+    name = Path(sys.argv[0]).name if sys.argv else ""
+    return PROG if name in ("", "-c", "__main__.py") else name
 
 
 if __name__ == "__main__":
