@@ -118,7 +118,8 @@ class Listeners:
 
     Plain :class:`socket.socket` objects, so they can be handed to another process. Whoever
     holds a ``Listeners`` owns the sockets until it passes them to :func:`serve`, which then
-    owns them and closes them when it returns."""
+    owns them and closes them when it returns (the transports serve on them, or on
+    duplicates of them, and never close them first, except hypercorn when REST stops)."""
 
     http: socket.socket | None = None
     grpc: socket.socket | None = None

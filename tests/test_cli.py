@@ -140,7 +140,12 @@ def test_model_folders_come_from_the_variable_separated_by_pathsep(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     served: list[Any] = []
-    monkeypatch.setattr(cli_module, "_serve_until_signal", lambda settings, repository: served.append(repository) or 0)
+
+    def fake_serve(settings: Settings, repository: Any) -> int:
+        served.append(repository)
+        return 0
+
+    monkeypatch.setattr(cli_module, "_serve_until_signal", fake_serve)
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model-settings.json").write_text(

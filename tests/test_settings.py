@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -70,10 +71,10 @@ def test_empty_folder(tmp_path: Path) -> None:
         ({"host": ""}, "host must be a host name or IP address"),
     ],
 )
-def test_server_settings_check_every_value(values: dict[str, object], message: str) -> None:
+def test_server_settings_check_every_value(values: dict[str, Any], message: str) -> None:
     field = next(iter(values))
     with pytest.raises(BadSetting) as info:
-        Settings(**values)  # type: ignore[arg-type]
+        Settings(**values)
     assert (str(info.value), info.value.field) == (message, field)
     assert info.value.reason == message.removeprefix(f"{field} ")
     with pytest.raises(BadSetting):  # attrs.evolve checks too

@@ -139,13 +139,14 @@ async def serve_grpc(
     RepositoryModelLoad (default: the models in ``settings``). ``bridge`` chooses how
     grpclib's asyncio meets trio (see :data:`BRIDGES` and the module docstring).
     ``sock``: a bound, listening TCP socket to serve on instead of binding ``settings``'
-    address; ``serve_grpc`` then owns it and closes it when it returns.
+    address; the caller keeps owning it and closes it.
     """
     if bridge not in BRIDGES:
         raise ValueError(f"bridge must be one of {', '.join(BRIDGES)}, got {bridge!r}")
     service = InferenceService(engine, settings, find_models)
     port = settings.grpc_port if settings.grpc_port is not None else 0
-    listener = sock if sock is not None else _bind(settings.host, port)
+    # asyncio closes the socket it serves on: give it a duplicate, the caller's stays open
+    listener = sock.dup() if sock is not None else _bind(settings.host, port)
     try:
         if bridge == "thread":
             async with _asyncio_thread() as thread_bridge:
