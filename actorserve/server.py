@@ -96,6 +96,36 @@ class ModelRepository:
         return self.apply_overrides(found)
 
 
+@attrs.define(eq=False)
+class Server:
+    """A running actorserve, as returned by ``await nursery.start(serve, settings)``."""
+
+    engine: Engine
+    settings: Settings
+    #: (host, port) the REST transport is bound to, or None when it is off.
+    http_address: Address | None = None
+    #: (host, port) of the gRPC transport, or None when it is off or unavailable.
+    grpc_address: Address | None = None
+    _stopping: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    @property
+    def http_url(self) -> str | None:
+        """``http://host:port`` of the REST transport."""
+        if self.http_address is None:
+            return None
+        host, port = self.http_address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    @property
+    def stopping(self) -> bool:
+        """True once a graceful shutdown has started."""
+        return self._stopping.is_set()
+
+    def shutdown(self) -> None:
+        """Start a graceful shutdown; :func:`serve` returns once it is done."""
+        self._stopping.set()
+
+
 class ListenError(OSError):
     """A listening socket could not be opened. ``str()`` names the address and the
     transport: ``cannot listen on 127.0.0.1:8080 (REST): address already in use``;
@@ -177,36 +207,6 @@ def _listen(host: str, port: int, transport: str) -> socket.socket:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-@attrs.define(eq=False)
-class Server:
-    """A running actorserve, as returned by ``await nursery.start(serve, settings)``."""
-
-    engine: Engine
-    settings: Settings
-    #: (host, port) the REST transport is bound to, or None when it is off.
-    http_address: Address | None = None
-    #: (host, port) of the gRPC transport, or None when it is off or unavailable.
-    grpc_address: Address | None = None
-    _stopping: trio.Event = attrs.field(factory=trio.Event, init=False)
-
-    @property
-    def http_url(self) -> str | None:
-        """``http://host:port`` of the REST transport."""
-        if self.http_address is None:
-            return None
-        host, port = self.http_address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-    @property
-    def stopping(self) -> bool:
-        """True once a graceful shutdown has started."""
-        return self._stopping.is_set()
-
-    def shutdown(self) -> None:
-        """Start a graceful shutdown; :func:`serve` returns once it is done."""
-        self._stopping.set()
 
 
 async def serve(
