@@ -1,162 +1,248 @@
 """``python -m actorserve [MODELS_DIR ...]``: serve models over REST (and gRPC).
 
-Every flag has an ``ACTORSERVE_*`` environment variable; a flag wins over its variable.
+The options are made from :class:`~actorserve.settings.Settings` itself: one option per
+field (plus ``--workers``), each with exactly one ``ACTORSERVE_*`` variable (click's
+``auto_envvar_prefix``), and ``Settings`` checks every value. A flag wins over its variable.
 SIGINT / SIGTERM shut down gracefully (a second one stops at once). Exit codes: 0 after a
 clean shutdown, 2 for bad settings or arguments, 1 when the server cannot start.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
+import click
 import trio
+from click.core import ParameterSource
 
 from . import __version__
 from .errors import ModelFailed
 from .repository import ModelRepository
 from .server import Server, serve
-from .settings import MODEL_SETTINGS_FILE, Settings, SettingsError, builtin_models
+from .settings import (
+    GRPC_STREAM_DIALECTS,
+    LOG_LEVELS,
+    MODEL_SETTINGS_FILE,
+    BadSetting,
+    Settings,
+    SettingsError,
+    builtin_models,
+)
 
 log = logging.getLogger("actorserve")
 
-_EPILOG = f"""\
-environment variables (a flag wins over its variable):
-  ACTORSERVE_MODEL_FOLDERS   model folders, separated by '{os.pathsep}' (instead of MODELS_DIR)
-  ACTORSERVE_HOST            --host
-  ACTORSERVE_HTTP_PORT       --http-port ('off' turns REST off)
-  ACTORSERVE_GRPC_PORT       --grpc-port ('off' turns gRPC off)
-  ACTORSERVE_WORKERS         --workers
-  ACTORSERVE_MAX_BODY_BYTES  --max-body-bytes
-  ACTORSERVE_GRACE_PERIOD    --grace-period
-  ACTORSERVE_GZIP_MIN_BYTES  smallest REST response that is gzipped (default 1024)
-  ACTORSERVE_LOG_LEVEL       --log-level
-  ACTORSERVE_GRPC_STREAM_DIALECT  --grpc-stream-dialect
+PROG = "python -m actorserve"
+ENV_PREFIX = "ACTORSERVE"
+MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
-shutdown: SIGINT (Ctrl-C) or SIGTERM stops accepting connections, gives in-flight
-requests the grace period to finish, then cancels the rest; a second signal stops at once.
+F = TypeVar("F", bound=Callable[..., Any])
+
+if TYPE_CHECKING:
+    _PortBase = click.ParamType[int | None]
+else:  # before click 8.4, ParamType is not generic
+    _PortBase = click.ParamType
+
+
+class _Port(_PortBase):
+    """A port number, or ``off`` (None: the transport is off). The range is checked by
+    :class:`Settings`."""
+
+    name = "port"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in ("off", "none"):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a port number or 'off'", param, ctx)
+
+
+#: help and type of the option made from each field of Settings (all but ``models``);
+#: a field missing here fails at import, so a new setting cannot lack its option.
+_SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
+    "host": (click.STRING, "address to listen on (0.0.0.0: every interface)"),
+    "http_port": (_Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
+    "grpc_port": (_Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
+    "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
+    "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
+    "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
+    "grpc_stream_dialect": (
+        click.Choice(GRPC_STREAM_DIALECTS),
+        "ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message) "
+        "or 'mlserver' (plain ModelInferResponse messages)",
+    ),
+    "grpc_stream_max_inflight": (
+        click.INT,
+        "requests in flight on one ModelStreamInfer call before the server stops reading it",
+    ),
+    "log_level": (click.Choice(LOG_LEVELS, case_sensitive=False), "log level"),
+    "api_workers": (
+        click.INT,
+        "front processes serving REST and gRPC (1: everything in one process; see docs/architecture.md)",
+    ),
+}
+
+
+class _Option(click.Option):
+    """An option whose errors name where the bad value came from: the flag, or its
+    ``ACTORSERVE_*`` variable."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        if ctx is not None and self.name and ctx.get_parameter_source(self.name) is ParameterSource.ENVIRONMENT:
+            return self.variable(ctx)
+        return " / ".join(f"'{opt}'" for opt in self.opts)
+
+    def variable(self, ctx: click.Context) -> str:
+        if isinstance(self.envvar, str):
+            return self.envvar
+        return f"{ctx.auto_envvar_prefix or ENV_PREFIX}_{(self.name or '').upper()}"
+
+
+def _settings_options(command: F) -> F:
+    """Decorate ``command`` with one option per :class:`Settings` field, in field order."""
+    fields = [field for field in attrs.fields(Settings) if field.name != "models"]
+    for field in reversed(fields):
+        kind, help_text = _SETTINGS_OPTIONS[field.name]
+        default = field.default
+        command = click.option(
+            "--" + field.name.replace("_", "-"),
+            field.name,
+            cls=_Option,
+            type=kind,
+            default=default,
+            show_default="off" if default is None else True,
+            metavar=_metavar(kind),
+            show_envvar=True,
+            help=help_text,
+        )(command)
+    return command
+
+
+def _metavar(kind: click.ParamType[Any]) -> str | None:
+    if isinstance(kind, _Port):
+        return "PORT|off"
+    if isinstance(kind, click.Choice):
+        return "[" + "|".join(str(choice) for choice in kind.choices) + "]"
+    return None
+
+
+def _check_workers(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise click.BadParameter("must be >= 1", ctx=ctx, param=param)
+    return value
+
+
+_HELP = f"""Serve models over the Open Inference Protocol (KServe V2): REST and gRPC.
+
+Each MODELS_DIR (or each folder in {MODEL_FOLDERS_VARIABLE}, separated by '{os.pathsep}') is
+searched, any depth, for model-settings.json files; without any, the built-in models
+(identity, streamer, accumulator, text) are served.
+
+Every option can also be set by the ACTORSERVE_* variable shown beside it; the flag wins.
+
+SIGINT (Ctrl-C) or SIGTERM stops accepting connections, gives in-flight requests the
+grace period to finish, then cancels the rest; a second signal stops at once. Exit codes:
+0 after a clean shutdown, 1 when the server cannot start, 2 for bad settings or arguments.
 """
 
 
-def _port(text: str) -> int | None:
-    if text.strip().lower() in ("off", "none", ""):
-        return None
+@click.command(
+    help=_HELP,
+    context_settings={
+        "auto_envvar_prefix": ENV_PREFIX,
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+    },
+)
+@click.argument(
+    "models_dirs",
+    nargs=-1,
+    metavar="[MODELS_DIR]...",
+    type=click.Path(),
+    envvar=MODEL_FOLDERS_VARIABLE,
+)
+@_settings_options
+@click.option(
+    "--workers",
+    cls=_Option,
+    type=click.INT,
+    default=None,
+    show_default="each model's workers",
+    callback=_check_workers,
+    show_envvar=True,
+    help="replicas of every model (overrides each model's workers)",
+)
+# no variable: ACTORSERVE_VERSION must not turn the server into a version printer
+@click.version_option(
+    __version__, "--version", prog_name="actorserve", message="%(prog)s %(version)s", allow_from_autoenv=False
+)
+@click.pass_context
+def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None, **values: Any) -> None:
+    """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number or 'off', got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range 0-65535")
-    return port
-
-
-def _positive_int(text: str) -> int:
+        settings = Settings(**values)
+    except BadSetting as exc:
+        param = next((p for p in ctx.command.params if p.name == exc.field), None)
+        raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
+    _configure_logging(settings.log_level)
+    folders = tuple(Path(folder) for folder in models_dirs if folder)
+    repository = ModelRepository(folders, workers)
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+        models = repository.discover() if folders else repository.apply_overrides(builtin_models())
+    except SettingsError as exc:
+        _error(str(exc))
+        ctx.exit(2)
+    ctx.exit(_serve_until_signal(settings.with_models(models), repository))
 
 
-def _non_negative_float(text: str) -> float:
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
+    logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
+
+
+def _error(message: str) -> None:
+    print(f"actorserve: error: {message}", file=sys.stderr)
+
+
+def _serve_until_signal(settings: Settings, repository: ModelRepository) -> int:
+    """Run the server; the exit code, after a one-line message for a startup error."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
-_UNSET = object()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m actorserve",
-        description="Serve models over the Open Inference Protocol (KServe V2): REST and gRPC.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "models_dirs",
-        nargs="*",
-        metavar="MODELS_DIR",
-        type=Path,
-        help="folder(s) searched for model-settings.json files (any depth); "
-        "without one the built-in models (identity, streamer, accumulator, text) are served",
-    )
-    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument(
-        "--http-port", type=_port, default=_UNSET, help="REST port (default 8080; 0 picks a free port; 'off')"
-    )
-    parser.add_argument(
-        "--grpc-port", type=_port, default=_UNSET, help="gRPC port (default 8081; 0 picks a free port; 'off')"
-    )
-    parser.add_argument(
-        "--workers", type=_positive_int, help="replicas of every model (overrides each model's 'workers')"
-    )
-    parser.add_argument(
-        "--max-body-bytes", type=_positive_int, help="largest REST request body in bytes (default 64 MiB)"
-    )
-    parser.add_argument(
-        "--grace-period",
-        type=_non_negative_float,
-        help="seconds in-flight requests get to finish on shutdown (default 10)",
-    )
-    parser.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
-        help="log level (default INFO)",
-    )
-    parser.add_argument(
-        "--grpc-stream-dialect",
-        choices=("triton", "mlserver"),
-        help="ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message; "
-        "default) or 'mlserver' (plain ModelInferResponse messages)",
-    )
-    parser.add_argument("--version", action="version", version=f"actorserve {__version__}")
-    return parser
-
-
-def _settings(args: argparse.Namespace, env: dict[str, str]) -> tuple[Settings, ModelRepository]:
-    overrides = {
-        "host": args.host,
-        "max_body_bytes": args.max_body_bytes,
-        "grace_period": args.grace_period,
-        "log_level": args.log_level,
-        "grpc_stream_dialect": args.grpc_stream_dialect,
-    }
-    try:
-        settings = Settings.from_env(env, **overrides)
-    except (TypeError, ValueError) as exc:
-        raise SettingsError(f"bad ACTORSERVE_* environment variable: {exc}") from None
-    if args.http_port is not _UNSET:
-        settings = attrs.evolve(settings, http_port=args.http_port)
-    if args.grpc_port is not _UNSET:
-        settings = attrs.evolve(settings, grpc_port=args.grpc_port)
-    workers = args.workers
-    if workers is None and env.get("ACTORSERVE_WORKERS"):
-        try:
-            workers = _positive_int(env["ACTORSERVE_WORKERS"])
-        except argparse.ArgumentTypeError as exc:
-            raise SettingsError(f"ACTORSERVE_WORKERS: {exc}") from None
-    folders: list[Path] = list(args.models_dirs)
-    if not folders and env.get("ACTORSERVE_MODEL_FOLDERS"):
-        folders = [Path(p) for p in env["ACTORSERVE_MODEL_FOLDERS"].split(os.pathsep) if p]
-    repository = ModelRepository(tuple(folders), workers)
-    models = repository.discover() if folders else repository.apply_overrides(builtin_models())
-    return settings.with_models(models), repository
+        trio.run(_run, settings, repository)
+    except BaseException as error:
+        problems = _problems(error)
+        for problem in problems:
+            if isinstance(problem, SettingsError):
+                _error(_with_file(str(problem), settings))
+                return 2
+            if isinstance(problem, ModelFailed):
+                _error(_with_file(problem.message, settings))
+                return 1
+        for problem in problems:
+            if isinstance(problem, OSError):  # ListenError: "cannot listen on host:port (REST): ..."
+                _error(str(problem))
+                return 1
+        if all(isinstance(p, KeyboardInterrupt) for p in problems):
+            return 0
+        raise
+    return 0
 
 
 async def _run(settings: Settings, repository: ModelRepository) -> None:
@@ -166,10 +252,8 @@ async def _run(settings: Settings, repository: ModelRepository) -> None:
             await serve(settings, repository=repository, task_status=task_status)
             nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
 
+        # serve() logs "REST listening on ... (playground: ...)"; gRPC logs its own line
         server: Server = await nursery.start(run_server)
-        if server.http_url is not None:
-            log.info("REST listening on %s", server.http_url)
-        # the gRPC transport logs its own "gRPC listening on host:port"
         nursery.start_soon(_watch_signals, server, nursery.cancel_scope)
 
 
@@ -203,45 +287,20 @@ def _with_file(message: str, settings: Settings) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    env = dict(os.environ)
-    level = (args.log_level or env.get("ACTORSERVE_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # hypercorn announces "Running on ..." itself; the line above says it once, with the real port
-    logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and the process's
+    environment; return the exit code instead of exiting."""
     try:
-        settings, repository = _settings(args, env)
-    except SettingsError as exc:
-        print(f"actorserve: error: {exc}", file=sys.stderr)
-        return 2
-    if settings.grpc_stream_dialect not in ("triton", "mlserver"):
-        print(f"actorserve: error: grpc_stream_dialect must be 'triton' or 'mlserver', got "
-              f"{settings.grpc_stream_dialect!r}", file=sys.stderr)
-        return 2
-    try:
-        trio.run(_run, settings, repository)
-    except BaseException as error:
-        problems = _problems(error)
-        for problem in problems:
-            if isinstance(problem, SettingsError):
-                print(f"actorserve: error: {_with_file(str(problem), settings)}", file=sys.stderr)
-                return 2
-            if isinstance(problem, ModelFailed):
-                print(f"actorserve: error: {_with_file(problem.message, settings)}", file=sys.stderr)
-                return 1
-        for problem in problems:
-            if isinstance(problem, OSError):
-                print(f"actorserve: error: cannot listen on {settings.host}: {problem.strerror or problem}",
-                      file=sys.stderr)
-                return 1
-        if all(isinstance(p, KeyboardInterrupt) for p in problems):
-            return 0
-        raise
+        cli.main(args=list(argv) if argv is not None else None, prog_name=_prog_name(), standalone_mode=True)
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _prog_name() -> str:
+    """``python -m actorserve``, or the name of the console script that runs ``main``."""
+    name = Path(sys.argv[0]).name if sys.argv else ""
+    return PROG if name in ("", "-c", "__main__.py") else name
 
 
 if __name__ == "__main__":

@@ -7,10 +7,9 @@ Nothing here is read at import time; callers load settings and pass them down.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -178,53 +177,100 @@ def builtin_models() -> list[ModelSettings]:
     return builtin_settings()
 
 
-def _env_bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+class BadSetting(SettingsError):
+    """One server-wide setting has a value it cannot take.
+
+    ``field`` is the :class:`Settings` attribute, ``reason`` what it must be
+    (``"must be >= 1"``); the message is both, so a front end can name its own option."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+GRPC_STREAM_DIALECTS = ("triton", "mlserver")
+
+
+_Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at_least(minimum: int) -> _Validator:
+    """An attrs validator: an integer >= ``minimum``."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not _is_int(value):
+            raise BadSetting(attribute.name, f"must be an integer >= {minimum}")
+        if value < minimum:
+            raise BadSetting(attribute.name, f"must be >= {minimum}")
+
+    return check
+
+
+def _seconds(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise BadSetting(attribute.name, "must be >= 0")
+
+
+def _address(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise BadSetting(attribute.name, "must be a host name or IP address")
+
+
+def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not (_is_int(value) and 0 <= value <= 65535):
+        raise BadSetting(attribute.name, "must be 0-65535 or off")
+
+
+def _one_of(*choices: str) -> _Validator:
+    """An attrs validator: one of ``choices``."""
+    quoted = " or ".join(repr(c) for c in choices) if len(choices) == 2 else ", ".join(choices)
+    prefix = "must be " if len(choices) == 2 else "must be one of "
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in choices:
+            raise BadSetting(attribute.name, prefix + quoted)
+
+    return check
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
 
 
 @attrs.frozen
 class Settings:
     """Server-wide settings. ``http_port``/``grpc_port`` 0 picks a free port; ``None``
-    turns that transport off."""
+    turns that transport off.
+
+    Every value is checked here, for the CLI and embedders alike: a bad one raises
+    :class:`BadSetting` naming the field (``"grace_period must be >= 0"``). The CLI
+    (``python -m actorserve``) makes one option and one ``ACTORSERVE_*`` variable of
+    every field but ``models``."""
 
     models: tuple[ModelSettings, ...] = ()
-    host: str = "127.0.0.1"
-    http_port: int | None = 8080
-    grpc_port: int | None = 8081
+    #: address the REST and gRPC listeners bind to.
+    host: str = attrs.field(default="127.0.0.1", validator=_address)
+    http_port: int | None = attrs.field(default=8080, validator=_port)
+    grpc_port: int | None = attrs.field(default=8081, validator=_port)
     #: largest request body accepted over REST, in bytes.
-    max_body_bytes: int = 64 * 1024 * 1024
+    max_body_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_at_least(1))
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.
-    grace_period: float = 10.0
+    grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
-    gzip_min_bytes: int = 1024
+    gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
     #: ModelStreamInfer flavour: "triton" (ModelStreamInferResponse envelope) or "mlserver".
-    grpc_stream_dialect: str = "triton"
+    grpc_stream_dialect: str = attrs.field(default="triton", validator=_one_of(*GRPC_STREAM_DIALECTS))
     #: requests in flight on one ModelStreamInfer call before the server stops reading it.
-    grpc_stream_max_inflight: int = 64
-    log_level: str = "INFO"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Settings from ``ACTORSERVE_*`` variables; keyword overrides win."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for field in attrs.fields(cls):
-            key = "ACTORSERVE_" + field.name.upper()
-            if field.name == "models" or key not in env:
-                continue
-            raw = env[key]
-            if field.name in ("http_port", "grpc_port"):
-                values[field.name] = None if raw.lower() in ("", "off", "none") else int(raw)
-            elif field.type in ("int", int):
-                values[field.name] = int(raw)
-            elif field.type in ("float", float):
-                values[field.name] = float(raw)
-            elif field.type in ("bool", bool):
-                values[field.name] = _env_bool(raw)
-            else:
-                values[field.name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+    grpc_stream_max_inflight: int = attrs.field(default=64, validator=_at_least(1))
+    log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
+    #: front processes serving REST and gRPC (1: everything in one process).
+    api_workers: int = attrs.field(default=1, validator=_at_least(1))
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

@@ -1,13 +1,15 @@
-"""model-settings.json loading and server settings from the environment."""
+"""model-settings.json loading and the checks of the server-wide settings."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
-from actorserve.settings import Settings, SettingsError, discover_models, load_model_settings
+from actorserve.settings import BadSetting, Settings, SettingsError, discover_models, load_model_settings
 
 
 def write(folder: Path, data: object) -> Path:
@@ -52,11 +54,38 @@ def test_empty_folder(tmp_path: Path) -> None:
         discover_models(tmp_path)
 
 
-def test_env_settings() -> None:
-    env = {"ACTORSERVE_HTTP_PORT": "0", "ACTORSERVE_GRPC_PORT": "off", "ACTORSERVE_GRACE_PERIOD": "2.5"}
-    settings = Settings.from_env(env, host="::1")
-    assert settings.http_port == 0 and settings.grpc_port is None
-    assert settings.grace_period == 2.5 and settings.host == "::1"
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"http_port": 65536}, "http_port must be 0-65535 or off"),
+        ({"grpc_port": -1}, "grpc_port must be 0-65535 or off"),
+        ({"http_port": "8080"}, "http_port must be 0-65535 or off"),
+        ({"grace_period": -0.5}, "grace_period must be >= 0"),
+        ({"max_body_bytes": 0}, "max_body_bytes must be >= 1"),
+        ({"max_body_bytes": "64"}, "max_body_bytes must be an integer >= 1"),
+        ({"gzip_min_bytes": -1}, "gzip_min_bytes must be >= 0"),
+        ({"grpc_stream_max_inflight": 0}, "grpc_stream_max_inflight must be >= 1"),
+        ({"api_workers": 0}, "api_workers must be >= 1"),
+        ({"grpc_stream_dialect": "kserve"}, "grpc_stream_dialect must be 'triton' or 'mlserver'"),
+        ({"log_level": "loud"}, "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ({"host": ""}, "host must be a host name or IP address"),
+    ],
+)
+def test_server_settings_check_every_value(values: dict[str, Any], message: str) -> None:
+    field = next(iter(values))
+    with pytest.raises(BadSetting) as info:
+        Settings(**values)
+    assert (str(info.value), info.value.field) == (message, field)
+    assert info.value.reason == message.removeprefix(f"{field} ")
+    with pytest.raises(BadSetting):  # attrs.evolve checks too
+        attrs.evolve(Settings(), **values)
+
+
+def test_server_settings_defaults_and_edges() -> None:
+    settings = Settings(http_port=0, grpc_port=None, grace_period=0, gzip_min_bytes=0, log_level="debug")
+    assert (settings.http_port, settings.grpc_port, settings.grace_period) == (0, None, 0)
+    assert settings.log_level == "DEBUG" and settings.api_workers == 1
+    assert Settings(http_port=65535).http_port == 65535
 
 
 async def test_loading_a_broken_model_is_bad_input_on_every_transport() -> None:

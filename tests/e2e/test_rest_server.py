@@ -3,6 +3,7 @@ grace period, cancellation, signals, and the CLI's errors."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -12,15 +13,17 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
 
-from actorserve.server import Server, serve
+from actorserve.server import ListenError, Listeners, Server, open_listeners, serve
 from actorserve.settings import Settings
 
 if TYPE_CHECKING:
@@ -109,6 +112,38 @@ async def test_cancelling_the_surrounding_scope_stops_everything(make_settings: 
     assert engine.hosts() == []
     with pytest.raises(OSError):
         await trio.open_tcp_stream(*address)
+
+
+async def test_serve_on_listeners_bound_beforehand(make_settings: Callable[..., Settings]) -> None:
+    settings = make_settings()
+    listeners = open_listeners(attrs.evolve(settings, grpc_port=0))
+    assert listeners.http is not None and listeners.grpc is not None
+    assert type(listeners.http) is socket.socket and type(listeners.grpc) is socket.socket
+    http_port, grpc_port = listeners.http.getsockname()[1], listeners.grpc.getsockname()[1]
+    assert http_port > 0 and grpc_port > 0
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            server: Server = await nursery.start(partial(serve, settings, listeners=listeners))
+            assert server.http_address == ("127.0.0.1", http_port)
+            assert server.grpc_address == ("127.0.0.1", grpc_port)  # the listener wins over grpc_port=None
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"http://127.0.0.1:{http_port}/v2/health/live")).status_code == 200
+            nursery.cancel_scope.cancel()
+    assert listeners.http.fileno() == -1 and listeners.grpc.fileno() == -1  # serve() closed them
+
+
+def test_open_listeners_names_the_port_in_use_and_leaves_nothing_open() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        open_files = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(ListenError) as info:
+            open_listeners(Settings(http_port=0, grpc_port=port))
+        assert len(os.listdir("/proc/self/fd")) == open_files  # the REST socket was closed
+        assert str(info.value) == f"cannot listen on 127.0.0.1:{port} (gRPC): address already in use"
+        assert isinstance(info.value, OSError) and info.value.errno == errno.EADDRINUSE
+    assert open_listeners(Settings(http_port=None, grpc_port=None)) == Listeners(None, None)
 
 
 # -- the command line --------------------------------------------------------------------
@@ -223,7 +258,7 @@ def test_cli_bad_arguments_exit_2() -> None:
     assert (result.returncode, result.stderr.strip()) == (2, "actorserve: error: /no/such/folder: not a folder")
     bad_env = run_cli(env=cli_env(ACTORSERVE_HTTP_PORT="eighty"))
     assert bad_env.returncode == 2
-    assert bad_env.stderr.startswith("actorserve: error: bad ACTORSERVE_* environment variable: ")
+    assert "Error: Invalid value for ACTORSERVE_HTTP_PORT: 'eighty' is not a port number or 'off'" in bad_env.stderr
 
 
 def test_cli_port_in_use_exits_1() -> None:
@@ -233,5 +268,5 @@ def test_cli_port_in_use_exits_1() -> None:
         port = taken.getsockname()[1]
         result = run_cli("--http-port", str(port), "--grpc-port", "off")
     assert result.returncode == 1
-    assert "actorserve: error: cannot listen on 127.0.0.1: " in result.stderr
+    assert f"actorserve: error: cannot listen on 127.0.0.1:{port} (REST): address already in use" in result.stderr
     assert "Traceback" not in result.stderr
