@@ -130,14 +130,14 @@ def _spec(value: Any, where: str) -> TensorSpec:
     unknown = set(value) - _TENSOR_KEYS
     if unknown:
         raise SettingsError(f"{where}: unknown tensor key(s) {', '.join(sorted(unknown))}")
-    name, datatype, shape = value.get("name"), value.get("datatype"), value.get("shape", ())
+    name, datatype, shape = value.get("name"), value.get("datatype"), value.get("shape")
     optional = value.get("optional", False)
     if not isinstance(name, str) or not name:
         raise SettingsError(f"{where}: a tensor needs a 'name'")
     if not isinstance(datatype, str):
         raise SettingsError(f"{where}: tensor {name!r} needs a 'datatype' (an OIP datatype or {ANY_DATATYPE!r})")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise SettingsError(f"{where}: tensor {name!r}: 'shape' must be a list of integers")
+        raise SettingsError(f"{where}: tensor {name!r} needs a 'shape', a list of integers (-1: any size)")
     if not isinstance(optional, bool):
         raise SettingsError(f"{where}: tensor {name!r}: 'optional' must be true or false")
     try:
