@@ -100,9 +100,7 @@ class RequestContract:
             name = tensor.name
             spec = self.inputs.get(name)
             if spec is None:
-                raise BadInput(
-                    f"model {self.model!r} has no input {name!r}; its inputs are: {self._input_list()}"
-                )
+                raise BadInput(f"model {self.model!r} has no input {name!r} (expected {', '.join(self.inputs)})")
             if name in seen:
                 raise BadInput(f"input {name!r} of model {self.model!r} is given twice")
             seen.add(name)
@@ -120,14 +118,8 @@ class RequestContract:
         if len(seen) < len(self.inputs):  # some declared input is absent: a required one?
             missing = [n for n in self.required if n not in seen]
             if missing:
-                got = ", ".join(t.name for t in request.inputs) or "none"
-                raise BadInput(
-                    f"model {self.model!r} needs input {', '.join(repr(n) for n in missing)} (got {got}); "
-                    f"its inputs are: {self._input_list()}"
-                )
-
-    def _input_list(self) -> str:
-        return ", ".join(f"{n} (optional)" if s.optional else n for n, s in self.inputs.items())
+                noun = "input" if len(missing) == 1 else "inputs"
+                raise BadInput(f"missing required {noun} {', '.join(repr(n) for n in missing)}")
 
 
 def _cancels(params: Mapping[str, Any]) -> bool:

@@ -36,7 +36,7 @@ async def test_an_input_called_prompt_is_refused_naming_text_input(text_client: 
     reply = await text_client.post("/v2/models/text/infer", json=body("prompt"))
     assert (reply.status_code, reply.json()) == (
         400,
-        {"error": "model 'text' has no input 'prompt'; its inputs are: text_input (optional)"},
+        {"error": "model 'text' has no input 'prompt' (expected text_input)"},
     )
 
 
