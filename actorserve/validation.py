@@ -59,6 +59,12 @@ class RequestContract:
     required: tuple[str, ...] = ()
     #: parameter names the model reads; None: any parameter
     parameters: frozenset[str] | None = None
+    #: ``parameters`` and :data:`RESERVED_PARAMETERS` (one subset test per request)
+    allowed: frozenset[str] = attrs.field(init=False)
+
+    @allowed.default
+    def _allowed(self) -> frozenset[str]:
+        return (self.parameters or frozenset()) | RESERVED_PARAMETERS
 
     @classmethod
     def of(cls, settings: ModelSettings, model_class: type[Any]) -> RequestContract | None:
@@ -79,9 +85,9 @@ class RequestContract:
     def check(self, request: InferenceRequest) -> None:
         """Raise :class:`BadInput` if ``request`` does not fit; return None if it does."""
         params = request.parameters
-        if self.parameters is not None and params:
+        if self.parameters is not None and params and not params.keys() <= self.allowed:
             self._check_parameters(params)
-        if self.inputs and not (params and _cancels(params)):
+        if self.inputs and not ("sequence_cancel" in params and _cancels(params)):
             self._check_inputs(request)
 
     def _check_parameters(self, params: Mapping[str, Any]) -> None:
@@ -110,7 +116,7 @@ class RequestContract:
                 raise BadInput(
                     f"input {name!r} of model {self.model!r}: expected {spec.datatype}, got {tensor.datatype}"
                 )
-            if not _shape_matches(spec.shape, tensor.shape):
+            if spec.shape != tensor.shape and not _shape_matches(spec.shape, tensor.shape):
                 raise BadInput(
                     f"input {name!r} of model {self.model!r}: expected shape {_shape_text(spec.shape)} "
                     f"(-1: any size), got {_shape_text(tensor.shape)}"
