@@ -121,11 +121,13 @@ _NO_SEQUENCE = SequenceControl()
 @attrs.frozen(slots=True)
 class TensorMetadata:
     """A declared input or output. ``datatype`` is an OIP datatype; ``shape`` uses -1
-    for any size."""
+    for any size. ``any_datatype``: the model takes any datatype and shape here (OIP
+    cannot say so: ``datatype`` is then only what metadata shows)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    any_datatype: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -139,8 +141,8 @@ class ModelMetadata:
     outputs: tuple[TensorMetadata, ...] = ()
 
     def input_datatypes(self) -> dict[str, str]:
-        """Declared input name -> datatype."""
-        return {spec.name: spec.datatype for spec in self.inputs}
+        """Declared input name -> datatype ("" when the input takes any datatype)."""
+        return {spec.name: "" if spec.any_datatype else spec.datatype for spec in self.inputs}
 
 
 @attrs.frozen(slots=True)

@@ -34,6 +34,7 @@ from .model import BatchModel, Model
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
 from .types import InferenceRequest, InferenceResponse
+from .validation import RequestContract
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +74,25 @@ class Engine:
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
         self._default_version: dict[str, str] = {}
+        #: what each loaded version accepts (absent: it declares nothing)
+        self._contracts: dict[ModelHost, RequestContract] = {}
         self._closing = False
 
     # -- models ------------------------------------------------------------------------
 
     async def load(self, settings: ModelSettings) -> ModelHost:
-        """Load a model version (replacing a loaded one of the same name and version)."""
+        """Load a model version (replacing a loaded one of the same name and version).
+
+        Its model folder's code is imported afresh (:meth:`ModelRepository.implementation`);
+        :class:`SettingsError` if it cannot be, :class:`ModelFailed` if the model's
+        ``load`` fails."""
         if self._closing:
             raise ShuttingDown("the engine is shutting down")
-        host = ModelHost(settings)
+        model_class = self.repository.implementation(settings)
+        contract = RequestContract.of(settings, model_class)
+        host = ModelHost(settings, model_class)
+        if contract is not None:
+            self._contracts[host] = contract
         try:
             await self._nursery.start(self._run_host, host)
         except Exception as exc:
@@ -103,6 +114,7 @@ class Engine:
         try:
             await host.run(task_status=task_status)
         finally:
+            self._contracts.pop(host, None)
             versions = self._hosts.get(host.name, {})
             if versions.get(host.version) is host:
                 del versions[host.version]
@@ -180,6 +192,9 @@ class Engine:
         host = self.host(model or request.model_name, version or request.model_version)
         if not host.ready and host.state == "loading":
             raise ModelNotReady(f"model {host.name!r} is not ready")
+        contract = self._contracts.get(host)
+        if contract is not None:
+            contract.check(request)
         return host
 
     async def infer(
@@ -207,7 +222,11 @@ class Engine:
         """MLServer's ``predict_stream``: a stream of requests in, responses out."""
         if self._closing:
             raise ShuttingDown("the engine is shutting down")
-        async with self.host(model, version).stream(requests) as responses:
+        host = self.host(model, version)
+        contract = self._contracts.get(host)
+        if contract is not None:
+            requests = _checked(requests, contract)
+        async with host.stream(requests) as responses:
             yield responses
 
     # -- the EngineAPI (typed records; what the transports call) -------------------------
@@ -224,12 +243,14 @@ class Engine:
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         host = self.host(name, version)
         meta = host.metadata()
+        specs = (*host.settings.inputs, *host.settings.outputs)
+        any_datatype = frozenset(s.name for s in specs if s.any_datatype)
         return ModelMetadata(
             name=str(meta.get("name", host.name)),
             versions=tuple(sorted(self._hosts[host.name], key=_version_key)),
             platform=str(meta.get("platform", "")),
-            inputs=tuple(_tensor_metadata(t) for t in meta.get("inputs", ())),
-            outputs=tuple(_tensor_metadata(t) for t in meta.get("outputs", ())),
+            inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
+            outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
         )
 
     async def repository_index(self) -> list[RepositoryEntry]:
@@ -302,8 +323,18 @@ if TYPE_CHECKING:  # the in-process engine implements the boundary the transport
     _conforms: type[EngineAPI] = Engine
 
 
-def _tensor_metadata(spec: Any) -> TensorMetadata:
-    return TensorMetadata(str(spec["name"]), str(spec.get("datatype", "")), tuple(spec.get("shape", ())))
+async def _checked(
+    requests: AsyncIterator[InferenceRequest], contract: RequestContract
+) -> AsyncIterator[InferenceRequest]:
+    """``requests``, each checked against ``contract`` as it arrives."""
+    async for request in requests:
+        contract.check(request)
+        yield request
+
+
+def _tensor_metadata(spec: Any, any_datatype: frozenset[str] = frozenset()) -> TensorMetadata:
+    name = str(spec["name"])
+    return TensorMetadata(name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype)
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:

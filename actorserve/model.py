@@ -55,6 +55,11 @@ class Model:
     #: True if ``predict_stream`` consumes several requests of one stream together
     #: (stream-in). Otherwise each request of a stream is served on its own.
     stream_input: ClassVar[bool] = False
+    #: The request parameters this model reads. When declared (here or in the settings'
+    #: ``request.parameters``), a request with any other parameter is refused with
+    #: :class:`BadInput` naming the known ones (the sequence and transport parameters
+    #: always pass). None: not declared, every parameter passes.
+    request_parameters: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
@@ -110,11 +115,11 @@ class Model:
             "versions": [self.version],
             "platform": self.settings.platform or f"actorserve/{type(self).__name__}",
             "inputs": [
-                {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                {"name": s.name, "datatype": s.metadata_datatype, "shape": list(s.shape)}
                 for s in self.settings.inputs
             ],
             "outputs": [
-                {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                {"name": s.name, "datatype": s.metadata_datatype, "shape": list(s.shape)}
                 for s in self.settings.outputs
             ],
         }

@@ -3,16 +3,37 @@
 ``ModelRepository`` knows the model folders given on the command line (re-read on every
 load request, so a model added or changed on disk can be loaded) and the models given in
 code.
+
+Loading a model folder's code (:func:`resolve_implementation`): when the first part of
+``implementation`` ("echo" of "echo.Echo") is a module or package in the model's folder,
+the folder is imported as a package of its own, with a name unique to this load
+(``_actorserve_echo_3``), from source, every time. So two folders that each hold an
+``echo.py`` each run their own code, and a load request after an edit runs the edited
+code. While the model's module runs (the import), its folder's other modules are
+importable by their own names (``from helpers import x``, as with MLServer's ``sys.path``)
+and relatively (``from .helpers import x``); afterwards neither the folder nor these
+modules are left in ``sys.path`` / ``sys.modules``, so import siblings at module level,
+not inside functions. Any other ``implementation`` (``actorserve.models.identity.
+IdentityModel``, an installed package) is imported normally.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import itertools
+import re
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import CodeType, ModuleType
 
 import attrs
 
 from .errors import BadInput, ModelNotFound
+from .model import Model
 from .settings import (
     MODEL_SETTINGS_FILE,
     ModelSettings,
@@ -43,6 +64,11 @@ class ModelRepository:
             return list(models)
         return [attrs.evolve(m, workers=self.workers) for m in models]
 
+    def implementation(self, settings: ModelSettings) -> type[Model]:
+        """The model class of ``settings``, its folder's code imported afresh
+        (:func:`resolve_implementation`); :class:`SettingsError` says why not."""
+        return resolve_implementation(settings)
+
     def find(self, name: str, known: Sequence[ModelSettings] = ()) -> list[ModelSettings]:
         """Every version of model ``name``: from the folders, else from ``known``.
 
@@ -67,3 +93,104 @@ class ModelRepository:
                 raise BadInput(str(problem))
             raise ModelNotFound(f"model {name!r} is not in the model repository")
         return self.apply_overrides(found)
+
+
+def resolve_implementation(settings: ModelSettings) -> type[Model]:
+    """The model class named by ``implementation`` ("module.Class" or a class).
+
+    A module of the model's folder is imported afresh in a namespace of its own (see the
+    module docstring). :class:`SettingsError` (a :class:`BadInput`) names the model and
+    the problem when the module cannot be imported, fails while it runs, or does not
+    hold an actorserve :class:`Model`."""
+    impl = settings.implementation
+    if isinstance(impl, type):
+        cls: object = impl
+    else:
+        module_name, _, attr = str(impl).rpartition(".")
+        if not module_name or not attr:
+            raise SettingsError(f"model {settings.name!r}: implementation {impl!r} is not 'module.Class'")
+        folder = settings.folder
+        try:
+            if folder is not None and _in_folder(Path(folder), module_name.partition(".")[0]):
+                module = _import_from_folder(Path(folder), module_name, settings.name)
+            else:
+                module = importlib.import_module(module_name)
+            cls = getattr(module, attr)
+        except (ImportError, AttributeError) as exc:
+            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {exc}") from None
+        except Exception as exc:  # the model's module failed while it ran (SyntaxError, ...)
+            raise SettingsError(
+                f"model {settings.name!r}: cannot import {impl!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Model)):
+        raise SettingsError(f"model {settings.name!r}: {impl!r} is not an actorserve Model")
+    return cls
+
+
+#: numbers the folder loads, so each gets a package name of its own
+_loads = itertools.count(1)
+
+
+def _in_folder(folder: Path, top: str) -> bool:
+    """``top`` is a module (``top.py``) or a package (``top/__init__.py``) of ``folder``."""
+    return top.isidentifier() and ((folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file())
+
+
+def _import_from_folder(folder: Path, module_name: str, model: str) -> ModuleType:
+    """Import ``module_name`` of ``folder`` as ``<unique package>.<module_name>``, then take
+    the package, its modules and the folder's siblings imported by name out of
+    ``sys.modules`` again (the model's class keeps what it needs alive)."""
+    package = f"_actorserve_{re.sub(r'[^0-9A-Za-z_]', '_', model)}_{next(_loads)}"
+    spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+    spec.submodule_search_locations = [str(folder)]
+    sys.modules[package] = importlib.util.module_from_spec(spec)
+    finder = _FolderFinder(package, folder)
+    sys.meta_path.insert(0, finder)
+    try:
+        return importlib.import_module(f"{package}.{module_name}")
+    finally:
+        sys.meta_path.remove(finder)
+        for name in (package, *finder.created):
+            sys.modules.pop(name, None)
+
+
+class _FolderFinder(importlib.abc.MetaPathFinder):
+    """Finds, during one load, ``<package>.x.y`` and the folder's own top-level modules
+    ``x.y`` in the model folder, loaded by :class:`_SourceLoader`."""
+
+    def __init__(self, package: str, folder: Path) -> None:
+        self.package = package
+        self.prefix = package + "."
+        self.folder = folder
+        #: the module names this finder gave a spec for (each is removed after the load)
+        self.created: list[str] = []
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.startswith(self.prefix):
+            parts = fullname[len(self.prefix) :].split(".")
+        else:
+            parts = fullname.split(".")
+            if not _in_folder(self.folder, parts[0]):
+                return None
+        base = self.folder.joinpath(*parts)
+        if (base / "__init__.py").is_file():
+            location, search = base / "__init__.py", [str(base)]
+        elif base.with_name(base.name + ".py").is_file():
+            location, search = base.with_name(base.name + ".py"), None
+        else:
+            return None
+        self.created.append(fullname)
+        return importlib.util.spec_from_file_location(
+            fullname, location, loader=_SourceLoader(fullname, str(location)), submodule_search_locations=search
+        )
+
+
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Compiles from source on every load: a ``.pyc`` written within the same second as
+    an edit of the same size would otherwise hide the edit. Writes no ``__pycache__``."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)

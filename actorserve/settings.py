@@ -14,8 +14,15 @@ from typing import Any, TypeGuard
 import attrs
 
 from .errors import BadInput
+from .types import DATATYPES
 
 MODEL_SETTINGS_FILE = "model-settings.json"
+
+#: The ``datatype`` of a tensor that takes any datatype and any shape (a pass-through,
+#: like ``identity``). OIP has no such datatype, so metadata shows it as
+#: :data:`ANY_DATATYPE_SHOWN_AS` (the datatype of the docs' examples).
+ANY_DATATYPE = "ANY"
+ANY_DATATYPE_SHOWN_AS = "FP32"
 
 
 class SettingsError(BadInput, ValueError):
@@ -41,9 +48,35 @@ class SequenceSettings:
 
 @attrs.frozen
 class TensorSpec:
+    """A declared input or output (``inputs`` / ``outputs`` of model-settings.json).
+
+    ``datatype`` is an OIP datatype or :data:`ANY_DATATYPE`; ``shape`` uses -1 for a
+    dimension of any size (the rank is fixed). An ``optional`` input may be left out of
+    a request. :class:`SettingsError` for a datatype that is neither."""
+
     name: str
     datatype: str
     shape: tuple[int, ...]
+    optional: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.datatype not in DATATYPES and self.datatype != ANY_DATATYPE:
+            raise SettingsError(
+                f"tensor {self.name!r}: datatype {self.datatype!r} is not an OIP datatype "
+                f"({', '.join(DATATYPES)}) nor {ANY_DATATYPE!r} (any datatype and shape)"
+            )
+        if any(d < -1 for d in self.shape):
+            raise SettingsError(f"tensor {self.name!r}: shape {list(self.shape)}: a dimension is >= 0, or -1 for any size")
+
+    @property
+    def any_datatype(self) -> bool:
+        """Takes a tensor of any datatype and any shape."""
+        return self.datatype == ANY_DATATYPE
+
+    @property
+    def metadata_datatype(self) -> str:
+        """The datatype model metadata shows (always an OIP datatype)."""
+        return ANY_DATATYPE_SHOWN_AS if self.datatype == ANY_DATATYPE else self.datatype
 
 
 @attrs.frozen
@@ -72,6 +105,9 @@ class ModelSettings:
     outputs: tuple[TensorSpec, ...] = ()
     versions: tuple[str, ...] = ()
     folder: Path | None = None
+    #: request parameters the model knows (``request.parameters`` of model-settings.json),
+    #: added to the model class's ``request_parameters``; None: not declared here.
+    request_parameters: frozenset[str] | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -84,16 +120,55 @@ class ModelSettings:
             raise SettingsError(f"model {self.name!r}: reply_buffer and max_pending must be >= 1")
 
 
+_TENSOR_KEYS = frozenset({"name", "datatype", "shape", "optional", "parameters"})
+
+
+def _spec(value: Any, where: str) -> TensorSpec:
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"{where}: expected a tensor object, got {value!r}")
+    unknown = set(value) - _TENSOR_KEYS
+    if unknown:
+        raise SettingsError(f"{where}: unknown tensor key(s) {', '.join(sorted(unknown))}")
+    name, datatype, shape = value.get("name"), value.get("datatype"), value.get("shape")
+    optional = value.get("optional", False)
+    if not isinstance(name, str) or not name:
+        raise SettingsError(f"{where}: a tensor needs a 'name'")
+    if not isinstance(datatype, str):
+        raise SettingsError(f"{where}: tensor {name!r} needs a 'datatype' (an OIP datatype or {ANY_DATATYPE!r})")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise SettingsError(f"{where}: tensor {name!r} needs a 'shape', a list of integers (-1: any size)")
+    if not isinstance(optional, bool):
+        raise SettingsError(f"{where}: tensor {name!r}: 'optional' must be true or false")
+    try:
+        return TensorSpec(name, datatype, tuple(shape), optional)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
 def _specs(value: Any, where: str) -> tuple[TensorSpec, ...]:
     if value is None:
         return ()
-    try:
-        return tuple(
-            TensorSpec(str(v["name"]), str(v.get("datatype", "")), tuple(v.get("shape", ())))
-            for v in value
-        )
-    except (TypeError, KeyError, AttributeError) as exc:
-        raise SettingsError(f"{where}: bad tensor metadata: {exc}") from None
+    if not isinstance(value, list):
+        raise SettingsError(f"{where}: expected a list of tensors")
+    specs = tuple(_spec(v, where) for v in value)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"{where}: a tensor name appears twice in {names}")
+    return specs
+
+
+def _request_parameters(value: Any, where: str) -> frozenset[str] | None:
+    """The ``request`` block: ``{"parameters": ["name", ...]}``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"parameters"}:
+        raise SettingsError(f"{where}: 'request' must be an object with a 'parameters' list")
+    names = value.get("parameters")
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise SettingsError(f"{where}: 'request.parameters' must be a list of parameter names")
+    return frozenset(names)
 
 
 def model_settings_from_dict(
@@ -105,6 +180,7 @@ def model_settings_from_dict(
     known = {
         "name", "implementation", "parameters", "max_batch_size", "max_batch_time", "workers",
         "sequence", "reply_buffer", "max_pending", "platform", "inputs", "outputs", "versions",
+        "request",
     }  # fmt: skip
     unknown = set(data) - known
     if unknown:
@@ -120,6 +196,9 @@ def model_settings_from_dict(
         sequence = SequenceSettings(**(data.get("sequence") or {}))
     except TypeError as exc:
         raise SettingsError(f"{where}: bad 'sequence' block: {exc}") from None
+    inputs = _specs(data.get("inputs"), f"{where}: inputs")
+    outputs = _specs(data.get("outputs"), f"{where}: outputs")
+    request_parameters = _request_parameters(data.get("request"), where)
     try:
         return ModelSettings(
             name=str(name),
@@ -133,10 +212,11 @@ def model_settings_from_dict(
             reply_buffer=int(data.get("reply_buffer", 64)),
             max_pending=int(data.get("max_pending", 1024)),
             platform=str(data.get("platform", "")),
-            inputs=_specs(data.get("inputs"), where),
-            outputs=_specs(data.get("outputs"), where),
+            inputs=inputs,
+            outputs=outputs,
             versions=tuple(data.get("versions") or ()),
             folder=folder,
+            request_parameters=request_parameters,
         )
     except SettingsError as exc:
         raise SettingsError(f"{where}: {exc}") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..settings import ModelSettings, SequenceSettings, TensorSpec
+from ..settings import ANY_DATATYPE, ModelSettings, SequenceSettings, TensorSpec
 
 
 def builtin_settings() -> list[ModelSettings]:
@@ -11,13 +11,18 @@ def builtin_settings() -> list[ModelSettings]:
         ModelSettings(
             name="identity",
             implementation="actorserve.models.identity.IdentityModel",
-            inputs=(TensorSpec("INPUT0", "", (-1,)), TensorSpec("INPUT1", "", (-1,))),
-            outputs=(TensorSpec("OUTPUT0", "", (-1,)), TensorSpec("OUTPUT1", "", (-1,))),
+            # any datatype and shape (metadata shows FP32 [-1]); no declared parameters:
+            # every parameter is echoed back
+            inputs=(
+                TensorSpec("INPUT0", ANY_DATATYPE, (-1,)),
+                TensorSpec("INPUT1", ANY_DATATYPE, (-1,), optional=True),
+            ),
+            outputs=(TensorSpec("OUTPUT0", ANY_DATATYPE, (-1,)), TensorSpec("OUTPUT1", ANY_DATATYPE, (-1,))),
         ),
         ModelSettings(
             name="streamer",
             implementation="actorserve.models.streamer.StreamerModel",
-            inputs=(TensorSpec("text_input", "BYTES", (1,)),),
+            inputs=(TensorSpec("text_input", "BYTES", (1,), optional=True),),
             outputs=(TensorSpec("text_output", "BYTES", (1,)), TensorSpec("index", "INT64", (1,))),
         ),
         ModelSettings(
@@ -32,7 +37,7 @@ def builtin_settings() -> list[ModelSettings]:
             implementation="actorserve.models.text.TextModel",
             parameters={"prefill_chunk": 32, "max_tokens_limit": 2048},
             sequence=SequenceSettings(idle_timeout_ms=600_000, max_sequences=4096, evict_idle=True),
-            inputs=(TensorSpec("text_input", "BYTES", (1,)),),
+            inputs=(TensorSpec("text_input", "BYTES", (1,), optional=True),),
             outputs=(TensorSpec("text_output", "BYTES", (1,)),),
         ),
     ]

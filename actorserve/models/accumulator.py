@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import numpy as np
 
@@ -28,6 +30,7 @@ class AccumulatorModel(BatchModel[Sum, Add]):
     sequence. Every request must belong to a sequence."""
 
     requires_sequence = True
+    request_parameters: ClassVar[frozenset[str] | None] = frozenset()  # the sequence ones only
     default_max_batch_size = 64
     step_in_thread = False  # adding integers: a thread hop would cost more than the step
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 import numpy as np
 import trio
@@ -27,6 +28,8 @@ class StreamerModel(Model):
     Streaming yields response k with ``text_output`` = ``<prompt>:<k>`` and ``index`` = k;
     unary ``infer`` returns every token at once as ``[n]``-shaped outputs.
     """
+
+    request_parameters: ClassVar[frozenset[str] | None] = frozenset({"n_tokens", "delay"})
 
     def _parse(self, request: InferenceRequest) -> tuple[str, int, float]:
         prompt = text_input(request, "text_input", default="tok")

@@ -226,6 +226,10 @@ def _seed(request: InferenceRequest) -> int:
 class TextModel(BatchModel[TextState, Generation]):
     """The ``text`` model; see the module docstring for its contract."""
 
+    request_parameters: ClassVar[frozenset[str] | None] = frozenset(
+        {"max_tokens", "temperature", "top_k", "seed", "stop"}
+    )
+
     default_max_batch_size: ClassVar[int] = 64
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

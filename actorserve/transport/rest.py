@@ -417,11 +417,6 @@ def sequence_header(response: InferenceResponse | None) -> Headers:
 _GENERATE_RESERVED: Final = frozenset({"id", "parameters"})
 
 
-def _input_datatypes(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """Declared input name -> datatype ("" when the model accepts any)."""
-    return {i["name"]: i.get("datatype") or "" for i in metadata.get("inputs", ())}
-
-
 def _infer_datatype(name: str, values: list[object]) -> str:
     if not values:
         raise BadInput(f"input {name!r}: cannot tell the datatype of an empty list")
@@ -692,7 +687,7 @@ class RestAPI:
 
     async def generate_stream(self, name: str, version: str | None = None) -> Response:
         if request.method == "GET":
-            datatypes = _input_datatypes(self.engine.metadata_dict(name, version))
+            datatypes = (await self.engine.metadata(name, version)).input_datatypes()
             query = ((key, request.args.getlist(key)) for key in request.args)
             infer_request = generate_request_from_query(query, datatypes)
             apply_sequence_headers(infer_request, RequestHeaders.from_lookup(request.headers.get))
@@ -712,7 +707,7 @@ class RestAPI:
         obj = loads(body)
         if not isinstance(obj, dict) or "inputs" in obj:
             return decode_infer_request(body, headers, obj=obj)[0], _encode_oip
-        datatypes = _input_datatypes(self.engine.metadata_dict(name, version))
+        datatypes = (await self.engine.metadata(name, version)).input_datatypes()
         infer_request = generate_request_from_json(obj, datatypes)
         apply_sequence_headers(infer_request, headers)
         return infer_request, _encode_generate

@@ -257,7 +257,7 @@ async def test_bad_parameters_are_bad_input() -> None:
             ),
             (
                 InferenceRequest([tensor_from_numpy("text_input", np.array([1, 2], dtype=np.int64))]),
-                "input 'text_input': expected BYTES with shape [1], got INT64 [2]",
+                "input 'text_input' of model 'text': expected BYTES, got INT64",
             ),
             (
                 request("x" * 16385),
