@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -29,7 +30,9 @@ from hypercorn.config import Sockets as HypercornSockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from .engine import Engine, open_engine, raise_single
+from .api import EngineAPI
+from .engine import open_engine, raise_single
+from .listeners import BACKLOG, ListenError, Listeners, open_listeners
 from .repository import ModelRepository
 from .settings import Settings, builtin_models
 from .transport.rest import FindModels, RestApp, create_app
@@ -43,7 +46,9 @@ Address = tuple[str, int]
 class Server:
     """A running actorserve, as returned by ``await nursery.start(serve, settings)``."""
 
-    engine: Engine
+    #: the engine the transports call: the in-process :class:`~actorserve.engine.Engine`
+    #: for :func:`serve`, an engine client in a front process
+    engine: EngineAPI
     settings: Settings
     #: (host, port) the REST transport is bound to, or None when it is off.
     http_address: Address | None = None
@@ -67,89 +72,6 @@ class Server:
     def shutdown(self) -> None:
         """Start a graceful shutdown; :func:`serve` returns once it is done."""
         self._stopping.set()
-
-
-class ListenError(OSError):
-    """A listening socket could not be opened. ``str()`` names the address and the
-    transport: ``cannot listen on 127.0.0.1:8080 (REST): address already in use``;
-    ``errno`` is the underlying error's."""
-
-    def __init__(self, transport: str, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.transport = transport
-        self.host = host
-        self.port = port
-
-    def __str__(self) -> str:
-        reason = str(self.strerror)
-        return f"cannot listen on {_host_port(self.host, self.port)} ({self.transport}): {reason[:1].lower()}{reason[1:]}"
-
-
-@attrs.frozen
-class Listeners:
-    """The bound, listening sockets of a server: REST and gRPC, each None when off.
-
-    Plain :class:`socket.socket` objects, so they can be handed to another process. Whoever
-    holds a ``Listeners`` owns the sockets until it passes them to :func:`serve`, which then
-    owns them and closes them when it returns (the transports serve on them, or on
-    duplicates of them, and never close them first, except hypercorn when REST stops)."""
-
-    http: socket.socket | None = None
-    grpc: socket.socket | None = None
-
-    def close(self) -> None:
-        for sock in (self.http, self.grpc):
-            if sock is not None:
-                sock.close()
-
-
-#: pending connections each listening socket queues before the server accepts them.
-BACKLOG = 128
-
-
-def open_listeners(settings: Settings) -> Listeners:
-    """Bind and listen on ``settings.host`` at ``http_port`` (REST) and ``grpc_port``
-    (gRPC); a port that is None gets no socket, port 0 a free one.
-
-    Raises :class:`ListenError` naming the address and transport (a port in use, an
-    address that is not this machine's, a host name that does not resolve); nothing is
-    left open then. The caller owns the sockets (see :class:`Listeners`)."""
-    http = _listen(settings.host, settings.http_port, "REST") if settings.http_port is not None else None
-    try:
-        grpc = _listen(settings.host, settings.grpc_port, "gRPC") if settings.grpc_port is not None else None
-    except BaseException:
-        if http is not None:
-            http.close()
-        raise
-    return Listeners(http, grpc)
-
-
-def _listen(host: str, port: int, transport: str) -> socket.socket:
-    try:
-        # IPPROTO_TCP explicitly: asyncio (gRPC) sets TCP_NODELAY only on sockets whose
-        # proto says TCP; without it every call waits ~40 ms for Nagle + delayed ACKs.
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise ListenError(transport, host, port, exc) from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind(address)
-        sock.listen(BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise ListenError(transport, host, port, exc) from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def serve(
@@ -176,40 +98,63 @@ async def serve(
     if listeners is None:
         listeners = open_listeners(settings)
     repository = repository or ModelRepository()
-    find_models: FindModels = partial(repository.find, known=settings.models)
     try:
         async with open_engine(settings, repository=repository) as engine:
-            server = Server(engine, settings)
-            http_stopped = trio.Event()
-            grpc_scope = trio.CancelScope()
-            async with trio.open_nursery() as nursery:
-                if listeners.http is not None:
-                    app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)
-                    server.http_address = await nursery.start(
-                        _serve_http, app, listeners.http, settings, server._stopping, http_stopped
-                    )
-                else:
-                    http_stopped.set()
-                if listeners.grpc is not None:
-                    server.grpc_address = await _start_grpc(
-                        nursery, engine, settings, listeners.grpc, grpc_scope
-                    )
-                if server.http_url is not None:
-                    log.info("REST listening on %s (playground: %s/)", server.http_url, _browsable(server.http_url))
-                task_status.started(server)
-                await server._stopping.wait()
-                log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
-                grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
-                with trio.move_on_after(settings.grace_period + 1.0):
-                    async with trio.open_nursery() as drain:
-                        drain.start_soon(engine.aclose, settings.grace_period)
-                        drain.start_soon(http_stopped.wait)
-                nursery.cancel_scope.cancel()
+            find_models: FindModels = partial(repository.find, known=settings.models)
+            await serve_transports(
+                engine, settings, listeners, drain=engine.aclose, find_models=find_models,
+                rest_fast_path=rest_fast_path, task_status=task_status,
+            )
     except BaseExceptionGroup as group:  # e.g. a model that fails to load: raise it itself
         raise_single(group)
     finally:
         listeners.close()
     log.info("actorserve stopped")
+
+
+async def serve_transports(
+    engine: EngineAPI,
+    settings: Settings,
+    listeners: Listeners,
+    *,
+    drain: Callable[[float], Awaitable[None]] | None = None,
+    find_models: FindModels | None = None,
+    rest_fast_path: bool = True,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve REST and gRPC for ``engine`` on ``listeners`` until :meth:`Server.shutdown`
+    (graceful) or cancellation. Used by :func:`serve` (with the in-process engine) and by
+    every front process of the multi-process server (with an engine client).
+
+    On shutdown: gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
+    (the in-process engine's ``aclose``; nothing in a front, whose engine process is
+    stopped after every front) lets in-flight requests finish; all within the grace period.
+    The caller owns ``listeners``."""
+    server = Server(engine, settings)
+    http_stopped = trio.Event()
+    grpc_scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        if listeners.http is not None:
+            app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)  # type: ignore[arg-type]
+            server.http_address = await nursery.start(
+                _serve_http, app, listeners.http, settings, server._stopping, http_stopped
+            )
+        else:
+            http_stopped.set()
+        if listeners.grpc is not None:
+            server.grpc_address = await _start_grpc(nursery, engine, settings, listeners.grpc, grpc_scope)
+        if server.http_url is not None:
+            log.info("REST listening on %s (playground: %s/)", server.http_url, _browsable(server.http_url))
+        task_status.started(server)
+        await server._stopping.wait()
+        log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
+        grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
+        with trio.move_on_after(settings.grace_period + 1.0):
+            async with trio.open_nursery() as draining:
+                if drain is not None:
+                    draining.start_soon(drain, settings.grace_period)
+                draining.start_soon(http_stopped.wait)
+        nursery.cancel_scope.cancel()
 
 
 async def _serve_http(
@@ -252,7 +197,7 @@ def _browsable(url: str) -> str:
 
 async def _start_grpc(
     nursery: trio.Nursery,
-    engine: Engine,
+    engine: EngineAPI,
     settings: Settings,
     sock: socket.socket,
     scope: trio.CancelScope,
@@ -272,3 +217,6 @@ async def _start_grpc(
 
     host, port = await nursery.start(run)
     return (str(host), int(port))
+
+
+__all__ = ["BACKLOG", "ListenError", "Listeners", "Server", "open_listeners", "serve", "serve_transports"]
