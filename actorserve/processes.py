@@ -31,10 +31,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 import trio
+
+from .engine import open_engine
+from .listeners import BACKLOG, Listeners, open_listeners
+from .repository import ModelRepository
+from .server import Server, serve_transports
+from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +280,115 @@ __all__ = [
     "front_index",
     "inherited_socket",
     "role",
+    "run_engine_child",
+    "run_front_child",
+    "run_parent",
     "say_ready",
     "watch_parent",
 ]
+
+
+# -- the three roles, as run by ``python -m actorserve`` ----------------------------------------
+
+
+async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
+    """The parent: bind the sockets (a port in use fails here, before any child starts),
+    start the engine and ``settings.api_workers`` fronts, stop them on SIGINT / SIGTERM
+    (a second signal kills them at once). Returns the exit code."""
+    listeners = open_listeners(settings)
+    folder_socket = engine_socket_path()
+    supervisor = Supervisor(
+        tuple(argv), settings.api_workers, settings.grace_period, listeners.http, listeners.grpc, folder_socket
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def supervise(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                supervisor.exit_code = await supervisor.run(task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(_parent_signals, supervisor, nursery.cancel_scope)
+            await nursery.start(supervise)
+            _log_addresses(listeners, settings.api_workers)
+    finally:
+        listeners.close()
+        with contextlib.suppress(OSError):
+            folder_socket.unlink(missing_ok=True)
+            folder_socket.parent.rmdir()
+    return supervisor.exit_code
+
+
+def _log_addresses(listeners: Listeners, fronts: int) -> None:
+    if listeners.grpc is not None:
+        host, port = listeners.grpc.getsockname()[:2]
+        log.info("gRPC listening on %s:%d", host, port)
+    if listeners.http is not None:
+        host, port = listeners.http.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        browsable = url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+        log.info("REST listening on %s (playground: %s/)", url, browsable)
+    log.info("serving with %d front process(es) and one engine process", fronts)
+
+
+async def _parent_signals(supervisor: Supervisor, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if supervisor.stopping.is_set():
+                log.warning("second %s: stopping every process now", name)
+                supervisor.grace_period = 0.0
+                scope.cancel()
+                return
+            log.info("%s: shutting down gracefully (fronts first, then the engine)", name)
+            supervisor.shutdown()
+
+
+async def run_engine_child(settings: Settings, repository: ModelRepository) -> None:
+    """The engine process: load every model, serve the fronts on the Unix socket the
+    parent named, until SIGTERM (drain within the grace period) or the parent's death."""
+    from .ipc.engine_side import serve_fronts
+
+    path = engine_socket()
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.bind(path)
+    sock.listen(BACKLOG)
+    async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(watch_parent, nursery.cancel_scope)
+        await nursery.start(serve_fronts, engine, trio.SocketListener(sock))
+        say_ready()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        log.info("engine: stopping (in-flight requests have %.1f s)", settings.grace_period)
+        await engine.aclose(settings.grace_period)
+        nursery.cancel_scope.cancel()
+
+
+async def run_front_child(settings: Settings) -> None:
+    """A front process: the transports on the inherited sockets, an engine client to the
+    engine process; SIGTERM drains (a second one stops at once)."""
+    from .ipc.client import open_engine_client
+
+    listeners = Listeners(inherited_socket(HTTP_FD_VAR), inherited_socket(GRPC_FD_VAR))
+    try:
+        async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
+
+            async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
+                await serve_transports(client, settings, listeners, task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_parent, nursery.cancel_scope)
+            server: Server = await nursery.start(transports)
+            say_ready()
+            nursery.start_soon(_front_signals, server, nursery.cancel_scope)
+    finally:
+        listeners.close()
+
+
+async def _front_signals(server: Server, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if server.stopping:
+                scope.cancel()
+                return
+            server.shutdown()
