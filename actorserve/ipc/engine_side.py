@@ -100,7 +100,7 @@ async def _serve_connection(engine: EngineAPI, stream: trio.abc.Stream, limits: 
         try:
             await FrontConnection(engine, stream, limits).run()
         except Exception as exc:  # one front's trouble never stops the engine
-            log.warning("front connection closed: %s", exc, exc_info=not _expected(exc))
+            log.warning("front connection closed: %s", _single(exc), exc_info=not _expected(exc))
 
 
 def _expected(exc: BaseException) -> bool:
@@ -164,7 +164,11 @@ class FrontConnection:
             if len(self._calls) >= self._limits.max_calls:
                 raise WireError(f"more than {self._limits.max_calls} calls open on one connection")
             call = self._calls[message.id] = _OpenCall()
-            calls.start_soon(self._run_call, message, call)
+            requests = None
+            if isinstance(message, OpenStreamIn):  # its requests may be in this very frame
+                call.credit = max(1, message.window)
+                call.feed, requests = trio.open_memory_channel[InferenceRequest](call.credit)
+            calls.start_soon(self._run_call, message, call, requests)
             return
         open_call = self._calls.get(message.id)
         if open_call is None:
@@ -194,7 +198,12 @@ class FrontConnection:
 
     # -- calls (one task each) --------------------------------------------------------------
 
-    async def _run_call(self, message: Call | Infer | OpenStream | OpenStreamIn, call: _OpenCall) -> None:
+    async def _run_call(
+        self,
+        message: Call | Infer | OpenStream | OpenStreamIn,
+        call: _OpenCall,
+        requests: trio.MemoryReceiveChannel[InferenceRequest] | None,
+    ) -> None:
         try:
             with call.scope:
                 try:
@@ -212,7 +221,8 @@ class FrontConnection:
                             await self._pump(message.id, call, responses)
                         reply = self._encode(End(message.id))
                     else:
-                        reply = await self._stream_in(message, call)
+                        assert call.feed is not None and requests is not None
+                        reply = await self._stream_in(message, call, call.feed, requests)
                 except Exception as exc:
                     reply = self._failure(message.id, exc)
                 await self._outbox.put(reply)
@@ -293,12 +303,16 @@ class FrontConnection:
         except BadInput as exc:
             raise ModelFailed(f"the engine cannot send the model's output: {exc.message}") from None
 
-    async def _stream_in(self, message: OpenStreamIn, call: _OpenCall) -> bytes:
-        """Serve ``engine.stream`` with requests the front sends as credit allows."""
-        window = max(1, message.window)
-        feed, requests = trio.open_memory_channel[InferenceRequest](window)
-        call.credit = window  # the front starts with ``window`` requests of credit
-        call.feed = feed
+    async def _stream_in(
+        self,
+        message: OpenStreamIn,
+        call: _OpenCall,
+        feed: trio.MemorySendChannel[InferenceRequest],
+        requests: trio.MemoryReceiveChannel[InferenceRequest],
+    ) -> bytes:
+        """Serve ``engine.stream`` with the requests the front sends as credit allows
+        (it starts with ``window``: the feed's size); the same window bounds the
+        responses the engine sends ahead of the front's acks."""
         async with feed, requests:
             source = _RequestFeed(requests, functools.partial(self._grant, message.id))
             async with self._engine.stream(source, model=message.model, version=message.version) as responses:

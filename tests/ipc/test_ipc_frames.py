@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from strategies import arrays
 
 from actorserve import errors
-from actorserve.api import ModelInfo, ModelMetadata, ModelState, ModelStatistics, RepositoryEntry, TensorMetadata
+from actorserve.api import (
+    ModelInfo,
+    ModelMetadata,
+    ModelState,
+    ModelStatistics,
+    RepositoryEntry,
+    TensorMetadata,
+)
 from actorserve.codecs import tensor_from_numpy
 from actorserve.ipc.frames import (
     Ack,
