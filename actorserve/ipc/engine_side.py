@@ -214,7 +214,7 @@ class FrontConnection:
                         response = await self._engine.infer(message.request, model=message.model, version=message.version)
                         reply = self._encode_output(lambda: Reply(message.id, response_to_plain(response)))
                     elif isinstance(message, OpenStream):
-                        call.credit = message.window
+                        call.credit = max(1, message.window)
                         stream = self._engine.infer_stream(message.request, model=message.model, version=message.version)
                         async with stream as responses:
                             await self._outbox.put(self._encode(Opened(message.id)))

@@ -22,7 +22,7 @@ from .. import errors
 from ..api import ModelInfo, ModelMetadata, ModelState, ModelStatistics, RepositoryEntry, TensorMetadata
 from ..codecs import tensor_from_raw, tensor_to_raw
 from ..settings import SettingsError
-from ..types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
+from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 
 Plain = Any  # a msgpack-able value; kept loose on purpose (decoders check shapes)
 
@@ -38,6 +38,12 @@ class EngineInternalError(Exception):
 
 
 # -- tensors, requests, responses ------------------------------------------------------
+
+
+#: numeric OIP datatype -> little-endian numpy dtype (BYTES takes the general decoder)
+_RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
+}
 
 
 def tensor_to_plain(tensor: Tensor) -> Plain:
@@ -58,8 +64,13 @@ def tensor_to_plain(tensor: Tensor) -> Plain:
 
 def tensor_from_plain(plain: Plain) -> Tensor:
     name, datatype, shape, raw, parameters = _fields(plain, 5, "tensor")
-    if not isinstance(name, str) or not isinstance(raw, bytes):
+    if not isinstance(name, str) or not isinstance(raw, bytes) or not isinstance(shape, list):
         raise WireError(f"malformed tensor {_short(plain)}")
+    dtype = _RAW_DTYPES.get(datatype) if isinstance(datatype, str) else None
+    if dtype is not None and all(type(d) is int and d >= 0 for d in shape):  # the fast path
+        if len(raw) != math.prod(shape) * dtype.itemsize:
+            raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
+        return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))
     try:
         return tensor_from_raw(name, datatype, shape, raw, _map(parameters))
     except errors.BadInput as exc:
