@@ -1,0 +1,433 @@
+"""A front's end of the engine link: :class:`EngineClient`, the :class:`EngineAPI` over
+one Unix socket connection to the engine process.
+
+::
+
+    async with open_engine_client("/run/actorserve/engine.sock") as engine:
+        async with engine.infer_stream(request, model="streamer") as responses:
+            async for response in responses: ...
+
+Calls are multiplexed on the connection by id. One reader task routes each received
+message to its call; one writer task sends every message waiting as one frame. A
+stream's :meth:`~actorserve.api.ResponseIterator.next_batch` returns every response
+received for it so far; consuming them gives the engine credit to send more, so a slow
+reader holds at most a window of responses here and the rest waits in the engine.
+
+Nothing is cached: every method is one round trip. When the engine goes away (the
+connection closes or breaks) every open call, and every later one, fails with
+:class:`~actorserve.errors.ShuttingDown`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..api import (
+    EngineAPI,
+    ModelInfo,
+    ModelMetadata,
+    ModelStatistics,
+    RepositoryEntry,
+    ResponseIterator,
+)
+from ..engine import raise_single
+from ..errors import Overloaded, ShuttingDown
+from ..types import InferenceRequest, InferenceResponse
+from .frames import (
+    DEFAULT_LIMITS,
+    Ack,
+    Call,
+    Cancel,
+    Credit,
+    End,
+    Failed,
+    FrameDecoder,
+    Infer,
+    LinkLimits,
+    Message,
+    Opened,
+    OpenStream,
+    OpenStreamIn,
+    Reply,
+    Responses,
+    StreamInputEnd,
+    StreamRequest,
+    encode_frame,
+    encode_message,
+)
+from .outbox import Outbox
+from .values import UNARY_METHODS, WireError, error_from_plain, response_from_plain
+
+#: bytes read from the engine's socket at a time
+RECEIVE_BYTES = 256 * 1024
+
+
+@attrs.frozen(slots=True)
+class LinkStatistics:
+    """Counters of one client connection (frames and messages each way)."""
+
+    frames_sent: int
+    messages_sent: int
+    frames_received: int
+    messages_received: int
+    open_calls: int
+
+
+@attrs.define(eq=False)
+class _ClientCall:
+    """An open call: what the reader received for it, for the caller's task to take."""
+
+    id: int
+    inbox: deque[Message] = attrs.field(factory=deque)
+    arrived: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    #: End, Failed or Reply received: the engine forgot the call
+    finished: bool = False
+    #: responses consumed and not yet acknowledged to the engine
+    unacked: int = 0
+    #: stream-in: requests the engine can take now
+    credit: int = 0
+    credit_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    async def next_message(self, client: EngineClient) -> Message:
+        while not self.inbox:
+            client._check_open()
+            await self.arrived.park()
+        return self.inbox.popleft()
+
+
+class EngineClient:
+    """The :class:`~actorserve.api.EngineAPI` of an engine in another process. Made by
+    :func:`open_engine_client`, which owns the connection and the reader and writer."""
+
+    def __init__(self, stream: trio.abc.Stream, limits: LinkLimits = DEFAULT_LIMITS) -> None:
+        self._stream = stream
+        self._limits = limits
+        self._max_message = limits.max_frame_bytes - 8
+        self._outbox = Outbox(limits.outbox_messages, limits.outbox_bytes)
+        self._calls: dict[int, _ClientCall] = {}
+        self._ids = itertools.count(1)
+        self._lost: str | None = None
+        self._closed = trio.Event()
+        self._frames_sent = self._messages_sent = self._frames_received = self._messages_received = 0
+
+    # -- the connection ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """The connection is gone; every call fails with :class:`ShuttingDown`."""
+        return self._lost is not None
+
+    async def wait_closed(self) -> None:
+        """Return once the connection is gone (the engine exited, or the client closed)."""
+        await self._closed.wait()
+
+    def link_statistics(self) -> LinkStatistics:
+        return LinkStatistics(
+            self._frames_sent, self._messages_sent, self._frames_received, self._messages_received, len(self._calls)
+        )
+
+    def _error(self) -> ShuttingDown:
+        return ShuttingDown(f"the engine is not reachable: {self._lost}")
+
+    def _check_open(self) -> None:
+        if self._lost is not None:
+            raise self._error()
+
+    def _lose(self, reason: str) -> None:
+        """Fail every open and later call (idempotent; the first reason stays)."""
+        if self._lost is None:
+            self._lost = reason
+            self._outbox.close(self._error)
+            for call in self._calls.values():
+                call.arrived.unpark_all()
+                call.credit_lot.unpark_all()
+            self._closed.set()
+
+    async def _read(self) -> None:
+        decoder = FrameDecoder(self._limits.max_frame_bytes)
+        try:
+            while True:
+                data = await self._stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    self._lose("the engine closed the connection")
+                    return
+                decoder.feed(data)
+                while (messages := decoder.next_frame()) is not None:
+                    self._frames_received += 1
+                    self._messages_received += len(messages)
+                    for message in messages:
+                        self._deliver(message)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._lose(f"the connection broke ({exc})")
+        except WireError as exc:
+            self._lose(f"the engine sent a malformed frame ({exc})")
+
+    def _deliver(self, message: Message) -> None:
+        call = self._calls.get(message.id)
+        if call is None:
+            return  # a call we left: the engine's message crossed our cancel
+        if isinstance(message, Credit):
+            call.credit += message.count
+            call.credit_lot.unpark_all()
+            return
+        if not isinstance(message, (Reply, Opened, Responses, End, Failed)):
+            raise WireError(f"an engine may not send {type(message).__name__}")
+        if isinstance(message, (Reply, End, Failed)):
+            call.finished = True
+        call.inbox.append(message)
+        call.arrived.unpark_all()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                messages = await self._outbox.take(self._max_message)
+                await self._stream.send_all(encode_frame(messages))
+                self._frames_sent += 1
+                self._messages_sent += len(messages)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._lose(f"the connection broke ({exc})")
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def _open(self) -> _ClientCall:
+        self._check_open()
+        if len(self._calls) >= self._limits.max_calls:
+            raise Overloaded(f"{self._limits.max_calls} calls already open to the engine")
+        call = _ClientCall(next(self._ids))
+        self._calls[call.id] = call
+        return call
+
+    def _leave(self, call: _ClientCall) -> None:
+        """Forget ``call``; if the engine still runs it, tell it to stop."""
+        del self._calls[call.id]
+        if not call.finished and self._lost is None:
+            self._outbox.put_urgent(encode_message(Cancel(call.id)))
+
+    async def _send(self, message: Message) -> None:
+        """Queue ``message``; :class:`BadInput` if it cannot be encoded (the caller's
+        request: a tensor that does not fit its shape, a value msgpack cannot hold)."""
+        self._check_open()
+        await self._outbox.put(encode_message(message, self._max_message))
+
+    def _consumed(self, call: _ClientCall, count: int) -> None:
+        call.unacked += count
+        if call.unacked >= max(1, self._limits.window // 2) and not call.finished and self._lost is None:
+            self._outbox.put_urgent(encode_message(Ack(call.id, call.unacked)))
+            call.unacked = 0
+
+    async def _unary(self, method: str, args: Mapping[str, Any]) -> Any:
+        call = self._open()
+        try:
+            await self._send(Call(call.id, method, args))
+            reply = await call.next_message(self)
+        finally:
+            self._leave(call)
+        if isinstance(reply, Failed):
+            raise error_from_plain(reply.kind, reply.message)
+        if not isinstance(reply, Reply):
+            raise WireError(f"{method}: expected a reply, got {type(reply).__name__}")
+        return UNARY_METHODS[method][2](reply.value)
+
+    # -- the EngineAPI ----------------------------------------------------------------------
+
+    async def ready(self) -> bool:
+        result: bool = await self._unary("ready", {})
+        return result
+
+    async def models(self) -> list[ModelInfo]:
+        result: list[ModelInfo] = await self._unary("models", {})
+        return result
+
+    async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
+        result: ModelInfo = await self._unary("model_info", {"name": name, "version": version})
+        return result
+
+    async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        result: ModelMetadata = await self._unary("metadata", {"name": name, "version": version})
+        return result
+
+    async def repository_index(self) -> list[RepositoryEntry]:
+        result: list[RepositoryEntry] = await self._unary("repository_index", {})
+        return result
+
+    async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
+        result: ModelStatistics = await self._unary("statistics", {"name": name, "version": version})
+        return result
+
+    async def load_from_repository(self, name: str) -> None:
+        await self._unary("load_from_repository", {"name": name})
+
+    async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
+        await self._unary("unload", {"name": name, "version": version, "grace": grace})
+
+    async def set_default_version(self, name: str, version: str) -> None:
+        """Serve ``version`` when a request names no version (the engine's, if it can)."""
+        await self._unary("set_default_version", {"name": name, "version": version})
+
+    async def wait_idle(self) -> None:
+        await self._unary("wait_idle", {})
+
+    async def infer(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> InferenceResponse:
+        call = self._open()
+        try:
+            await self._send(Infer(call.id, request, model, version))
+            reply = await call.next_message(self)
+        finally:
+            self._leave(call)
+        if isinstance(reply, Failed):
+            raise error_from_plain(reply.kind, reply.message)
+        if not isinstance(reply, Reply):
+            raise WireError(f"infer: expected a reply, got {type(reply).__name__}")
+        return response_from_plain(reply.value)
+
+    @asynccontextmanager
+    async def infer_stream(
+        self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
+    ) -> AsyncIterator[ResponseIterator]:
+        """The responses of one request. Errors at the start (no such model, a bad
+        sequence) are raised here, later ones by the iterator, as in process. Leaving the
+        block cancels the request in the engine."""
+        call = self._open()
+        try:
+            await self._send(OpenStream(call.id, request, model, version, self._limits.window))
+            await self._opened(call)
+            yield RemoteResponses(self, call)
+        finally:
+            self._leave(call)
+
+    @asynccontextmanager
+    async def stream(
+        self, requests: AsyncIterator[InferenceRequest], *, model: str, version: str | None = None
+    ) -> AsyncIterator[ResponseIterator]:
+        """MLServer's ``predict_stream``: a task of this block sends ``requests`` as the
+        engine asks for them; an error reading them ends the responses with it."""
+        call = self._open()
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._send(OpenStreamIn(call.id, model, version, self._limits.window))
+                call.credit = max(1, self._limits.window)
+                responses = RemoteResponses(self, call)
+                nursery.start_soon(self._feed, call, requests, responses)
+                try:
+                    await self._opened(call)
+                    yield responses
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise_single(group)
+        finally:
+            self._leave(call)
+
+    async def _opened(self, call: _ClientCall) -> None:
+        first = await call.next_message(self)
+        if isinstance(first, Failed):
+            raise error_from_plain(first.kind, first.message)
+        if not isinstance(first, Opened):
+            raise WireError(f"a stream must open first, got {type(first).__name__}")
+
+    async def _feed(self, call: _ClientCall, requests: AsyncIterator[InferenceRequest], responses: RemoteResponses) -> None:
+        try:
+            async for request in requests:
+                while call.credit <= 0 and not call.finished:
+                    self._check_open()
+                    await call.credit_lot.park()
+                if call.finished:
+                    return  # the engine ended the stream; it takes no more requests
+                call.credit -= 1
+                await self._send(StreamRequest(call.id, request))
+            await self._send(StreamInputEnd(call.id))
+        except ShuttingDown:
+            return  # the responses report the lost engine
+        except Exception as exc:  # as in process: the error ends the responses
+            responses._fail_with(exc)
+            call.arrived.unpark_all()
+
+
+class RemoteResponses:
+    """The :class:`~actorserve.api.ResponseIterator` of a remote stream."""
+
+    __slots__ = ("_buffer", "_call", "_client", "_done", "_local_error")
+
+    def __init__(self, client: EngineClient, call: _ClientCall) -> None:
+        self._client = client
+        self._call = call
+        self._buffer: deque[InferenceResponse] = deque()
+        self._done = False
+        self._local_error: Exception | None = None
+
+    def _fail_with(self, error: Exception) -> None:
+        self._local_error = error
+
+    def __aiter__(self) -> RemoteResponses:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if not self._buffer:
+            self._buffer.extend(await self.next_batch())
+        return self._buffer.popleft()
+
+    async def next_batch(self) -> list[InferenceResponse]:
+        """Every response received and not yet taken (at least one, waiting for it);
+        :class:`StopAsyncIteration` at the end, the stream's error after its responses."""
+        if self._buffer:
+            batch = list(self._buffer)
+            self._buffer.clear()
+            return batch
+        call = self._call
+        if self._done:
+            raise StopAsyncIteration
+        while not call.inbox:
+            if self._local_error is not None:
+                self._done = True
+                raise self._local_error
+            self._client._check_open()
+            await call.arrived.park()
+        batch = []
+        while call.inbox and isinstance(head := call.inbox[0], Responses):
+            batch.extend(head.responses)
+            call.inbox.popleft()
+        if batch:
+            self._client._consumed(call, len(batch))
+            return batch
+        last = call.inbox.popleft()
+        self._done = True
+        if isinstance(last, Failed):
+            raise error_from_plain(last.kind, last.message)
+        if isinstance(last, End):
+            raise StopAsyncIteration
+        raise WireError(f"unexpected {type(last).__name__} in a stream")
+
+
+@asynccontextmanager
+async def open_engine_client(
+    path: str, *, limits: LinkLimits = DEFAULT_LIMITS
+) -> AsyncIterator[EngineClient]:
+    """Connect to the engine process's socket at ``path`` and yield its client. Leaving
+    the block closes the connection (the engine cancels whatever is still open).
+    ``OSError`` if nothing listens there."""
+    stream = await trio.open_unix_socket(path)
+    try:
+        async with stream, trio.open_nursery() as nursery:
+            client = EngineClient(stream, limits)
+            nursery.start_soon(client._read)
+            nursery.start_soon(client._write)
+            try:
+                yield client
+            finally:
+                client._lose("the client was closed")
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_single(group)
+
+
+if TYPE_CHECKING:  # the client implements the boundary the transports use
+    _: type[EngineAPI] = EngineClient

@@ -1,0 +1,93 @@
+"""The messages waiting for one connection's writer, and that writer's frame gathering."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import trio
+
+#: scheduler rounds the writer waits, while more messages keep arriving, before it sends:
+#: the tasks woken by one engine step each add their message within a round or two, so
+#: a step's outputs leave as one frame. Never a wait on the clock.
+GATHER_ROUNDS = 2
+
+
+class Outbox:
+    """Encoded messages in order, for the one writer task of a connection.
+
+    Producers ``await put(message)``; it waits while ``max_messages`` or ``max_bytes`` are
+    reached (backpressure: a slow socket makes the engine stop pulling streams).
+    :meth:`put_urgent` is for the few control messages that must go out from a
+    ``finally`` (a cancel, an ack); its callers bound them (at most one per call in
+    flight). :meth:`take` gives the writer every message waiting, up to a frame's size.
+
+    :meth:`close` fails every waiting and later :meth:`put` with the given error.
+    """
+
+    __slots__ = ("_bytes", "_error", "_items", "_max_bytes", "_max_messages", "_producers", "_writer")
+
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        self._items: deque[bytes] = deque()
+        self._bytes = 0
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._producers = trio.lowlevel.ParkingLot()
+        self._writer = trio.lowlevel.ParkingLot()
+        self._error: Callable[[], BaseException] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _full(self) -> bool:
+        return bool(self._items) and (len(self._items) >= self._max_messages or self._bytes >= self._max_bytes)
+
+    async def put(self, message: bytes) -> None:
+        """Queue ``message``, waiting while the outbox is full."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self._error is None and self._full():
+            await self._producers.park()
+        self._append(message)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def put_urgent(self, message: bytes) -> None:
+        """Queue ``message`` now, full or not (see the class docstring for who may)."""
+        self._append(message)
+
+    def _append(self, message: bytes) -> None:
+        if self._error is not None:
+            raise self._error()
+        self._items.append(message)
+        self._bytes += len(message)
+        if self._writer:
+            self._writer.unpark()
+
+    async def take(self, max_bytes: int) -> list[bytes]:
+        """Wait for a message, let the tasks already woken add theirs (up to
+        :data:`GATHER_ROUNDS` scheduler rounds), then return every message waiting
+        whose total fits ``max_bytes`` (always at least one)."""
+        while not self._items:
+            await self._writer.park()
+        seen = len(self._items)
+        for _ in range(GATHER_ROUNDS):
+            await trio.lowlevel.checkpoint()
+            if len(self._items) == seen:
+                break
+            seen = len(self._items)
+        items = self._items
+        taken = [items.popleft()]
+        size = len(taken[0])
+        while items and size + len(items[0]) <= max_bytes:
+            message = items.popleft()
+            taken.append(message)
+            size += len(message)
+        self._bytes -= size
+        self._producers.unpark_all()
+        return taken
+
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """Refuse further messages with ``error()`` (a fresh exception each time) and
+        wake every waiting producer so it raises it."""
+        if self._error is None:
+            self._error = error
+        self._producers.unpark_all()
