@@ -23,7 +23,7 @@ import click
 import trio
 from click.core import ParameterSource
 
-from . import __version__
+from . import __version__, processes
 from .errors import ModelFailed
 from .repository import ModelRepository
 from .server import Server, serve
@@ -90,7 +90,8 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "log_level": (click.Choice(LOG_LEVELS, case_sensitive=False), "log level"),
     "api_workers": (
         click.INT,
-        "front processes serving REST and gRPC (1: everything in one process; see docs/architecture.md)",
+        "front processes serving REST and gRPC beside one engine process (0: everything in "
+        "one process; see docs/architecture.md)",
     ),
 }
 
@@ -205,7 +206,7 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)
-    ctx.exit(_serve_until_signal(settings.with_models(models), repository))
+    ctx.exit(_serve_until_signal(settings.with_models(models), repository, ctx.obj or sys.argv[1:]))
 
 
 def _configure_logging(level: str) -> None:
@@ -222,10 +223,23 @@ def _error(message: str) -> None:
     print(f"actorserve: error: {message}", file=sys.stderr)
 
 
-def _serve_until_signal(settings: Settings, repository: ModelRepository) -> int:
-    """Run the server; the exit code, after a one-line message for a startup error."""
+def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: Sequence[str]) -> int:
+    """Run the server (one process, or the parent / a child of the multi-process server:
+    see :mod:`actorserve.processes`); the exit code, after a one-line message for a
+    startup error."""
+    role = processes.role()
     try:
-        trio.run(_run, settings, repository)
+        if role == "engine":
+            trio.run(processes.run_engine_child, settings, repository)
+        elif role == "front":
+            trio.run(processes.run_front_child, settings)
+        elif settings.api_workers > 0:
+            return trio.run(processes.run_parent, settings, argv)
+        else:
+            trio.run(_run, settings, repository)
+    except processes.ChildFailed as exc:
+        _error(str(exc))
+        return exc.exit_code
     except BaseException as error:
         problems = _problems(error)
         for problem in problems:
@@ -290,7 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and the process's
     environment; return the exit code instead of exiting."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name=_prog_name(), standalone_mode=True)
+        args = list(argv) if argv is not None else sys.argv[1:]
+        # obj: the arguments again, for the children of the multi-process server
+        cli.main(args=args, prog_name=_prog_name(), standalone_mode=True, obj=args)
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)

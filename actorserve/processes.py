@@ -346,15 +346,12 @@ async def _parent_signals(supervisor: Supervisor, scope: trio.CancelScope) -> No
 async def run_engine_child(settings: Settings, repository: ModelRepository) -> None:
     """The engine process: load every model, serve the fronts on the Unix socket the
     parent named, until SIGTERM (drain within the grace period) or the parent's death."""
-    from .ipc.engine_side import serve_fronts
+    from .ipc.engine_side import open_unix_listener, serve_fronts
 
-    path = engine_socket()
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await sock.bind(path)
-    sock.listen(BACKLOG)
+    listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
     async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, nursery.cancel_scope)
-        await nursery.start(serve_fronts, engine, trio.SocketListener(sock))
+        await nursery.start(serve_fronts, engine, listener)
         say_ready()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:

@@ -104,10 +104,10 @@ def test_a_bad_flag_names_the_flag_even_when_its_variable_is_set() -> None:
     assert result.exit_code == 2 and "Invalid value for '--grpc-stream-dialect'" in result.stderr
 
 
-def test_api_workers_must_be_at_least_one() -> None:
-    result = invoke("--api-workers", "0")
+def test_api_workers_must_not_be_negative() -> None:
+    result = invoke("--api-workers", "-1")
     assert result.exit_code == 2
-    assert "Error: Invalid value for '--api-workers': must be >= 1" in result.stderr
+    assert "Error: Invalid value for '--api-workers': must be >= 0" in result.stderr
     result = invoke(ACTORSERVE_API_WORKERS="0")
     assert result.exit_code == 2
     assert "Error: Invalid value for ACTORSERVE_API_WORKERS: must be >= 1" in result.stderr
@@ -162,8 +162,8 @@ def test_version_and_main_return_codes(capsys: pytest.CaptureFixture[str]) -> No
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"actorserve {__version__}\n"
-    assert main(["--api-workers", "0"]) == 2
-    assert "Error: Invalid value for '--api-workers': must be >= 1" in capsys.readouterr().err
+    assert main(["--api-workers", "-1"]) == 2
+    assert "Error: Invalid value for '--api-workers': must be >= 0" in capsys.readouterr().err
 
 
 def test_a_variable_for_version_does_not_stop_the_server(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,7 @@ def test_empty_folder(tmp_path: Path) -> None:
         ({"max_body_bytes": "64"}, "max_body_bytes must be an integer >= 1"),
         ({"gzip_min_bytes": -1}, "gzip_min_bytes must be >= 0"),
         ({"grpc_stream_max_inflight": 0}, "grpc_stream_max_inflight must be >= 1"),
-        ({"api_workers": 0}, "api_workers must be >= 1"),
+        ({"api_workers": -1}, "api_workers must be >= 0"),
         ({"grpc_stream_dialect": "kserve"}, "grpc_stream_dialect must be 'triton' or 'mlserver'"),
         ({"log_level": "loud"}, "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
         ({"host": ""}, "host must be a host name or IP address"),
@@ -84,7 +84,7 @@ def test_server_settings_check_every_value(values: dict[str, Any], message: str)
 def test_server_settings_defaults_and_edges() -> None:
     settings = Settings(http_port=0, grpc_port=None, grace_period=0, gzip_min_bytes=0, log_level="debug")
     assert (settings.http_port, settings.grpc_port, settings.grace_period) == (0, None, 0)
-    assert settings.log_level == "DEBUG" and settings.api_workers == 1
+    assert settings.log_level == "DEBUG" and settings.api_workers == 0
     assert Settings(http_port=65535).http_port == 65535
 
 
