@@ -54,13 +54,15 @@ def _drain(process: subprocess.Popen[bytes], log: list[str], found: threading.Ev
     found.set()
 
 
-@pytest.fixture(scope="module")
-def running_server() -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "api-workers-2"])
+def running_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The server in one process, and as a parent with an engine process and two fronts:
+    every example must work the same against both."""
     grpc_port = "off" if grpc_import_error() is not None else "0"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", grpc_port,
-         "--grace-period", "2"],
+         "--grace-period", "2", "--api-workers", str(request.param)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
     )  # fmt: skip
     log: list[str] = []
