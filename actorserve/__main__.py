@@ -21,9 +21,10 @@ import trio
 
 from . import __version__
 from .errors import ModelFailed
+from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .server import Server, serve
-from .settings import MODEL_SETTINGS_FILE, Settings, SettingsError, builtin_models
+from .settings import MODEL_SETTINGS_FILE, Settings, SettingsError
 
 log = logging.getLogger("actorserve")
 

@@ -25,8 +25,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from .engine import Engine, open_engine, raise_single
+from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
-from .settings import Settings, builtin_models
+from .settings import Settings
 from .transport.rest import FindModels, RestApp, create_app
 
 log = logging.getLogger(__name__)

@@ -171,13 +171,6 @@ def discover_models(folder: Path | str) -> list[ModelSettings]:
     return [load_model_settings(f) for f in files]
 
 
-def builtin_models() -> list[ModelSettings]:
-    """The models served when no model folder is given."""
-    from .models import builtin_settings
-
-    return builtin_settings()
-
-
 def _env_bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 

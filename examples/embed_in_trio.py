@@ -17,12 +17,12 @@ import httpx
 import trio
 
 import actorserve
-from actorserve.settings import builtin_models
+from actorserve.models import builtin_settings
 
 
 async def main() -> int:
     settings = actorserve.Settings(
-        models=tuple(builtin_models()), host="127.0.0.1", http_port=0, grpc_port=None, grace_period=5.0
+        models=tuple(builtin_settings()), host="127.0.0.1", http_port=0, grpc_port=None, grace_period=5.0
     )
     async with trio.open_nursery() as nursery:
         # nursery.start returns once every model is loaded and the port is bound.

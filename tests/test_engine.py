@@ -15,11 +15,11 @@ from support.models import recording_settings, request
 import actorserve
 from actorserve import InferenceRequest, ModelNotFound, ModelSettings, SequenceNotFound
 from actorserve.codecs import tensor_from_numpy
-from actorserve.settings import builtin_models
+from actorserve.models import builtin_settings
 
 
 def builtin(name: str) -> ModelSettings:
-    return next(m for m in builtin_models() if m.name == name)
+    return next(m for m in builtin_settings() if m.name == name)
 
 
 def prompt(text: str, **parameters: object) -> InferenceRequest:

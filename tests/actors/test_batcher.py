@@ -165,9 +165,9 @@ async def test_thousand_interleaved_sequences_sum_exactly(autojump_clock: trio.t
     import numpy as np
 
     from actorserve.codecs import tensor_from_numpy
-    from actorserve.settings import builtin_models
+    from actorserve.models import builtin_settings
 
-    accumulator = next(m for m in builtin_models() if m.name == "accumulator")
+    accumulator = next(m for m in builtin_settings() if m.name == "accumulator")
     async with actorserve.open_engine([accumulator]) as engine:
         sums: dict[int, list[int]] = {}
 

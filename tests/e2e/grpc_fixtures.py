@@ -25,7 +25,8 @@ import actorserve
 from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, ModelSettings, StepOutput
 from actorserve.codecs import tensor_from_numpy
 from actorserve.model import int_parameter
-from actorserve.settings import SequenceSettings, Settings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import SequenceSettings, Settings
 from actorserve.transport.grpc import BRIDGES, DEFAULT_BRIDGE, serve_grpc
 
 T = TypeVar("T")

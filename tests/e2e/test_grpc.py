@@ -16,7 +16,8 @@ from e2e.grpc_fixtures import GrpcServer, bridge, grpc_server, in_thread, runnin
 from tritonclient.utils import InferenceServerException
 
 import actorserve
-from actorserve.settings import Settings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import Settings
 
 __all__ = ["bridge", "grpc_server"]
 

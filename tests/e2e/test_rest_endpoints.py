@@ -12,9 +12,10 @@ import pytest
 import trio
 
 import actorserve
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.repository import ModelRepository
 from actorserve.server import Server, serve
-from actorserve.settings import Settings, builtin_models
+from actorserve.settings import Settings
 
 
 async def test_health(client: httpx.AsyncClient) -> None:

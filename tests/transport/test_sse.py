@@ -11,7 +11,8 @@ import trio
 
 from actorserve import open_engine
 from actorserve.errors import ModelFailed, Overloaded
-from actorserve.settings import Settings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import Settings
 from actorserve.transport import sse
 from actorserve.transport.rest import create_app
 
