@@ -40,7 +40,7 @@ async def main() -> int:
         print(f"identity answered {output['data']} with shape {output['shape']}")
 
         # The engine is also right here, in-process, for trio code that needs no HTTP.
-        print(f"models: {[host.name for host in server.engine.hosts()]}")
+        print(f"models: {[model.name for model in await server.engine.models()]}")
 
         server.shutdown()  # graceful: in-flight requests finish, then everything stops
     ok = output["data"] == [1.0, 2.0, 3.0, 4.5] and output["shape"] == [2, 2]

@@ -37,7 +37,7 @@ async def server(launch: Callable[..., Awaitable[Server]]) -> Server:
 
 
 def text_model(server: Server) -> TextModel:
-    model = server.engine.host("text").model
+    model = server.engine.model("text")
     assert isinstance(model, TextModel)
     return model
 
