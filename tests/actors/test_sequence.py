@@ -16,6 +16,7 @@ from actorserve import (
     SequenceNotFound,
     SequenceSettings,
 )
+from actorserve.api import EndReason
 
 
 def seq(request_id: str, sid: Any, n_tokens: int = 1, **flags: Any) -> actorserve.InferenceRequest:
@@ -270,3 +271,4 @@ async def test_every_exit_path_calls_on_sequence_end_exactly_once(autojump_clock
     assert reasons["e1"] == "evicted" and reasons["e2"] == "evicted"
     assert reasons["shutdown"] == "shutdown"
     assert sorted(model.states) == sorted(reasons)
+    assert all(type(reason) is EndReason for reason in reasons.values())  # a StrEnum
