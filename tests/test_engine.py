@@ -250,3 +250,26 @@ async def test_model_gives_each_replica(autojump_clock: trio.testing.MockClock) 
             engine.model("rec", replica=2)
         with pytest.raises(ModelNotFound):
             engine.model("nope")
+
+
+async def test_plain_model_request_queued_in_a_cancelled_sequence_hears_why(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with actorserve.open_engine([builtin("streamer")]) as engine:
+        await engine.infer(prompt("p", n_tokens=0, sequence_id="s", sequence_start=True), model="streamer")
+        outcome: list[str] = []
+
+        async def queued() -> None:
+            with pytest.raises(SequenceNotFound, match="'s' was cancelled") as info:
+                await engine.infer(prompt("q", n_tokens=1, sequence_id="s"), model="streamer")
+            outcome.append(str(info.value))
+
+        async with engine.infer_stream(prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer") as rs:
+            await rs.__anext__()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(queued)
+                await trio.testing.wait_all_tasks_blocked()
+                assert (await engine.statistics("streamer")).queued == 1
+                await engine.infer(prompt("x", sequence_id="s", sequence_cancel=True), model="streamer")
+        assert outcome == ["sequence 's' was cancelled"]
+        assert (await engine.statistics("streamer")).sequences_ended == {"cancelled": 1}

@@ -111,9 +111,8 @@ class PlainRunner:
         except BaseException:
             item.cancel()
             raise
-        if item.finished:  # the sequence ended while this request waited
-            await item.next_reply()  # raises the reason
-            raise SequenceNotFound(f"sequence {actor.id!r} ended")
+        if item.finished:  # the sequence ended while this request waited: say why
+            raise item.error or SequenceNotFound(f"sequence {actor.id!r} ended")
         return item
 
     async def _responses(
