@@ -25,6 +25,7 @@ from click.core import ParameterSource
 
 from . import __version__, processes
 from .errors import ModelFailed
+from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .server import Server, serve
 from .settings import (
@@ -34,7 +35,6 @@ from .settings import (
     BadSetting,
     Settings,
     SettingsError,
-    builtin_models,
 )
 
 log = logging.getLogger("actorserve")

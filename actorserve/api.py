@@ -184,8 +184,9 @@ class ModelStatistics:
     version: str
     #: requests accepted and not yet answered
     inflight: int
-    #: requests waiting for a batch slot / in the running batch (BatchModel only)
+    #: requests waiting for a batch slot (BatchModel only)
     waiting: int = 0
+    #: requests in the running batch; for a plain Model, inside predict / predict_stream
     running: int = 0
     steps: int = 0
     items_stepped: int = 0
@@ -193,6 +194,8 @@ class ModelStatistics:
     sequences_started: int = 0
     #: reason -> count of ended sequences
     sequences_ended: Mapping[str, int] = attrs.field(factory=dict)
+    #: requests waiting in open sequences' mailboxes behind the running one
+    queued: int = 0
 
 
 @runtime_checkable

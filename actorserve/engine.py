@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 
 from .actors.host import ModelHost
+from .actors.inflight import Inflight
 from .api import (
     EngineAPI,
     ModelInfo,
@@ -43,20 +44,12 @@ def _version_key(version: str) -> tuple[int, int | str]:
     return (0, int(version)) if version.isdigit() else (1, version)
 
 
-_HOST_STATES = {
-    "loading": ModelState.LOADING,
-    "ready": ModelState.READY,
-    "stopping": ModelState.UNLOADING,
-    "stopped": ModelState.UNAVAILABLE,
-}
-
-
 def _info(host: ModelHost) -> ModelInfo:
     model = host.replicas[0] if host.replicas else None
     return ModelInfo(
         name=host.name,
         version=host.version,
-        state=_HOST_STATES.get(host.state, ModelState.UNAVAILABLE),
+        state=host.state,
         batched=host.batched,
         stream_input=bool(host.model_class.stream_input),
         workers=host.settings.workers,
@@ -77,6 +70,8 @@ class Engine:
         #: what each loaded version accepts (absent: it declares nothing)
         self._contracts: dict[ModelHost, RequestContract] = {}
         self._closing = False
+        #: every request in flight in any host (and what it left in a batch)
+        self._inflight = Inflight()
 
     # -- models ------------------------------------------------------------------------
 
@@ -90,9 +85,12 @@ class Engine:
             raise ShuttingDown("the engine is shutting down")
         model_class = self.repository.implementation(settings)
         contract = RequestContract.of(settings, model_class)
-        host = ModelHost(settings, model_class)
+        host = ModelHost(settings, model_class, inflight=self._inflight)
         if contract is not None:
             self._contracts[host] = contract
+        versions = self._hosts.setdefault(settings.name, {})
+        if settings.version not in versions:  # visible (LOADING) while it loads
+            versions[settings.version] = host
         try:
             await self._nursery.start(self._run_host, host)
         except Exception as exc:
@@ -100,7 +98,7 @@ class Engine:
             raise ModelFailed(f"loading model {settings.name!r} failed: {type(exc).__name__}: {exc}") from exc
         old = self._hosts.setdefault(settings.name, {}).get(settings.version)
         self._hosts[settings.name][settings.version] = host
-        if old is not None:
+        if old is not None and old is not host:
             old.stop()
         model = host.model
         batching = f", max_batch_size={model.max_batch_size}" if isinstance(model, BatchModel) else ""
@@ -190,7 +188,7 @@ class Engine:
         if self._closing:
             raise ShuttingDown("the engine is shutting down")
         host = self.host(model or request.model_name, version or request.model_version)
-        if not host.ready and host.state == "loading":
+        if host.state is ModelState.LOADING:
             raise ModelNotReady(f"model {host.name!r} is not ready")
         contract = self._contracts.get(host)
         if contract is not None:
@@ -257,27 +255,7 @@ class Engine:
         return self._index()
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
-        host = self.host(name, version)
-        waiting = running = steps = stepped = 0
-        for batcher in host.batchers:
-            stats = batcher.statistics()
-            waiting += stats.waiting
-            running += stats.running
-            steps += stats.steps
-            stepped += stats.items_stepped
-        supervisor = host.supervisor.statistics() if host.supervisor is not None else None
-        return ModelStatistics(
-            name=host.name,
-            version=host.version,
-            inflight=host.inflight,
-            waiting=waiting,
-            running=running,
-            steps=steps,
-            items_stepped=stepped,
-            open_sequences=supervisor.open_sequences if supervisor else 0,
-            sequences_started=supervisor.started if supervisor else 0,
-            sequences_ended=dict(supervisor.ended) if supervisor else {},
-        )
+        return self.host(name, version).statistics()
 
     async def load_from_repository(self, name: str) -> None:
         for model_settings in self.repository.find(name, known=self.settings.models):
@@ -291,18 +269,18 @@ class Engine:
         self._default_version[name] = version
 
     async def wait_idle(self) -> None:
-        """Return once no request is in flight (polled each trio tick; for tests and
-        benchmarks, not the hot path)."""
-        while self._busy():  # noqa: ASYNC110 (to be replaced by an event set by the hosts)
-            await trio.sleep(0.001)
+        """Return once no request is in flight in any model and no item a caller left
+        is still in a batch (woken by the last one leaving; no polling)."""
+        await self._inflight.wait_idle()
 
-    def _busy(self) -> bool:
-        return any(h.inflight or any(b.load for b in h.batchers) for h in self.hosts())
-
-    def model(self, name: str, version: str | None = None, replica: int = 0) -> Model:
+    def model(self, name: str, version: str | None = None, *, replica: int = 0) -> Model:
         """The model object serving ``name`` (in-process only: for embedders and tests
-        that talk to their own model, e.g. to open a gate)."""
-        return self.host(name, version).replicas[replica]
+        that talk to their own model, e.g. to open a gate). :class:`ModelNotFound`, or
+        :class:`ModelNotReady` while it loads."""
+        host = self.host(name, version)
+        if replica >= len(host.replicas):
+            raise ModelNotReady(f"model {host.name!r} has no replica {replica} loaded")
+        return host.replicas[replica]
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -359,9 +337,9 @@ async def open_engine(
     Leaving the block shuts everything down: sequences end with reason ``shutdown`` and
     no task is left behind."""
     if settings is None:
-        from .settings import builtin_models
+        from .models import builtin_settings
 
-        settings = Settings(models=tuple(builtin_models()))
+        settings = Settings(models=tuple(builtin_settings()))
     elif not isinstance(settings, Settings):
         settings = Settings(models=tuple(settings))
     try:

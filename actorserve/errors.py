@@ -19,6 +19,10 @@ what was expected.
 
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger("actorserve.model")
+
 
 class ActorServeError(Exception):
     """Base class of every error the engine reports to a client."""
@@ -58,3 +62,13 @@ class Overloaded(ActorServeError):
 
 class ModelFailed(ActorServeError):
     """The model raised while serving this request."""
+
+    @classmethod
+    def wrap(cls, model: str, exc: BaseException, during: str = "") -> ModelFailed:
+        """The error to raise for ``exc``, an exception out of model ``model``'s code:
+        ``model 'm' failed[ during]: Type: message``. Logs it with its traceback, so a
+        client reads one line while the operator gets the whole story. Raise it
+        ``from None`` (the log has the cause)."""
+        what = f"model {model!r} failed{' ' + during if during else ''}"
+        log.error("%s", what, exc_info=exc)
+        return cls(f"{what}: {type(exc).__name__}: {exc}")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import attrs
 import numpy as np
 
+from .api import EndReason, bool_parameter
 from .codecs import tensor_from_numpy
 from .errors import BadInput, ModelFailed
 from .settings import ModelSettings
@@ -26,8 +27,9 @@ from .types import InferenceRequest, InferenceResponse, Tensor
 StateT = TypeVar("StateT")
 WorkT = TypeVar("WorkT")
 
-#: Why a sequence ended, as passed to :meth:`BatchModel.on_sequence_end`.
-END_REASONS = ("ended", "cancelled", "expired", "evicted", "failed", "shutdown")
+#: Why a sequence ended, as passed to :meth:`BatchModel.on_sequence_end` (string values:
+#: ``"ended"``, ``"cancelled"``, ``"expired"``, ``"evicted"``, ``"failed"``, ``"shutdown"``).
+END_REASONS: tuple[EndReason, ...] = tuple(EndReason)
 
 
 @attrs.frozen(slots=True)
@@ -161,8 +163,9 @@ class BatchModel(Model, Generic[StateT, WorkT]):
         """Advance every work item by one step (runs in a worker thread)."""
         raise NotImplementedError
 
-    def on_sequence_end(self, state: StateT, reason: str) -> None:
-        """A sequence ended (see :data:`END_REASONS`); free its state."""
+    def on_sequence_end(self, state: StateT, reason: EndReason) -> None:
+        """A sequence ended (see :data:`END_REASONS`; a ``StrEnum``, so comparing it
+        with ``"expired"`` works); free its state."""
 
     def on_request_cancelled(self, work: WorkT) -> None:
         """The caller of ``work`` went away before it was done."""
@@ -288,17 +291,6 @@ def float_parameter(
     return float(value)
 
 
-def bool_parameter(value: object, name: str) -> bool:
-    """A boolean from JSON, gRPC or a header (true/false, 1/0, yes/no)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "false", "0", "no", ""):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise _bad(name, value, "a boolean")
-
-
 def text_input(request: InferenceRequest, name: str, default: str | None = None) -> str:
     """The first element of a BYTES input as text (``default`` if the input is absent)."""
     tensor = request.input(name, required=default is None)
@@ -309,3 +301,17 @@ def text_input(request: InferenceRequest, name: str, default: str | None = None)
         raise BadInput(f"input {name!r}: expected BYTES with at least one element")
     value = tensor.data.reshape(-1)[0]
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+__all__ = [
+    "END_REASONS",
+    "BatchModel",
+    "EndReason",
+    "Model",
+    "StepOutput",
+    "bool_parameter",
+    "float_parameter",
+    "int_parameter",
+    "merge_responses",
+    "text_input",
+]

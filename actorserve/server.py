@@ -33,8 +33,9 @@ from hypercorn.utils import wrap_app
 from .api import EngineAPI
 from .engine import open_engine, raise_single
 from .listeners import BACKLOG, ListenError, Listeners, open_listeners
+from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
-from .settings import Settings, builtin_models
+from .settings import Settings
 from .transport.rest import FindModels, RestApp, create_app
 
 log = logging.getLogger(__name__)

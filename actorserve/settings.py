@@ -250,13 +250,6 @@ def discover_models(folder: Path | str) -> list[ModelSettings]:
     return [load_model_settings(f) for f in files]
 
 
-def builtin_models() -> list[ModelSettings]:
-    """The models served when no model folder is given."""
-    from .models import builtin_settings
-
-    return builtin_settings()
-
-
 class BadSetting(SettingsError):
     """One server-wide setting has a value it cannot take.
 

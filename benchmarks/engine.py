@@ -82,7 +82,7 @@ async def throughput(rounds: int) -> None:
 
 
 async def memory(sequences: int) -> None:
-    from actorserve.settings import builtin_models
+    from actorserve.models import builtin_settings as builtin_models
 
     accumulator = next(m for m in builtin_models() if m.name == "accumulator")
     import attrs

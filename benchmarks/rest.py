@@ -54,8 +54,8 @@ def serve_forever(fast_path: bool) -> None:
     import trio
 
     import actorserve
+    from actorserve.models import builtin_settings as builtin_models
     from actorserve.server import serve
-    from actorserve.settings import builtin_models
 
     async def main() -> None:
         settings = actorserve.Settings(

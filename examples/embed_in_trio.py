@@ -17,12 +17,12 @@ import httpx
 import trio
 
 import actorserve
-from actorserve.settings import builtin_models
+from actorserve.models import builtin_settings
 
 
 async def main() -> int:
     settings = actorserve.Settings(
-        models=tuple(builtin_models()), host="127.0.0.1", http_port=0, grpc_port=None, grace_period=5.0
+        models=tuple(builtin_settings()), host="127.0.0.1", http_port=0, grpc_port=None, grace_period=5.0
     )
     async with trio.open_nursery() as nursery:
         # nursery.start returns once every model is loaded and the port is bound.
@@ -40,7 +40,7 @@ async def main() -> int:
         print(f"identity answered {output['data']} with shape {output['shape']}")
 
         # The engine is also right here, in-process, for trio code that needs no HTTP.
-        print(f"models: {[host.name for host in server.engine.hosts()]}")
+        print(f"models: {[model.name for model in await server.engine.models()]}")
 
         server.shutdown()  # graceful: in-flight requests finish, then everything stops
     ok = output["data"] == [1.0, 2.0, 3.0, 4.5] and output["shape"] == [2, 2]

@@ -58,7 +58,7 @@ def test_help_has_one_option_and_one_variable_per_setting() -> None:
             assert "ACTORSERVE_" + field.name.upper() in text
     assert "ACTORSERVE_GRPC_STREAM_MAX_INFLIGHT" in text
     assert "--api-workers" in text and "ACTORSERVE_API_WORKERS" in text
-    assert "front processes serving REST and gRPC (1: everything in one process; see" in " ".join(text.split())
+    assert "front processes serving REST and gRPC beside one engine process (0: everything in one process; see" in " ".join(text.split())
     # every option but --version/--help has exactly one variable
     assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 1  # + MODEL_FOLDERS
 
@@ -108,15 +108,15 @@ def test_api_workers_must_not_be_negative() -> None:
     result = invoke("--api-workers", "-1")
     assert result.exit_code == 2
     assert "Error: Invalid value for '--api-workers': must be >= 0" in result.stderr
-    result = invoke(ACTORSERVE_API_WORKERS="0")
+    result = invoke(ACTORSERVE_API_WORKERS="-1")
     assert result.exit_code == 2
-    assert "Error: Invalid value for ACTORSERVE_API_WORKERS: must be >= 1" in result.stderr
+    assert "Error: Invalid value for ACTORSERVE_API_WORKERS: must be >= 0" in result.stderr
 
 
 def test_flags_and_variables_become_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[Any] = []
 
-    def fake_serve(settings: Settings, repository: Any) -> int:
+    def fake_serve(settings: Settings, repository: Any, argv: list[str]) -> int:
         served.append((settings, repository))
         return 0
 
@@ -141,7 +141,7 @@ def test_model_folders_come_from_the_variable_separated_by_pathsep(
 ) -> None:
     served: list[Any] = []
 
-    def fake_serve(settings: Settings, repository: Any) -> int:
+    def fake_serve(settings: Settings, repository: Any, argv: list[str]) -> int:
         served.append(repository)
         return 0
 
@@ -167,7 +167,7 @@ def test_version_and_main_return_codes(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_a_variable_for_version_does_not_stop_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_module, "_serve_until_signal", lambda settings, repository: 0)
+    monkeypatch.setattr(cli_module, "_serve_until_signal", lambda settings, repository, argv: 0)
     result = invoke(ACTORSERVE_VERSION="1")
     assert result.exit_code == 0 and result.output == ""
 

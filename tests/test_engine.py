@@ -3,6 +3,7 @@ in sequences."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import attrs
@@ -10,16 +11,17 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from support.models import recording_settings, request
+from support.models import Count, RecordingModel, recording_settings, request
 
 import actorserve
-from actorserve import InferenceRequest, ModelNotFound, ModelSettings, SequenceNotFound
+from actorserve import InferenceRequest, ModelNotFound, ModelSettings, SequenceNotFound, StepOutput
+from actorserve.api import ModelState, ModelStatistics
 from actorserve.codecs import tensor_from_numpy
-from actorserve.settings import builtin_models
+from actorserve.models import builtin_settings
 
 
 def builtin(name: str) -> ModelSettings:
-    return next(m for m in builtin_models() if m.name == name)
+    return next(m for m in builtin_settings() if m.name == name)
 
 
 def prompt(text: str, **parameters: object) -> InferenceRequest:
@@ -142,3 +144,132 @@ async def test_startup_error_reaches_an_embedder_as_itself() -> None:
             await serve(settings)
     finally:
         taken.close()
+
+
+# -- what the engine tells about its models (statistics, idle, loading) --------------------
+
+
+async def test_statistics_count_requests_steps_and_sequences(autojump_clock: trio.testing.MockClock) -> None:
+    async with actorserve.open_engine([recording_settings(reply_buffer=1), builtin("streamer")]) as engine:
+        assert await engine.statistics("rec") == ModelStatistics("rec", "1", inflight=0)
+        await engine.infer(request("a", 3, sequence_id="s", sequence_start=True))
+        await engine.infer(request("b", 1, sequence_id="s", sequence_end=True))
+        await engine.infer(request("c", 0, sequence_id="t", sequence_start=True))
+        async with engine.infer_stream(request("d", 10)) as stream:
+            await stream.__anext__()
+            await trio.testing.wait_all_tasks_blocked()
+            busy = await engine.statistics("rec")
+        assert (busy.inflight, busy.waiting, busy.running) == (1, 0, 1)
+        assert (busy.open_sequences, busy.sequences_started, busy.queued) == (1, 2, 0)
+        assert busy.sequences_ended == {"ended": 1}
+        assert all(type(reason) is str for reason in busy.sequences_ended)
+        assert busy.steps >= 5 and busy.items_stepped >= 5
+        async with engine.infer_stream(prompt("p", n_tokens=5, delay=1), model="streamer") as stream:
+            await stream.__anext__()
+            plain = await engine.statistics("streamer")
+        assert (plain.inflight, plain.running, plain.waiting, plain.steps) == (1, 1, 0, 0)
+
+
+class HeldStep(RecordingModel):
+    """Its step blocks (in its worker thread) while request ``hold`` is in it, until
+    the test sets ``release``."""
+
+    step_in_thread = True
+
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def step(self, batch: list[Count]) -> list[StepOutput]:
+        if any(work.request.id == "hold" for work in batch):
+            self.holding.set()
+            self.release.wait(10)
+        return super().step(batch)
+
+
+async def test_wait_idle_waits_for_what_a_caller_left_in_a_batch() -> None:
+    settings = recording_settings(implementation=HeldStep, reply_buffer=1)
+    async with actorserve.open_engine([settings]) as engine:
+        with trio.fail_after(10):
+            await engine.wait_idle()  # nothing in flight: at once
+        model = engine.model("rec")
+        assert isinstance(model, HeldStep)
+        async with engine.infer_stream(request("hold", 5)):
+            await trio.to_thread.run_sync(model.holding.wait)
+        # The caller left while its item is in a running step: it leaves at the next.
+        stats = await engine.statistics("rec")
+        assert (stats.inflight, stats.running) == (0, 1)
+        idle = trio.Event()
+
+        async def waiter() -> None:
+            await engine.wait_idle()
+            assert model.cancelled == ["hold"]  # dropped from the batch, the model told
+            idle.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not idle.is_set()
+            model.release.set()
+            with trio.fail_after(10):
+                await idle.wait()
+        stats = await engine.statistics("rec")
+        assert (stats.inflight, stats.waiting, stats.running) == (0, 0, 0)
+
+
+async def test_a_loading_model_is_listed_and_not_ready() -> None:
+    loaded = trio.Event()
+
+    class SlowToLoad(actorserve.Model):
+        async def load(self) -> None:
+            await loaded.wait()
+
+    async with actorserve.open_engine([builtin("identity")]) as engine, trio.open_nursery() as nursery:
+        nursery.start_soon(engine.load, ModelSettings(name="slow", implementation=SlowToLoad))
+        await trio.testing.wait_all_tasks_blocked()
+        info = await engine.model_info("slow")
+        assert (info.state, info.ready) == (ModelState.LOADING, False)
+        assert not await engine.ready()
+        with pytest.raises(actorserve.ModelNotReady):
+            await engine.infer(request("r"), model="slow")
+        with pytest.raises(actorserve.ModelNotReady):
+            engine.model("slow")
+        loaded.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await engine.model_info("slow")).state is ModelState.READY
+        assert await engine.ready()
+        assert isinstance(engine.model("slow"), SlowToLoad)
+
+
+async def test_model_gives_each_replica(autojump_clock: trio.testing.MockClock) -> None:
+    async with actorserve.open_engine([recording_settings(workers=2)]) as engine:
+        first, second = engine.model("rec", replica=0), engine.model("rec", replica=1)
+        assert first is not second and first is engine.model("rec")
+        with pytest.raises(actorserve.ModelNotReady, match="no replica 2"):
+            engine.model("rec", replica=2)
+        with pytest.raises(ModelNotFound):
+            engine.model("nope")
+
+
+async def test_plain_model_request_queued_in_a_cancelled_sequence_hears_why(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with actorserve.open_engine([builtin("streamer")]) as engine:
+        await engine.infer(prompt("p", n_tokens=0, sequence_id="s", sequence_start=True), model="streamer")
+        outcome: list[str] = []
+
+        async def queued() -> None:
+            with pytest.raises(SequenceNotFound, match="'s' was cancelled") as info:
+                await engine.infer(prompt("q", n_tokens=1, sequence_id="s"), model="streamer")
+            outcome.append(str(info.value))
+
+        async with engine.infer_stream(prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer") as rs:
+            await rs.__anext__()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(queued)
+                await trio.testing.wait_all_tasks_blocked()
+                assert (await engine.statistics("streamer")).queued == 1
+                await engine.infer(prompt("x", sequence_id="s", sequence_cancel=True), model="streamer")
+        assert outcome == ["sequence 's' was cancelled"]
+        assert (await engine.statistics("streamer")).sequences_ended == {"cancelled": 1}

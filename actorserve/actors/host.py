@@ -1,16 +1,17 @@
-"""ModelHost: one loaded model version, its replicas, batchers and sequences.
+"""ModelHost: one loaded model version — its lifecycle, its replicas, and routing.
 
 A :class:`BatchModel` gets ``workers`` replicas, each stepped by its own
-:class:`ContinuousBatcher`; a sequence is pinned to one replica for its whole life and a
-request without a sequence goes to the least-loaded replica. A plain :class:`Model` runs
-in the caller's task (its sequences still run in order through a
-:class:`SequenceActor`).
+:class:`ContinuousBatcher` (requests go through :class:`BatchedRunner`); a sequence is
+pinned to one replica for its whole life and a request without a sequence goes to the
+least-loaded replica. A plain :class:`Model` runs in the caller's task
+(:class:`PlainRunner`; its sequences still run in order through a
+:class:`SequenceActor`). The host parses each request's sequence controls once, answers
+``sequence_cancel`` itself, and counts the requests in flight.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -18,25 +19,17 @@ from typing import Any
 
 import trio
 
-from ..api import OneByOne, ResponseIterator
-from ..errors import (
-    ActorServeError,
-    BadInput,
-    ModelFailed,
-    ModelNotReady,
-    Overloaded,
-    SequenceNotFound,
-    ShuttingDown,
-)
-from ..model import BatchModel, Model, bool_parameter, merge_responses
+from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
+from ..errors import ModelNotReady, ShuttingDown
+from ..model import BatchModel, Model
 from ..settings import ModelSettings, SettingsError
 from ..types import InferenceRequest, InferenceResponse
-from .batcher import ContinuousBatcher, WorkItem
-from .mailbox import Mailbox
-from .sequence import Job
-from .supervisor import SequenceControl, Supervisor
-
-log = logging.getLogger(__name__)
+from .batched import BatchedRunner, least_loaded
+from .batcher import ContinuousBatcher
+from .inflight import Inflight
+from .plain import PlainRunner
+from .replies import cancelled_response
+from .supervisor import Supervisor
 
 
 def resolve_implementation(settings: ModelSettings) -> type[Model]:
@@ -63,75 +56,32 @@ def resolve_implementation(settings: ModelSettings) -> type[Model]:
     return cls
 
 
-def sequence_control(request: InferenceRequest) -> SequenceControl:
-    """Read ``sequence_id/start/end/cancel`` from the request parameters (the transports
-    put headers there). An id of 0 or "" means no sequence, as in Triton."""
-    params = request.parameters
-    if not params:
-        return SequenceControl()
-    raw_id = params.get("sequence_id")
-    sequence_id: str | None
-    if raw_id is None or raw_id == 0 or raw_id == "":
-        sequence_id = None
-    elif isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
-        raise BadInput(f"parameter 'sequence_id': expected an integer or a string, got {raw_id!r}")
-    else:
-        sequence_id = str(raw_id)
-    return SequenceControl(
-        id=sequence_id,
-        start=bool_parameter(params.get("sequence_start", False), "sequence_start"),
-        end=bool_parameter(params.get("sequence_end", False), "sequence_end"),
-        cancel=bool_parameter(params.get("sequence_cancel", False), "sequence_cancel"),
-    )
-
-
-class _ItemStream:
-    """Async iterator over a :class:`WorkItem`'s replies."""
-
-    __slots__ = ("_item",)
-
-    def __init__(self, item: WorkItem) -> None:
-        self._item = item
-
-    def __aiter__(self) -> _ItemStream:
-        return self
-
-    async def __anext__(self) -> InferenceResponse:
-        return await self._item.next_reply()
-
-    async def next_batch(self) -> list[InferenceResponse]:
-        """The next response and every one already buffered behind it."""
-        item = self._item
-        batch = [await item.next_reply()]
-        while len(item.replies):
-            batch.append(await item.next_reply())
-        return batch
-
-
 async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
     yield response
 
 
-async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
-    yield request
-
-
 class ModelHost:
     """Serves one model version. Start :meth:`run` with ``nursery.start`` (it loads the
-    model and returns when it is ready); stop it with :meth:`stop`."""
+    model and returns when it is ready); stop it with :meth:`stop`.
 
-    def __init__(self, settings: ModelSettings, model_class: type[Model] | None = None) -> None:
+    ``inflight``, if given, is the engine's counter: this host's requests (and the
+    items they left in a batch) count in it too.
+    """
+
+    def __init__(
+        self, settings: ModelSettings, model_class: type[Model] | None = None, *, inflight: Inflight | None = None
+    ) -> None:
         self.settings = settings
         self.model_class = model_class or resolve_implementation(settings)
         self.batched = issubclass(self.model_class, BatchModel)
         self.replicas: list[Model] = []
         self.batchers: list[ContinuousBatcher] = []
         self.supervisor: Supervisor | None = None
-        self.state = "loading"
-        self.inflight = 0
-        self._plain_load = [0] * settings.workers
+        self.state = ModelState.LOADING
+        self._requests = Inflight(inflight)
+        self._leftovers = Inflight(inflight)
+        self._runner: PlainRunner | BatchedRunner | None = None
         self._scope = trio.CancelScope()
-        self._drained = trio.Event()
 
     @property
     def name(self) -> str:
@@ -143,7 +93,12 @@ class ModelHost:
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready"
+        return self.state is ModelState.READY
+
+    @property
+    def inflight(self) -> int:
+        """Requests accepted and not yet answered."""
+        return self._requests.count
 
     @property
     def model(self) -> Model:
@@ -151,7 +106,39 @@ class ModelHost:
         return self.replicas[0]
 
     def metadata(self) -> dict[str, Any]:
+        """OIP metadata; :class:`ModelNotReady` while the model loads."""
+        if not self.replicas:
+            raise ModelNotReady(f"model {self.name!r} version {self.version!r} is still loading")
         return self.model.metadata()
+
+    def statistics(self) -> ModelStatistics:
+        """Counters summed over the replicas; ``running`` of a plain model counts the
+        requests inside ``predict`` / ``predict_stream``."""
+        waiting = running = steps = stepped = 0
+        for batcher in self.batchers:
+            stats = batcher.statistics()
+            waiting += stats.waiting
+            running += stats.running
+            steps += stats.steps
+            stepped += stats.items_stepped
+        if isinstance(self._runner, PlainRunner):
+            running = self._runner.running
+        sequences = self.supervisor.statistics() if self.supervisor is not None else None
+        return ModelStatistics(
+            name=self.name,
+            version=self.version,
+            inflight=self.inflight,
+            waiting=waiting,
+            running=running,
+            steps=steps,
+            items_stepped=stepped,
+            open_sequences=sequences.open_sequences if sequences else 0,
+            sequences_started=sequences.started if sequences else 0,
+            sequences_ended=sequences.ended if sequences else {},
+            queued=sequences.queued if sequences else 0,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -174,82 +161,57 @@ class ModelHost:
                     self.supervisor = Supervisor(
                         self.replicas[0],
                         self.settings.sequence,
-                        self._pick_replica_for_sequence,
+                        self._replica_for_sequence,
                         name=f"model {self.name!r} version {self.version!r}",
                     )
                     await nursery.start(self.supervisor.run)
-                    self.state = "ready"
+                    self._runner = self._make_runner(nursery, self.supervisor)
+                    self.state = ModelState.READY
                     task_status.started()
                     await trio.sleep_forever()
         finally:
-            self.state = "stopped"
+            self.state = ModelState.UNAVAILABLE
+            if isinstance(self._runner, BatchedRunner):
+                self._runner.closed = True
+
+    def _make_runner(self, nursery: trio.Nursery, supervisor: Supervisor) -> PlainRunner | BatchedRunner:
+        model = self.replicas[0]
+        if isinstance(model, BatchModel):
+            return BatchedRunner(self.settings, model, self.batchers, supervisor, nursery, self._leftovers)
+        return PlainRunner(self.settings, self.replicas, supervisor)
 
     def stop(self) -> None:
         """End every sequence (reason ``shutdown``) and stop at once."""
-        self.state = "stopped"
+        self.state = ModelState.UNAVAILABLE
         if self.supervisor is not None:
-            self.supervisor.end_all("shutdown")
+            self.supervisor.end_all(EndReason.SHUTDOWN)
         self._scope.cancel()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests and wait up to ``grace`` seconds for in-flight ones."""
-        if self.state == "ready":
-            self.state = "stopping"
-        if self.inflight:
-            with trio.move_on_after(grace):
-                await self._drained.wait()
+        if self.state is ModelState.READY:
+            self.state = ModelState.UNLOADING
+        with trio.move_on_after(grace):
+            await self._requests.wait_idle()
 
     # -- routing -----------------------------------------------------------------------
 
-    def _pick_replica_for_sequence(self) -> ContinuousBatcher | None:
-        if not self.batchers:
-            return None
-        return min(self.batchers, key=lambda b: b.load)
+    def _replica_for_sequence(self) -> ContinuousBatcher | None:
+        return least_loaded(self.batchers) if self.batchers else None
 
-    def _enter(self) -> None:
-        if self.state != "ready":
-            if self.state == "loading":
+    def _enter(self) -> PlainRunner | BatchedRunner:
+        if self.state is not ModelState.READY:
+            if self.state is ModelState.LOADING:
                 raise ModelNotReady(f"model {self.name!r} version {self.version!r} is still loading")
             raise ShuttingDown(f"model {self.name!r} version {self.version!r} is shutting down")
-        self.inflight += 1
+        assert self._runner is not None
+        self._requests.enter()
+        return self._runner
 
-    def _leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0 and self.state != "ready":
-            self._drained.set()
-
-    def _new_item(self, request: InferenceRequest, sequence_id: str | None = None) -> WorkItem:
-        return WorkItem(
-            request,
-            Mailbox(self.settings.reply_buffer, name=f"replies of {request.id or 'a request'}"),
-            sequence_id,
-        )
-
-    async def _start_batched(self, request: InferenceRequest, control: SequenceControl) -> WorkItem:
-        if control.stateful:
-            assert self.supervisor is not None
-            item = self._new_item(request)
-            actor = await self.supervisor.submit(Job(item), control)
-            item.sequence_id = actor.id
-            return item
-        model = self.replicas[0]
-        assert isinstance(model, BatchModel)
-        if model.requires_sequence:
-            raise BadInput(f"model {self.name!r} is stateful: send a sequence_id (and sequence_start)")
-        batcher = min(self.batchers, key=lambda b: b.load)
-        item = self._new_item(request)
-        item.work = batcher.model.begin(request, None)
-        batcher.submit_nowait(item)
-        return item
-
-    def _cancelled_response(self, request: InferenceRequest, sequence_id: str) -> InferenceResponse:
-        return InferenceResponse(
-            model_name=self.name,
-            model_version=self.version,
-            id=request.id,
-            outputs=[],
-            parameters={"sequence_id": sequence_id, "sequence_cancelled": True},
-        )
+    def _cancel(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
+        assert self.supervisor is not None
+        sequence_id = self.supervisor.cancel(control.id)
+        return cancelled_response(self.name, self.version, request, sequence_id)
 
     # -- the public operations ----------------------------------------------------------
 
@@ -257,121 +219,27 @@ class ModelHost:
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[ResponseIterator]:
         """Responses for one request, as they are produced. Leaving the block (or being
         cancelled) cancels the request; its sequence, if any, stays open."""
-        self._enter()
+        runner = self._enter()
         try:
-            control = sequence_control(request)
+            control = SequenceControl.from_parameters(request.parameters)
             if control.cancel:
-                assert self.supervisor is not None
-                sequence_id = self.supervisor.cancel(control.id)
-                yield OneByOne(_single(self._cancelled_response(request, sequence_id)))
-            elif self.batched:
-                item = await self._start_batched(request, control)
-                try:
-                    yield _ItemStream(item)
-                finally:
-                    item.cancel()
+                yield OneByOne(_single(self._cancel(request, control)))
             else:
-                async with aclosing(self._plain_stream(request, control)) as stream:
-                    yield OneByOne(stream)
+                async with runner.infer_stream(request, control) as responses:
+                    yield responses
         finally:
-            self._leave()
+            self._requests.leave()
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request (a stream's responses merged)."""
-        if self.batched:
-            async with self.infer_stream(request) as stream:
-                responses = [r async for r in stream]
-            model = self.replicas[0]
-            assert isinstance(model, BatchModel)
-            return model.merge(request, responses)
-        self._enter()
+        runner = self._enter()
         try:
-            control = sequence_control(request)
+            control = SequenceControl.from_parameters(request.parameters)
             if control.cancel:
-                assert self.supervisor is not None
-                return self._cancelled_response(request, self.supervisor.cancel(control.id))
-            if control.stateful:
-                async with aclosing(self._plain_stream(request, control, unary=True)) as stream:
-                    responses = [r async for r in stream]
-                return merge_responses(self.replicas[0], request, responses)
-            index = self._take_plain_replica()
-            try:
-                return self._stamp(await self._call(self.replicas[index].predict(request)), request)
-            finally:
-                self._plain_load[index] -= 1
+                return self._cancel(request, control)
+            return await runner.infer(request, control)
         finally:
-            self._leave()
-
-    def _take_plain_replica(self) -> int:
-        index = min(range(len(self._plain_load)), key=self._plain_load.__getitem__)
-        if self._plain_load[index] >= self.settings.max_pending:
-            raise Overloaded(
-                f"model {self.name!r}: {self.settings.max_pending} requests already running (max_pending)"
-            )
-        self._plain_load[index] += 1
-        return index
-
-    async def _call(self, awaitable: Any) -> InferenceResponse:
-        try:
-            return await awaitable  # type: ignore[no-any-return]
-        except ActorServeError:
-            raise
-        except Exception as exc:
-            log.exception("model %r failed", self.name)
-            raise ModelFailed(f"model {self.name!r} failed: {type(exc).__name__}: {exc}") from None
-
-    def _stamp(self, response: InferenceResponse, request: InferenceRequest, sequence_id: str | None = None) -> InferenceResponse:
-        if response.id is None:
-            response.id = request.id
-        if sequence_id is not None and "sequence_id" not in response.parameters:
-            response.parameters["sequence_id"] = sequence_id
-        return response
-
-    async def _plain_stream(
-        self, request: InferenceRequest, control: SequenceControl, *, unary: bool = False
-    ) -> AsyncGenerator[InferenceResponse, None]:
-        """A plain model's responses, run in this (the caller's) task."""
-        item: WorkItem | None = None
-        sequence_id: str | None = None
-        if control.stateful:
-            assert self.supervisor is not None
-            item = self._new_item(request)
-            job = Job(item, turn=trio.Event())
-            actor = await self.supervisor.submit(job, control)
-            sequence_id = item.sequence_id = actor.id
-            assert job.turn is not None
-            try:
-                await job.turn.wait()
-            except BaseException:
-                item.cancel()
-                raise
-            if item.finished:  # the sequence ended while this request waited
-                await item.next_reply()  # raises the reason
-                raise SequenceNotFound(f"sequence {sequence_id!r} ended")
-        index = self._take_plain_replica()
-        model = self.replicas[index]
-        try:
-            if unary:
-                yield self._stamp(await self._call(model.predict(request)), request, sequence_id)
-                return
-            async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
-                while True:
-                    try:
-                        response = await responses.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except ActorServeError:
-                        raise
-                    except Exception as exc:
-                        log.exception("model %r failed", self.name)
-                        raise ModelFailed(f"model {self.name!r} failed: {type(exc).__name__}: {exc}") from None
-                    if item is not None and item.cancelled:
-                        raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
-                    yield self._stamp(response, request, sequence_id)
-        finally:
-            self._plain_load[index] -= 1
-            if item is not None:
-                item.finish()
+            self._requests.leave()
 
     @asynccontextmanager
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[ResponseIterator]:
@@ -379,20 +247,16 @@ class ModelHost:
 
         A model with ``stream_input`` gets the whole request stream in one
         ``predict_stream`` call; otherwise each request is served in turn."""
-        self._enter()
+        runner = self._enter()
         try:
-            if not self.batched and self.model_class.stream_input:
-                index = self._take_plain_replica()
-                try:
-                    async with aclosing(self.replicas[index].predict_stream(requests)) as out:  # type: ignore[type-var]
-                        yield OneByOne(out)
-                finally:
-                    self._plain_load[index] -= 1
+            if isinstance(runner, PlainRunner) and self.model_class.stream_input:
+                async with runner.stream_input(requests) as responses:
+                    yield responses
             else:
                 async with aclosing(self._each(requests)) as out:
                     yield OneByOne(out)
         finally:
-            self._leave()
+            self._requests.leave()
 
     async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncGenerator[InferenceResponse, None]:
         async for request in requests:

@@ -10,18 +10,16 @@ with that reason, after any request still in a batch has left it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
+from ..api import EndReason
 from ..errors import ActorServeError, ModelFailed, SequenceNotFound
 from ..model import BatchModel, Model
 from .batcher import ContinuousBatcher, WorkItem
 from .mailbox import Mailbox
-
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +38,19 @@ class Job:
     turn: trio.Event | None = None
 
 
-_PHRASES = {
-    "ended": "has ended",
-    "cancelled": "was cancelled",
-    "expired": "expired",
-    "evicted": "was evicted (max_sequences reached)",
-    "failed": "failed",
-    "shutdown": "was shut down",
-}
+class ActorSupervisor(Protocol):
+    """What an actor needs from whoever started it (the :class:`Supervisor`)."""
+
+    def became_idle(self, actor: SequenceActor) -> None:
+        """The actor finished a request and waits for the next: watch its idle time."""
+
+    def forget(self, actor: SequenceActor, reason: EndReason) -> None:
+        """The actor is ending with ``reason`` (called exactly once)."""
 
 
-def ended_phrase(reason: str) -> str:
-    return _PHRASES.get(reason, reason)
+def ended(sequence_id: str, reason: EndReason) -> SequenceNotFound:
+    """The error a request of an ended sequence gets: ``sequence 's' expired``."""
+    return SequenceNotFound(f"sequence {sequence_id!r} {reason.phrase}")
 
 
 class SequenceActor:
@@ -80,7 +79,7 @@ class SequenceActor:
     def __init__(
         self,
         sequence_id: str,
-        supervisor: Supervisor,
+        supervisor: ActorSupervisor,
         model: Model,
         replica: ContinuousBatcher | None,
         max_queue: int,
@@ -92,7 +91,7 @@ class SequenceActor:
         self.replica = replica
         self.mailbox: Mailbox[Job] = Mailbox(max_queue, name=f"sequence {sequence_id!r}")
         self.current: Job | None = None
-        self.end_reason: str | None = None
+        self.end_reason: EndReason | None = None
         self.idle_since: float | None = trio.current_time()  # None while a request runs
         self.idle_queued = False  # an idle deadline of ours is in the supervisor's heap
         self.state = state  # lent to the model's step only while a request of ours runs
@@ -106,7 +105,7 @@ class SequenceActor:
         :class:`trio.ClosedResourceError` if the sequence is ending."""
         self.mailbox.send_nowait(job)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: EndReason) -> None:
         """End the sequence now: the running request stops at its next step."""
         if self.end_reason is not None:
             return
@@ -116,12 +115,12 @@ class SequenceActor:
             self.current.item.cancel(self._why())
 
     def _why(self) -> SequenceNotFound:
-        return SequenceNotFound(f"sequence {self.id!r} {ended_phrase(self.end_reason or 'ended')}")
+        return ended(self.id, self.end_reason or EndReason.ENDED)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         del task_status  # it holds trio's start-up nursery (about 1 KiB per sequence)
-        reason = "failed"
+        reason = EndReason.FAILED
         try:
             mailbox = self.mailbox
             while self.end_reason is None:
@@ -140,22 +139,20 @@ class SequenceActor:
                 await self._run_job(job, self.state)
                 self.current = None
                 if job.end and self.end_reason is None:
-                    self.end_reason = "ended"
+                    self.end_reason = EndReason.ENDED
                     break
                 del job
                 self.idle_since = trio.current_time()
                 self.supervisor.became_idle(self)
-            reason = self.end_reason or "ended"
+            reason = self.end_reason or EndReason.ENDED
         except trio.Cancelled:
-            reason = self.end_reason or "shutdown"
+            reason = self.end_reason or EndReason.SHUTDOWN
             raise
         except Exception as exc:
-            log.exception("sequence %r of model %r failed", self.id, self.model.name)
-            self.end_reason = "failed"
+            self.end_reason = EndReason.FAILED
+            failure = ModelFailed.wrap(self.model.name, exc, f"in sequence {self.id!r}")
             if self.current is not None:
-                self.current.item.fail(
-                    ModelFailed(f"sequence {self.id!r} failed: {type(exc).__name__}: {exc}")
-                )
+                self.current.item.fail(failure)
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish(reason)
@@ -180,7 +177,7 @@ class SequenceActor:
             job.turn.set()  # the caller runs the plain model in its own task
         await item.done.wait()
 
-    async def _finish(self, reason: str) -> None:
+    async def _finish(self, reason: EndReason) -> None:
         """Fail what is queued, stop what runs, wait for it to leave the batch, then
         unregister and call on_sequence_end exactly once."""
         self.end_reason = self.end_reason or reason

@@ -9,7 +9,6 @@ request hears *why* its sequence is gone.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import os
 from collections import OrderedDict
@@ -20,30 +19,15 @@ from typing import Any
 import attrs
 import trio
 
+from ..api import EndReason, SequenceControl
 from ..errors import ModelFailed, Overloaded, SequenceConflict, SequenceNotFound, ShuttingDown
 from ..model import BatchModel, Model
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
-from .sequence import Job, SequenceActor, ended_phrase
-
-log = logging.getLogger(__name__)
+from .sequence import Job, SequenceActor, ended
 
 #: how many ended sequence ids are remembered to explain a late request.
 REMEMBER_ENDED = 4096
-
-
-@attrs.frozen(slots=True)
-class SequenceControl:
-    """The sequence part of a request: id (None = no sequence) and start/end/cancel."""
-
-    id: str | None = None
-    start: bool = False
-    end: bool = False
-    cancel: bool = False
-
-    @property
-    def stateful(self) -> bool:
-        return self.id is not None or self.start or self.cancel
 
 
 @attrs.frozen
@@ -51,11 +35,14 @@ class SupervisorStatistics:
     open_sequences: int
     max_sequences: int
     started: int
+    #: requests waiting in open sequences' mailboxes behind a running one
+    queued: int
+    #: reason (the :class:`EndReason` value) -> sequences ended so
     ended: dict[str, int]
 
 
 class Supervisor:
-    """Start :meth:`run` with ``nursery.start``; then :meth:`open_or_find` and
+    """Start :meth:`run` with ``nursery.start``; then :meth:`submit` and
     :meth:`cancel` from any task of the same trio run."""
 
     def __init__(
@@ -71,7 +58,7 @@ class Supervisor:
         self.name = name
         self._pick_replica = pick_replica
         self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, EndReason] = OrderedDict()
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._ids = itertools.count(1)
@@ -89,8 +76,11 @@ class Supervisor:
         return len(self._actors)
 
     def statistics(self) -> SupervisorStatistics:
+        """Counters; ``queued`` walks every open sequence (fine for an occasional look,
+        not for every request)."""
+        queued = sum(len(actor.mailbox) for actor in self._actors.values())
         return SupervisorStatistics(
-            len(self._actors), self.settings.max_sequences, self.started, dict(self.ended_by_reason)
+            len(self._actors), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
         )
 
     def actor(self, sequence_id: str) -> SequenceActor | None:
@@ -129,14 +119,14 @@ class Supervisor:
                 if actor.end_reason is not None:
                     continue
                 if max_duration:
-                    actor.stop("expired")
+                    actor.stop(EndReason.EXPIRED)
                     continue
                 actor.idle_queued = False
                 if actor.idle_since is None:
                     continue  # busy: queued again when it is idle again
                 due = actor.idle_since + idle
                 if due <= now:
-                    actor.stop("expired")
+                    actor.stop(EndReason.EXPIRED)
                 else:  # it was used since this entry was made
                     actor.idle_queued = True
                     heappush(heap, (due, next(self._order), actor, False))
@@ -145,7 +135,7 @@ class Supervisor:
             with trio.move_on_at(self._reaper_target):
                 await self._reaper_wake.wait()
 
-    def end_all(self, reason: str) -> None:
+    def end_all(self, reason: EndReason) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
         self._closing = True
         for actor in list(self._actors.values()):
@@ -164,9 +154,7 @@ class Supervisor:
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:
-            raise SequenceNotFound(
-                f"sequence {actor.id!r} {ended_phrase(actor.end_reason or 'ended')}"
-            ) from None
+            raise ended(actor.id, actor.end_reason or EndReason.ENDED) from None
         except Overloaded:
             raise Overloaded(
                 f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued "
@@ -181,7 +169,7 @@ class Supervisor:
         """Cancel an open sequence: its running request stops at the next step."""
         actor = self._find(sequence_id)
         self._actors.pop(actor.id, None)
-        actor.stop("cancelled")
+        actor.stop(EndReason.CANCELLED)
         return actor.id
 
     def _find(self, sequence_id: str | None) -> SequenceActor:
@@ -195,7 +183,7 @@ class Supervisor:
                     f"sequence {sequence_id!r} is not open (unknown id; start it with "
                     "sequence_start)"
                 )
-            raise SequenceNotFound(f"sequence {sequence_id!r} {ended_phrase(why)}")
+            raise ended(sequence_id, why)
         return actor
 
     async def _open(self, sequence_id: str | None) -> SequenceActor:
@@ -212,11 +200,7 @@ class Supervisor:
             try:
                 state = self.model.new_state(sequence_id)
             except Exception as exc:
-                log.exception("model %r: new_state(%r) raised", self.model.name, sequence_id)
-                raise ModelFailed(
-                    f"model {self.model.name!r} could not start sequence {sequence_id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from None
+                raise ModelFailed.wrap(self.model.name, exc, f"to start sequence {sequence_id!r}") from None
         actor = SequenceActor(
             sequence_id, self, self.model, self._pick_replica(), self.settings.max_queue, state
         )
@@ -234,17 +218,18 @@ class Supervisor:
             for actor in self._actors.values():  # least recently used first
                 if actor.idle:
                     del self._actors[actor.id]
-                    actor.stop("evicted")
+                    actor.stop(EndReason.EVICTED)
                     return
         raise Overloaded(
             f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)"
         )
 
-    def forget(self, actor: SequenceActor, reason: str) -> None:
+    def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         if self._actors.get(actor.id) is actor:
             del self._actors[actor.id]
         self._ended[actor.id] = reason
         if len(self._ended) > REMEMBER_ENDED:
             self._ended.popitem(last=False)
-        self.ended_by_reason[reason] = self.ended_by_reason.get(reason, 0) + 1
+        key = reason.value
+        self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1

@@ -5,7 +5,8 @@
 by :func:`open_engine_client`) a front's. See docs/architecture.md, "Processes".
 """
 
-from .client import EngineClient, LinkStatistics, RemoteResponses, open_engine_client
+from .calls import LinkStatistics, RemoteResponses
+from .client import EngineClient, open_engine_client
 from .engine_side import FrontConnection, open_unix_listener, serve_fronts
 from .frames import LinkLimits
 from .values import EngineInternalError, WireError

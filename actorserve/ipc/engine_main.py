@@ -21,7 +21,8 @@ import sys
 import trio
 
 from ..engine import open_engine
-from ..settings import ModelSettings, Settings, builtin_models, discover_models
+from ..models import builtin_settings as builtin_models
+from ..settings import ModelSettings, Settings, discover_models
 from .engine_side import open_unix_listener, serve_fronts
 from .frames import DEFAULT_LIMITS, LinkLimits
 

@@ -136,12 +136,12 @@ def _info_from_plain(plain: Plain) -> ModelInfo:
 
 
 def _spec_to_plain(spec: TensorMetadata) -> Plain:
-    return [spec.name, spec.datatype, list(spec.shape)]
+    return [spec.name, spec.datatype, list(spec.shape), spec.any_datatype]
 
 
 def _spec_from_plain(plain: Plain) -> TensorMetadata:
-    name, datatype, shape = _fields(plain, 3, "tensor metadata")
-    return TensorMetadata(_str(name), _str(datatype), tuple(_int(d) for d in _list(shape)))
+    name, datatype, shape, any_datatype = _fields(plain, 4, "tensor metadata")
+    return TensorMetadata(_str(name), _str(datatype), tuple(_int(d) for d in _list(shape)), _bool(any_datatype))
 
 
 def _metadata_to_plain(meta: ModelMetadata) -> Plain:
@@ -169,7 +169,9 @@ def _entry_from_plain(plain: Plain) -> RepositoryEntry:
     return RepositoryEntry(_str(name), _str(version), _state(state), _str(reason))
 
 
-_STAT_COUNTERS: Final = ("inflight", "waiting", "running", "steps", "items_stepped", "open_sequences", "sequences_started")
+_STAT_COUNTERS: Final = (
+    "inflight", "waiting", "running", "steps", "items_stepped", "open_sequences", "sequences_started", "queued",
+)  # fmt: skip
 
 
 def _statistics_to_plain(stats: ModelStatistics) -> Plain:

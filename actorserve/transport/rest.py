@@ -633,7 +633,7 @@ class RestAPI:
     async def model_ready(self, name: str, version: str | None = None) -> Response:
         host = self.engine.host(name, version)
         if not host.ready:
-            raise ModelNotReady(f"model {name!r} version {host.version!r} is not ready ({host.state})")
+            raise ModelNotReady(f"model {name!r} version {host.version!r} is not ready ({host.state.lower()})")
         return _response(json_reply({"name": host.name, "version": host.version, "ready": True}))
 
     async def repository_index(self) -> Response:

@@ -13,7 +13,7 @@ from actorserve import ModelFailed, Overloaded
 
 
 def model_of(engine: actorserve.Engine, name: str = "rec", replica: int = 0) -> RecordingModel:
-    model = engine.host(name).replicas[replica]
+    model = engine.model(name, replica=replica)
     assert isinstance(model, RecordingModel)
     return model
 
@@ -59,7 +59,8 @@ async def test_cancelled_stream_is_absent_from_the_next_step(autojump_clock: tri
         assert all("quitter" not in step for step in model.steps[steps_at_exit:])
         assert len(model.steps) > steps_at_exit  # the others went on stepping
         assert model.cancelled == ["quitter"]
-        assert engine.host("rec").batchers[0].load == 0
+        stats = await engine.statistics("rec")
+        assert (stats.waiting, stats.running) == (0, 0)
 
 
 async def test_slow_reader_sits_out_without_stalling_the_batch(autojump_clock: trio.testing.MockClock) -> None:
@@ -110,8 +111,8 @@ async def test_caller_scope_cancel_reaches_the_batcher(autojump_clock: trio.test
                 await trio.sleep_forever()  # paused after one reply: the clock jumps
         await trio.testing.wait_all_tasks_blocked()
         assert model.cancelled == ["unary"]
-        assert engine.host("rec").batchers[0].load == 0
-        assert engine.host("rec").inflight == 0
+        stats = await engine.statistics("rec")
+        assert (stats.waiting, stats.running, stats.inflight) == (0, 0, 0)
 
 
 async def test_max_batch_time_gathers_after_idle(autojump_clock: trio.testing.MockClock) -> None:
@@ -139,8 +140,7 @@ async def test_pending_limit_is_overloaded(autojump_clock: trio.testing.MockCloc
 
 async def test_workers_pin_sequences_and_spread_other_work(autojump_clock: trio.testing.MockClock) -> None:
     async with actorserve.open_engine([recording_settings(workers=2, max_batch_size=2)]) as engine:
-        host = engine.host("rec")
-        assert len(host.batchers) == 2
+        assert (await engine.model_info("rec")).workers == 2
 
         async def sequence(sid: str) -> None:
             for k in range(5):
@@ -165,9 +165,9 @@ async def test_thousand_interleaved_sequences_sum_exactly(autojump_clock: trio.t
     import numpy as np
 
     from actorserve.codecs import tensor_from_numpy
-    from actorserve.settings import builtin_models
+    from actorserve.models import builtin_settings
 
-    accumulator = next(m for m in builtin_models() if m.name == "accumulator")
+    accumulator = next(m for m in builtin_settings() if m.name == "accumulator")
     async with actorserve.open_engine([accumulator]) as engine:
         sums: dict[int, list[int]] = {}
 
@@ -189,4 +189,4 @@ async def test_thousand_interleaved_sequences_sum_exactly(autojump_clock: trio.t
             for sid in range(1, 1001):
                 nursery.start_soon(client, sid)
         assert len(sums) == 1000
-        assert len(engine.host("accumulator").supervisor or ()) == 0
+        assert (await engine.statistics("accumulator")).open_sequences == 0

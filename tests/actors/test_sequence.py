@@ -16,6 +16,7 @@ from actorserve import (
     SequenceNotFound,
     SequenceSettings,
 )
+from actorserve.api import EndReason
 
 
 def seq(request_id: str, sid: Any, n_tokens: int = 1, **flags: Any) -> actorserve.InferenceRequest:
@@ -25,7 +26,7 @@ def seq(request_id: str, sid: Any, n_tokens: int = 1, **flags: Any) -> actorserv
 
 
 def model_of(engine: actorserve.Engine, name: str = "rec") -> RecordingModel:
-    model = engine.host(name).model
+    model = engine.model(name)
     assert isinstance(model, RecordingModel)
     return model
 
@@ -98,7 +99,7 @@ async def test_idle_expiry(autojump_clock: trio.testing.MockClock) -> None:
         with pytest.raises(SequenceNotFound, match="'s' expired"):
             await engine.infer(seq("r4", "s"))
         assert model_of(engine).ended == [("s", "expired")]
-        assert len(engine.host("rec").supervisor or ()) == 0
+        assert (await engine.statistics("rec")).open_sequences == 0
 
 
 async def test_max_duration_expires_a_busy_sequence(autojump_clock: trio.testing.MockClock) -> None:
@@ -179,7 +180,8 @@ async def test_caller_going_away_cancels_request_not_sequence(autojump_clock: tr
                 await trio.sleep_forever()
         # the batcher drops it at the next step and tells the model
         await trio.testing.wait_all_tasks_blocked()
-        assert engine.host("rec").batchers[0].load == 0
+        stats = await engine.statistics("rec")
+        assert (stats.waiting, stats.running) == (0, 0)
         assert model.cancelled == ["gone"]
         assert model.ended == []
         response = await engine.infer(seq("again", "s", 1, end=True))
@@ -269,3 +271,4 @@ async def test_every_exit_path_calls_on_sequence_end_exactly_once(autojump_clock
     assert reasons["e1"] == "evicted" and reasons["e2"] == "evicted"
     assert reasons["shutdown"] == "shutdown"
     assert sorted(model.states) == sorted(reasons)
+    assert all(type(reason) is EndReason for reason in reasons.values())  # a StrEnum

@@ -23,8 +23,9 @@ from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, M
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.model import int_parameter
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.server import Server, serve
-from actorserve.settings import SequenceSettings, Settings, builtin_models
+from actorserve.settings import SequenceSettings, Settings
 
 #: Bound on every wait in these tests: a hang fails the test instead of freezing the run.
 TIMEOUT = 20.0
@@ -133,24 +134,20 @@ async def client(server: Server) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def gate(server: Server) -> GateModel:
     """The ``gate`` model instance serving requests in ``server``."""
-    model = server.engine.host("gate").model
+    model = server.engine.model("gate")
     assert isinstance(model, GateModel)
     return model
 
 
-def leftover_work(engine: Engine) -> dict[str, Any]:
+async def leftover_work(engine: Engine) -> dict[str, Any]:
     """What is still running in the engine, per model (empty when all is quiet). Open
     sequences are not counted: a disconnect leaves them open on purpose."""
     busy: dict[str, Any] = {}
-    for host in engine.hosts():
-        stats = [b.statistics() for b in host.batchers]
-        work = {
-            "inflight": host.inflight,
-            "waiting": sum(s.waiting for s in stats),
-            "running": sum(s.running for s in stats),
-        }
+    for info in await engine.models():
+        stats = await engine.statistics(info.name, info.version)
+        work = {"inflight": stats.inflight, "waiting": stats.waiting, "running": stats.running}
         if any(work.values()):
-            busy[host.name] = work
+            busy[info.name] = work
     return busy
 
 
@@ -159,14 +156,13 @@ Settle = Callable[..., Awaitable[None]]
 
 @pytest.fixture
 def settle(server: Server) -> Settle:
-    """``await settle()``: poll (every 10 ms, bounded by TIMEOUT) until the engine of
-    ``server`` (or the one passed) has no request in flight, waiting or in a batch."""
+    """``await settle()``: wait (bounded by TIMEOUT) until the engine of ``server`` (or
+    the one passed) has no request in flight, waiting or in a batch."""
 
     async def wait(engine: Engine | None = None) -> None:
         engine = engine or server.engine
         with trio.fail_after(TIMEOUT):
-            # The engine has no "all quiet" event to wait for; a bounded poll is enough.
-            while leftover_work(engine):  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await engine.wait_idle()
+        assert await leftover_work(engine) == {}
 
     return wait

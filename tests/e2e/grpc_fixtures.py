@@ -23,9 +23,11 @@ import trio.testing
 
 import actorserve
 from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, ModelSettings, StepOutput
+from actorserve.api import ModelStatistics
 from actorserve.codecs import tensor_from_numpy
 from actorserve.model import int_parameter
-from actorserve.settings import SequenceSettings, Settings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import SequenceSettings, Settings
 from actorserve.transport.grpc import serve_grpc
 
 T = TypeVar("T")
@@ -164,20 +166,28 @@ class GrpcServer:
         return f"{self.host}:{self.port}"
 
     def model(self, name: str) -> Any:
-        return self.engine.host(name).model
+        return self.engine.model(name)
 
     def open_gate_from_thread(self, model: str, gate: str) -> None:
         """Open a GateModel's gate from a client thread."""
         trio.from_thread.run_sync(lambda: self.model(model).gates[gate].set(), trio_token=self.token)
 
-    def assert_no_leftover_work(self) -> None:
-        """Nothing in flight anywhere: no request in a host, a batcher, or a replica."""
-        for host in self.engine.hosts():
-            assert host.inflight == 0, f"{host.name}: {host.inflight} requests in flight"
-            assert host._plain_load == [0] * len(host._plain_load), f"{host.name}: {host._plain_load}"
-            for batcher in host.batchers:
-                stats = batcher.statistics()
-                assert (stats.waiting, stats.running) == (0, 0), f"{host.name}: {stats}"
+    async def statistics_when(
+        self, model: str, predicate: Callable[[ModelStatistics], bool], within: float = 10.0
+    ) -> ModelStatistics:
+        """Let the server run until ``predicate`` holds for ``model``'s statistics
+        (re-checked each time every task is blocked, as :func:`wait_until`)."""
+        with trio.fail_after(within):
+            while not predicate(stats := await self.engine.statistics(model)):
+                await trio.testing.wait_all_tasks_blocked()
+        return stats
+
+    async def assert_quiet(self) -> None:
+        """Nothing in flight anywhere, right now: no request accepted and unanswered,
+        waiting for or in a batch, or running in a plain model."""
+        for info in await self.engine.models():
+            stats = await self.engine.statistics(info.name, info.version)
+            assert (stats.inflight, stats.waiting, stats.running) == (0, 0, 0), stats
 
 
 @asynccontextmanager
@@ -207,8 +217,8 @@ async def running_grpc_server(**overrides: Any) -> AsyncIterator[GrpcServer]:
         try:
             yield server
         finally:
-            for model_host in engine.hosts():
-                for replica in model_host.replicas:
+            for info in await engine.models():
+                for replica in [engine.model(info.name, info.version, replica=i) for i in range(info.workers)]:
                     if isinstance(replica, GatedBatchModel):
                         replica.release_all()
                     if isinstance(replica, GateModel):

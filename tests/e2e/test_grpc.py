@@ -15,12 +15,13 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.grpc as grpcclient
-from e2e.grpc_fixtures import GrpcServer, grpc_server, in_thread, running_grpc_server, wait_until
+from e2e.grpc_fixtures import GrpcServer, grpc_server, in_thread, running_grpc_server
 from tritonclient.utils import InferenceServerException
 
 import actorserve
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.repository import ModelRepository
-from actorserve.settings import Settings, builtin_models
+from actorserve.settings import Settings
 from actorserve.transport.grpc import serve_grpc
 from actorserve.transport.grpc.server import bind
 
@@ -267,7 +268,7 @@ async def test_overloaded_model_is_resource_exhausted(grpc_server: GrpcServer) -
     assert error is None
     assert result.get_response().id == "held"
     c.close()
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()
 
 
 async def test_full_sequence_mailbox_is_resource_exhausted(grpc_server: GrpcServer) -> None:
@@ -285,9 +286,7 @@ async def test_full_sequence_mailbox_is_resource_exhausted(grpc_server: GrpcServ
     with trio.fail_after(TIMEOUT):
         await model.started["running"].wait()
     send(c, "queued")
-    supervisor = grpc_server.engine.host("gateseq").supervisor
-    assert supervisor is not None
-    await wait_until(lambda: len(getattr(supervisor.actor("42"), "mailbox", ())) == 1)
+    await grpc_server.statistics_when("gateseq", lambda s: s.queued == 1)
 
     def third() -> tuple[str, str]:
         with pytest.raises(InferenceServerException) as info:
@@ -305,20 +304,34 @@ async def test_full_sequence_mailbox_is_resource_exhausted(grpc_server: GrpcServ
 
 
 async def test_model_shutting_down_is_unavailable(grpc_server: GrpcServer) -> None:
-    await grpc_server.engine.host("identity").drain(0)
+    """``gate`` is being unloaded, its grace period held open by a request in flight."""
+    engine, model = grpc_server.engine, grpc_server.model("gate")
+
+    async def held() -> None:
+        await engine.infer(actorserve.InferenceRequest([], id="held", parameters={"gate": "g"}), model="gate")
 
     def scenario() -> tuple[bool, str, str]:
         with client(grpc_server) as c:
-            ready = c.is_model_ready("identity")
+            ready = c.is_model_ready("gate")
             with pytest.raises(InferenceServerException) as info:
-                c.infer("identity", [tensor("INPUT0", np.zeros(1, np.int32))])
+                c.infer("gate", [])
             return ready, status_of(info.value), info.value.message()
 
-    assert await in_thread(scenario) == (
-        False,
-        "StatusCode.UNAVAILABLE",
-        "model 'identity' version '1' is shutting down",
-    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(held)
+        with trio.fail_after(TIMEOUT):
+            await model.started["held"].wait()
+        nursery.start_soon(lambda: engine.unload("gate", grace=TIMEOUT))  # waits for "held"
+        with trio.fail_after(TIMEOUT):
+            while (await engine.model_info("gate")).state is not actorserve.api.ModelState.UNLOADING:
+                await trio.testing.wait_all_tasks_blocked()
+        assert await in_thread(scenario) == (
+            False,
+            "StatusCode.UNAVAILABLE",
+            "model 'gate' version '1' is shutting down",
+        )
+        model.gates["g"].set()
+    assert [m.name for m in await engine.models() if m.name == "gate"] == []
 
 
 async def test_repository_unload_and_load(grpc_server: GrpcServer) -> None:
@@ -414,7 +427,7 @@ async def test_stream_interleaved_accumulator_sequences(grpc_server: GrpcServer)
         "7": [("a1", 1), ("a2", 3), ("a3", 6)],
         "bee": [("b1", 10), ("b2", 30), ("b3", 60)],
     }
-    assert grpc_server.engine.host("accumulator").supervisor.statistics().open_sequences == 0  # type: ignore[union-attr]
+    assert (await grpc_server.engine.statistics("accumulator")).open_sequences == 0
 
 
 async def test_stream_error_is_in_band_and_stream_stays_open(grpc_server: GrpcServer) -> None:
@@ -582,7 +595,7 @@ async def test_shutdown_cancels_calls_still_running_after_the_grace_period() -> 
         result, error = await in_thread(lambda: results.get(timeout=TIMEOUT))
         assert result is None
         assert status_of(error) in ("StatusCode.CANCELLED", "StatusCode.UNAVAILABLE")
-        server.assert_no_leftover_work()
+        await server.assert_quiet()
         c.close()
 
 

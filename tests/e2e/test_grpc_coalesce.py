@@ -143,7 +143,7 @@ async def test_messages_waiting_together_go_out_in_one_data_frame() -> None:
         ids = [pb.ModelStreamInferResponse.FromString(payload).infer_response.id for _, payload in together]
         assert ids[0] == "first" and sorted(ids[1:]) == ["a", "b", "c", "d"]
         assert [compressed for compressed, _ in first + together[1:]] == [False] * 5
-        server.assert_no_leftover_work()
+        await server.assert_quiet()
 
 
 async def test_a_lone_message_is_not_held_back() -> None:

@@ -25,4 +25,4 @@ async def test_example_runs(grpc_server: GrpcServer, name: str) -> None:
         )
     output = (done.stdout + done.stderr).decode(errors="replace")
     assert done.returncode == 0, output
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()

@@ -145,7 +145,7 @@ async def test_several_requests_in_flight_on_one_stream(grpc_server: GrpcServer)
             return got
 
     assert await in_asyncio(scenario) == [("B", 0), ("B", 1), ("C", 0), ("A", 0), ("A", 1)]
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()
 
 
 async def test_stream_stops_reading_past_max_inflight() -> None:
@@ -194,14 +194,13 @@ async def test_cancel_mid_stream_leaves_the_engine_without_work(grpc_server: Grp
         await model.left["A"].wait()
         await model.left["B"].wait()
     assert model.outcome == {"A": "cancelled", "B": "cancelled"}
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()
 
 
 async def test_cancel_reaches_a_batched_model_within_one_step(grpc_server: GrpcServer) -> None:
     """Every step of ``ticker`` waits for a permit: after the client cancels, at most
     the step already running includes the request; then the model is told."""
     model: GatedBatchModel = grpc_server.model("ticker")
-    host = grpc_server.engine.host("ticker")
 
     async def scenario() -> tuple[str, int]:
         async with channel(grpc_server) as ch:
@@ -213,7 +212,7 @@ async def test_cancel_reaches_a_batched_model_within_one_step(grpc_server: GrpcS
             return first
 
     assert await in_asyncio(scenario) == ("T", 0)
-    await wait_until(lambda: host.inflight == 0)  # the server has left the request
+    await grpc_server.statistics_when("ticker", lambda s: s.inflight == 0)  # the server has left the request
     steps_before = len(model.steps)
     model.permits.release()  # let a step that was already waiting for a permit finish
     with trio.fail_after(TIMEOUT):
@@ -221,13 +220,11 @@ async def test_cancel_reaches_a_batched_model_within_one_step(grpc_server: GrpcS
     assert model.cancelled == ["T"]
     assert len(model.steps) - steps_before <= 1
     assert all(step == ["T"] for step in model.steps)
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()
 
 
 async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: GrpcServer) -> None:
     model: GateModel = grpc_server.model("gateseq")
-    supervisor = grpc_server.engine.host("gateseq").supervisor
-    assert supervisor is not None
 
     async def first_call() -> tuple[str, int]:
         async with channel(grpc_server) as ch:
@@ -240,7 +237,7 @@ async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: 
     assert await in_asyncio(first_call) == ("s1", 0)
     with trio.fail_after(TIMEOUT):
         await model.left["s1"].wait()
-    await wait_until(lambda: getattr(supervisor.actor("S"), "idle", False))
+    await grpc_server.statistics_when("gateseq", lambda s: s.inflight == s.queued == 0 and s.open_sequences == 1)
 
     async def second_call() -> list[tuple[str, int]]:
         async with channel(grpc_server) as ch:
@@ -250,15 +247,13 @@ async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: 
 
     assert await in_asyncio(second_call) == [("s2", 0), ("s2", 1)]
     assert model.outcome == {"s1": "cancelled", "s2": "done"}
-    assert supervisor.actor("S") is None
+    assert (await grpc_server.engine.statistics("gateseq")).open_sequences == 0
 
 
 async def test_sequence_cancel_on_a_stream_stops_the_running_request(grpc_server: GrpcServer) -> None:
     """``sequence_cancel`` does not wait behind the running request of its sequence: it
     is answered at once, and the running request ends with the reason in-band."""
     model: GatedBatchModel = grpc_server.model("ticker")
-    supervisor = grpc_server.engine.host("ticker").supervisor
-    assert supervisor is not None
 
     async def scenario() -> tuple[Any, ...]:
         async with channel(grpc_server) as ch:
@@ -291,8 +286,8 @@ async def test_sequence_cancel_on_a_stream_stops_the_running_request(grpc_server
     )
     with trio.fail_after(TIMEOUT):
         await model.cancelled_event.wait()
-    assert supervisor.actor("S") is None
-    grpc_server.assert_no_leftover_work()
+    assert (await grpc_server.engine.statistics("ticker")).open_sequences == 0
+    await grpc_server.assert_quiet()
 
 
 async def test_cancelled_unary_call_cancels_its_request(grpc_server: GrpcServer) -> None:
@@ -314,7 +309,7 @@ async def test_cancelled_unary_call_cancels_its_request(grpc_server: GrpcServer)
     with trio.fail_after(TIMEOUT):
         await model.left["U"].wait()
     assert model.outcome == {"U": "cancelled"}
-    grpc_server.assert_no_leftover_work()
+    await grpc_server.assert_quiet()
 
 
 # --------------------------------------------------------------------------- errors

@@ -17,10 +17,10 @@ import trio
 import trio.testing
 from httpx_sse import aconnect_sse
 
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.models.text import TextModel
 from actorserve.models.textlm.network import generate
 from actorserve.server import Server
-from actorserve.settings import builtin_models
 from actorserve.transport.playground import FILES
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,7 +37,7 @@ async def server(launch: Callable[..., Awaitable[Server]]) -> Server:
 
 
 def text_model(server: Server) -> TextModel:
-    model = server.engine.host("text").model
+    model = server.engine.model("text")
     assert isinstance(model, TextModel)
     return model
 

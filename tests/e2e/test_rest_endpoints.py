@@ -10,11 +10,13 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 import actorserve
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.repository import ModelRepository
 from actorserve.server import Server, serve
-from actorserve.settings import Settings, builtin_models
+from actorserve.settings import Settings
 
 
 async def test_health(client: httpx.AsyncClient) -> None:
@@ -70,17 +72,26 @@ async def test_model_ready(client: httpx.AsyncClient) -> None:
 
 
 async def test_model_not_ready_is_503(client: httpx.AsyncClient, server: Server) -> None:
-    host = server.engine.host("identity")
-    host.state = "loading"  # as while model.load() still runs
-    try:
-        reply = await client.get("/v2/models/identity/ready")
-        health = await client.get("/v2/health/ready")
-    finally:
-        host.state = "ready"
+    loaded = trio.Event()
+
+    class SlowToLoad(actorserve.Model):
+        async def load(self) -> None:
+            await loaded.wait()
+
+    async with trio.open_nursery() as nursery:  # a model whose load() still runs
+        nursery.start_soon(server.engine.load, actorserve.ModelSettings(name="slow", implementation=SlowToLoad))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await server.engine.model_info("slow")).state == "LOADING"
+        try:
+            reply = await client.get("/v2/models/slow/ready")
+            health = await client.get("/v2/health/ready")
+        finally:
+            loaded.set()
     assert reply.status_code == 503
-    assert reply.json() == {"error": "model 'identity' version '1' is not ready (loading)"}
+    assert reply.json() == {"error": "model 'slow' version '1' is not ready (loading)"}
     assert reply.headers["retry-after"] == "1"
-    assert (health.status_code, health.json()) == (503, {"error": "not ready: identity:1"})
+    assert (health.status_code, health.json()) == (503, {"error": "not ready: slow:1"})
+    assert (await client.get("/v2/models/slow/ready")).status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -165,10 +165,8 @@ async def test_sequence_id_header_on_unary_infer(client: httpx.AsyncClient, serv
     )
     assert second.json()["outputs"][0]["data"] == [8]
     assert second.headers["sequence-id"] == sequence_id
-    supervisor = server.engine.host("accumulator").supervisor
-    assert supervisor is not None
     with trio.fail_after(10):  # the actor unregisters right after the last response
-        while len(supervisor):  # noqa: ASYNC110
+        while (await server.engine.statistics("accumulator")).open_sequences:  # noqa: ASYNC110
             await trio.sleep(0.01)
 
 

@@ -38,7 +38,7 @@ def gate_body(rid: str, gate: str) -> dict[str, Any]:
 
 
 def gate_of(server: Server) -> GateModel:
-    model: Any = server.engine.host("gate").model
+    model: Any = server.engine.model("gate")
     return model  # type: ignore[no-any-return]
 
 
@@ -109,7 +109,7 @@ async def test_cancelling_the_surrounding_scope_stops_everything(make_settings: 
             assert address is not None
             engine = server.engine
             nursery.cancel_scope.cancel()
-    assert engine.hosts() == []
+    assert await engine.models() == []
     with pytest.raises(OSError):
         await trio.open_tcp_stream(*address)
 

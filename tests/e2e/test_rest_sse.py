@@ -44,16 +44,16 @@ async def collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEven
 
 async def test_events_arrive_as_produced(client: httpx.AsyncClient, server: Server) -> None:
     """The first event is read while the model still sleeps before its next token."""
-    host = server.engine.host("streamer")
+    engine = server.engine
     body = prompt("p", n_tokens=5, delay=0.2)
     async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=body) as source:
         events = source.aiter_sse()
         first = await events.__anext__()
         assert token(first) == ("p:0", 0)
-        assert host.inflight == 1  # four tokens (0.8 s) still to come
+        assert (await engine.statistics("streamer")).inflight == 1  # four tokens (0.8 s) still to come
         rest = await collect(events)
     assert [token(e) for e in rest] == [(f"p:{k}", k) for k in range(1, 5)]
-    assert host.inflight == 0
+    assert (await engine.statistics("streamer")).inflight == 0
 
 
 async def test_each_event_is_sent_before_the_model_produces_the_next(
@@ -157,7 +157,7 @@ async def test_disconnect_mid_stream_leaves_no_work(client: httpx.AsyncClient, s
     async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=body) as source:
         events = source.aiter_sse()
         assert [token(await events.__anext__()) for _ in range(2)] == [("d:0", 0), ("d:1", 1)]
-        assert server.engine.host("streamer").inflight == 1
+        assert (await server.engine.statistics("streamer")).inflight == 1
     await settle()
     async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=prompt("e", n_tokens=2)) as source:
         assert [token(e) for e in await collect(source.aiter_sse())] == [("e:0", 0), ("e:1", 1)]
@@ -170,15 +170,15 @@ def counts(events: list[ServerSentEvent]) -> tuple[list[int], set[int]]:
 
 async def test_batch_model_with_two_replicas_streams(client: httpx.AsyncClient, server: Server, settle: Settle) -> None:
     """Two streams on a BatchModel with workers=2: one per replica, every event exact."""
-    host = server.engine.host("counter")
-    assert len(host.batchers) == 2
+    assert (await server.engine.model_info("counter")).workers == 2
     url = "/v2/models/counter/infer_stream"
     # a is long enough to be still running (or paused on its full reply buffer) when b comes
     async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": 100_000}}) as a:
         a_events = a.aiter_sse()
         a_head = [await a_events.__anext__()]
         async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": 200}}) as b:
-            assert sorted(batcher.load for batcher in host.batchers) == [1, 1]
+            stats = await server.engine.statistics("counter")
+            assert stats.waiting + stats.running == 2  # one on each replica (checked below)
             b_events = await collect(b.aiter_sse())
         a_head += [await a_events.__anext__() for _ in range(99)]
     a_ks, a_replicas = counts(a_head)
@@ -195,8 +195,8 @@ async def test_disconnect_from_a_batch_model_stream(client: httpx.AsyncClient, s
         events = source.aiter_sse()
         assert counts([await events.__anext__(), await events.__anext__()])[0] == [0, 1]
     await settle()
-    host = server.engine.host("counter")
-    assert all(b.statistics().waiting == b.statistics().running == 0 for b in host.batchers)
+    stats = await server.engine.statistics("counter")
+    assert (stats.waiting, stats.running) == (0, 0)
 
 
 async def test_many_concurrent_streams(client: httpx.AsyncClient, settle: Settle) -> None:

@@ -13,9 +13,9 @@ import pytest
 import trio
 from conftest import TIMEOUT, Launch, rest_settings
 
+from actorserve.models import builtin_settings as builtin_models
 from actorserve.repository import ModelRepository
 from actorserve.server import Server, serve
-from actorserve.settings import builtin_models
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.ipc import LinkLimits, open_unix_listener, serve_fronts
 from actorserve.ipc.frames import DEFAULT_LIMITS
-from actorserve.settings import SequenceSettings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import SequenceSettings
 
 
 def builtin(name: str) -> ModelSettings:

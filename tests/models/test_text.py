@@ -66,7 +66,7 @@ def request(prompt: str | None, request_id: str | None = None, **parameters: Any
 async def text_engine(**parameters: Any) -> AsyncIterator[tuple[Engine, TextModel]]:
     with trio.fail_after(TIMEOUT):
         async with actorserve.open_engine([text_settings(**parameters)]) as engine:
-            model = engine.host("text").model
+            model = engine.model("text")
             assert isinstance(model, TextModel)
             yield engine, model
 
@@ -352,7 +352,7 @@ async def test_cancelled_request_stops_and_keeps_what_was_generated() -> None:
                 if len(got) == 20:
                     break
         await cancelled.wait()
-        assert engine.host("text").batchers[0].statistics().running == 0
+        assert (await engine.statistics("text")).running == 0
         stepped = [row for s in steps for row in s if row[0] == "long"]
         generated = stepped[-1][4]
         # It left the batch at once: it was stepped once per generated character, no more.
@@ -418,7 +418,7 @@ async def http(nursery: trio.Nursery) -> AsyncIterator[tuple[httpx.AsyncClient, 
     settings = Settings(models=(text_settings(),), host="127.0.0.1", http_port=0, grpc_port=None)
     server = await nursery.start(partial(serve, settings))
     assert server.http_url is not None
-    model = server.engine.host("text").model
+    model = server.engine.model("text")
     assert isinstance(model, TextModel)
     async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client:
         yield client, model

@@ -11,7 +11,8 @@ import trio
 
 from actorserve import open_engine
 from actorserve.errors import ModelFailed, Overloaded
-from actorserve.settings import Settings, builtin_models
+from actorserve.models import builtin_settings as builtin_models
+from actorserve.settings import Settings
 from actorserve.transport import sse
 from actorserve.transport.rest import create_app
 
@@ -133,8 +134,7 @@ async def test_stream_response_has_no_timeout_and_closing_it_cancels_the_request
         assert response.headers["Content-Type"] == "text/event-stream"
         assert response.headers["Cache-Control"] == "no-cache"
         assert response.headers["X-Accel-Buffering"] == "no"
-        host = engine.host("streamer")
-        assert host.inflight == 1  # the first response was pulled before the response started
+        assert (await engine.statistics("streamer")).inflight == 1  # the first response was pulled before the response started
         async with response.response as chunks:
             seen = []
             async for chunk in chunks:
@@ -142,4 +142,4 @@ async def test_stream_response_has_no_timeout_and_closing_it_cancels_the_request
                 if len(seen) == 2:
                     break
         assert seen == [["q:0"], ["q:1"]]
-        assert host.inflight == 0  # leaving the body closed the engine's stream
+        assert (await engine.statistics("streamer")).inflight == 0  # leaving the body closed the engine's stream

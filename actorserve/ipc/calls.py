@@ -1,0 +1,110 @@
+"""The client side of one call on the engine link: what the reader received for it, and
+the :class:`~actorserve.api.ResponseIterator` of a remote stream (see :mod:`.client`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import attrs
+import trio
+
+from ..types import InferenceResponse
+from .frames import End, Failed, Message, Responses
+from .values import WireError, error_from_plain
+
+
+class Link(Protocol):
+    """What a call needs of its client (:class:`~actorserve.ipc.client.EngineClient`)."""
+
+    def _check_open(self) -> None: ...
+
+    def _consumed(self, call: _ClientCall, count: int) -> None: ...
+
+
+@attrs.frozen(slots=True)
+class LinkStatistics:
+    """Counters of one client connection (frames and messages each way)."""
+
+    frames_sent: int
+    messages_sent: int
+    frames_received: int
+    messages_received: int
+    open_calls: int
+
+
+@attrs.define(eq=False)
+class _ClientCall:
+    """An open call: what the reader received for it, for the caller's task to take."""
+
+    id: int
+    inbox: deque[Message] = attrs.field(factory=deque)
+    arrived: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    #: End, Failed or Reply received: the engine forgot the call
+    finished: bool = False
+    #: responses consumed and not yet acknowledged to the engine
+    unacked: int = 0
+    #: stream-in: requests the engine can take now
+    credit: int = 0
+    credit_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    async def next_message(self, client: Link) -> Message:
+        while not self.inbox:
+            client._check_open()
+            await self.arrived.park()
+        return self.inbox.popleft()
+
+
+class RemoteResponses:
+    """The :class:`~actorserve.api.ResponseIterator` of a remote stream."""
+
+    __slots__ = ("_buffer", "_call", "_client", "_done", "_local_error")
+
+    def __init__(self, client: Link, call: _ClientCall) -> None:
+        self._client = client
+        self._call = call
+        self._buffer: deque[InferenceResponse] = deque()
+        self._done = False
+        self._local_error: Exception | None = None
+
+    def _fail_with(self, error: Exception) -> None:
+        self._local_error = error
+
+    def __aiter__(self) -> RemoteResponses:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if not self._buffer:
+            self._buffer.extend(await self.next_batch())
+        return self._buffer.popleft()
+
+    async def next_batch(self) -> list[InferenceResponse]:
+        """Every response received and not yet taken (at least one, waiting for it);
+        :class:`StopAsyncIteration` at the end, the stream's error after its responses."""
+        if self._buffer:
+            batch = list(self._buffer)
+            self._buffer.clear()
+            return batch
+        call = self._call
+        if self._done:
+            raise StopAsyncIteration
+        while not call.inbox:
+            if self._local_error is not None:
+                self._done = True
+                raise self._local_error
+            self._client._check_open()
+            await call.arrived.park()
+        batch = []
+        while call.inbox and isinstance(head := call.inbox[0], Responses):
+            batch.extend(head.responses)
+            call.inbox.popleft()
+        if batch:
+            self._client._consumed(call, len(batch))
+            return batch
+        last = call.inbox.popleft()
+        self._done = True
+        if isinstance(last, Failed):
+            raise error_from_plain(last.kind, last.message)
+        if isinstance(last, End):
+            raise StopAsyncIteration
+        raise WireError(f"unexpected {type(last).__name__} in a stream")
