@@ -16,6 +16,7 @@ ends with reason ``shutdown``). Cancelling the surrounding scope skips the grace
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -26,12 +27,14 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .engine import Engine, open_engine, raise_single
 from .repository import ModelRepository
-from .settings import Settings, builtin_models
-from .transport.rest import FindModels, RestApp, create_app
+from .settings import ModelSettings, Settings, builtin_models
+from .transport.rest import RestApp, create_app
 
 log = logging.getLogger(__name__)
 
 Address = tuple[str, int]
+#: the settings of every version of a model, for gRPC's RepositoryModelLoad
+FindModels = Callable[[str], list[ModelSettings]]
 
 
 @attrs.define(eq=False)
@@ -83,13 +86,13 @@ async def serve(
     repository = repository or ModelRepository()
     find_models: FindModels = partial(repository.find, known=settings.models)
     try:
-        async with open_engine(settings) as engine:
+        async with open_engine(settings, repository=repository) as engine:
             server = Server(engine, settings)
             http_stopped = trio.Event()
             grpc_scope = trio.CancelScope()
             async with trio.open_nursery() as nursery:
                 if settings.http_port is not None:
-                    app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)
+                    app = create_app(engine, settings, fast_path=rest_fast_path)
                     server.http_address = await nursery.start(
                         _serve_http, app, settings, server._stopping, http_stopped
                     )
