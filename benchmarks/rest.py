@@ -14,6 +14,10 @@ measures from this process with aiohttp (keep-alive connections):
 - ITL at c=1: the p50 / p99 gap between events of one stream paced by the model
   (``streamer`` with delay=2 ms), i.e. what a lone event costs on top of the pacing.
 
+Next to each throughput the server's own CPU time per request or event is printed (from
+``/proc``, user + system, all threads): on a shared, noisy machine it moves much less
+than the rate, and it is what a transport change changes.
+
 ``--mode`` picks the front door for ``infer``: the raw-ASGI fast path, Quart, or both.
 Each scenario runs ``--rounds`` times per server, alternating servers round by round
 (so load from elsewhere on the machine hits both alike), and the median run is printed.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,6 +137,7 @@ async def unary(url: str, concurrency: int, duration: float, body: bytes, header
 
     latencies: list[float] = []
     errors = 0
+    served = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         target = f"{url}/v2/models/identity/infer"
@@ -139,12 +145,13 @@ async def unary(url: str, concurrency: int, duration: float, body: bytes, header
         end = warmup_end + duration
 
         async def worker() -> None:
-            nonlocal errors
+            nonlocal errors, served
             while (start := time.perf_counter()) < end:
                 async with session.post(target, data=body, headers=headers) as reply:
                     await reply.read()
                     ok = reply.status == 200
                 now = time.perf_counter()
+                served += 1
                 if start >= warmup_end:
                     if ok:
                         latencies.append(now - start)
@@ -158,6 +165,7 @@ async def unary(url: str, concurrency: int, duration: float, body: bytes, header
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "errors": errors,
+        "served": served,
     }
 
 
@@ -210,6 +218,12 @@ async def inter_token_latency(url: str, n_tokens: int = 500) -> dict[str, float]
     return {"p50_ms": 1000 * gaps[len(gaps) // 2], "p99_ms": 1000 * gaps[int(len(gaps) * 0.99)]}
 
 
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the server process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda r: r["req_s"])[len(runs) // 2]
 
@@ -238,12 +252,17 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
             runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in modes}
             for _ in range(rounds):
                 for name, _fast in modes:
-                    url = servers[name][1]
-                    runs[name].append(asyncio.run(unary(url, concurrency, duration, body, headers)))
+                    process, url = servers[name]
+                    cpu = server_cpu(process.pid)
+                    stats = asyncio.run(unary(url, concurrency, duration, body, headers))
+                    # the warm-up is inside the CPU window too: count its requests as well
+                    stats["cpu_us"] = 1e6 * (server_cpu(process.pid) - cpu) / max(1.0, stats["served"])
+                    runs[name].append(stats)
             for name, _ in modes:
                 stats = results[name][key] = median_run(runs[name])
                 each = ", ".join(f"{r['req_s']:.0f}" for r in runs[name])
-                print(f"[{name:5}] unary infer {key:<12} {stats['req_s']:7.0f} req/s   p50 {stats['p50_ms']:6.2f} ms"
+                print(f"[{name:5}] unary infer {key:<12} {stats['req_s']:7.0f} req/s   "
+                      f"{stats['cpu_us']:5.0f} us CPU/req   p50 {stats['p50_ms']:6.2f} ms"
                       f"   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}   (runs: {each})", flush=True)
         sse_points = (
             ("sse 1 stream", 1, 10_000, "streamer"),
@@ -255,13 +274,19 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
             if not chosen(key):
                 continue
             rates: dict[str, list[float]] = {name: [] for name, _ in modes}
+            cpus: dict[str, list[float]] = {name: [] for name, _ in modes}
             for _ in range(rounds):
                 for name, _fast in modes:
-                    rates[name].append(asyncio.run(streams(servers[name][1], concurrent, n_tokens, model)))
+                    process, url = servers[name]
+                    cpu = server_cpu(process.pid)
+                    rates[name].append(asyncio.run(streams(url, concurrent, n_tokens, model)))
+                    cpus[name].append(1e6 * (server_cpu(process.pid) - cpu) / (concurrent * n_tokens + 10))
             for name, _ in modes:
                 rate = results[name][key] = sorted(rates[name])[len(rates[name]) // 2]
                 each = ", ".join(f"{r:.0f}" for r in rates[name])
-                print(f"[{name:5}] {key} ({n_tokens} tokens each) {rate:8.0f} events/s   (runs: {each})", flush=True)
+                cpu_each = ", ".join(f"{c:.0f}" for c in cpus[name])
+                print(f"[{name:5}] {key} ({n_tokens} tokens each) {rate:8.0f} events/s   (runs: {each})"
+                      f"   server CPU {min(cpus[name]):.0f} us/event (runs: {cpu_each})", flush=True)
         if chosen("itl c=1"):
             itls: dict[str, list[dict[str, float]]] = {name: [] for name, _ in modes}
             for _ in range(rounds):
