@@ -158,23 +158,9 @@ class Engine:
         return [h for versions in self._hosts.values() for h in versions.values()]
 
     @property
-    def is_ready(self) -> bool:
+    def _ready(self) -> bool:
         """Every model loaded and ready (and the engine not closing)."""
         return not self._closing and all(h.ready for h in self.hosts())
-
-    def metadata_dict(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """Transitional: the OIP metadata as a dict (the transports move to :meth:`metadata`)."""
-        host = self.host(name, version)
-        meta = host.metadata()
-        meta["versions"] = sorted(self._hosts[name], key=_version_key)
-        return meta
-
-    def repository_index_dicts(self) -> list[dict[str, Any]]:
-        """Transitional: the index as dicts (the transports move to :meth:`repository_index`)."""
-        return [
-            {"name": e.name, "version": e.version, "state": str(e.state), "reason": e.reason}
-            for e in self._index()
-        ]
 
     def _index(self) -> list[RepositoryEntry]:
         return [
@@ -230,7 +216,7 @@ class Engine:
     # -- the EngineAPI (typed records; what the transports call) -------------------------
 
     async def ready(self) -> bool:
-        return self.is_ready
+        return self._ready
 
     async def models(self) -> list[ModelInfo]:
         return [_info(h) for h in self.hosts()]

@@ -36,7 +36,7 @@ from .listeners import BACKLOG, ListenError, Listeners, open_listeners
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .settings import Settings
-from .transport.rest import FindModels, RestApp, create_app
+from .transport.rest import RestApp, create_app
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,8 @@ async def serve(
     repository = repository or ModelRepository()
     try:
         async with open_engine(settings, repository=repository) as engine:
-            find_models: FindModels = partial(repository.find, known=settings.models)
             await serve_transports(
-                engine, settings, listeners, drain=engine.aclose, find_models=find_models,
-                rest_fast_path=rest_fast_path, task_status=task_status,
+                engine, settings, listeners, drain=engine.aclose, rest_fast_path=rest_fast_path, task_status=task_status
             )
     except BaseExceptionGroup as group:  # e.g. a model that fails to load: raise it itself
         raise_single(group)
@@ -119,7 +117,6 @@ async def serve_transports(
     listeners: Listeners,
     *,
     drain: Callable[[float], Awaitable[None]] | None = None,
-    find_models: FindModels | None = None,
     rest_fast_path: bool = True,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -136,7 +133,7 @@ async def serve_transports(
     grpc_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
         if listeners.http is not None:
-            app = create_app(engine, settings, find_models=find_models, fast_path=rest_fast_path)  # type: ignore[arg-type]
+            app = create_app(engine, settings, fast_path=rest_fast_path)
             server.http_address = await nursery.start(
                 _serve_http, app, listeners.http, settings, server._stopping, http_stopped
             )

@@ -1,7 +1,8 @@
 """Server-sent event streams (``infer_stream``, ``generate_stream``) with httpx-sse over
 HTTP/1.1: incremental delivery, exact event counts, errors before and after the stream
-starts, client disconnects, gzip-accepting clients, BatchModels with two replicas, and
-MLServer's documented client flow."""
+starts, client disconnects, gzip-accepting clients, BatchModels with two replicas,
+MLServer's documented client flow; and, on a raw socket, coalesced writes for a slow
+reader."""
 
 from __future__ import annotations
 
@@ -236,3 +237,83 @@ async def test_mlserver_client_flow(server: Server) -> None:
     with trio.fail_after(TIMEOUT):
         tokens = await trio.to_thread.run_sync(mlserver_style)
     assert tokens == [f"What is the capital of France?:{k}" for k in range(4)]
+
+
+# -- coalesced writes, seen on a raw socket ----------------------------------------------
+
+
+async def open_raw_stream(server: Server, path: str, body: dict[str, Any]) -> trio.SocketStream:
+    """POST ``body`` over a plain socket whose receive buffer is small, so the server's
+    writes block soon when the test does not read."""
+    assert server.http_address is not None
+    host, port = server.http_address
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((host, port))
+    stream = trio.SocketStream(sock)
+    content = json.dumps(body).encode()
+    await stream.send_all(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(content)}\r\n\r\n".encode() + content
+    )
+    return stream
+
+
+async def read_chunks(stream: trio.SocketStream) -> tuple[bytes, list[bytes]]:
+    """The response head and the chunks of its chunked body (as the server wrote them)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some()
+    head, rest = data.split(b"\r\n\r\n", 1)
+    chunks: list[bytes] = []
+    while True:
+        while b"\r\n" not in rest:
+            rest += await stream.receive_some()
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        while len(rest) < size + 2:
+            rest += await stream.receive_some()
+        if size == 0:
+            return head, chunks
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+
+
+async def steps_settle(server: Server, model: str) -> None:
+    """Return once the model stopped stepping (its only stream sits out: the reader is
+    not reading and every buffer on the way is full)."""
+    last = -1
+    while (stepped := (await server.engine.statistics(model)).items_stepped) != last:
+        last = stepped
+        await trio.sleep(0.05)
+
+
+async def test_a_slow_reader_gets_the_events_that_waited_in_one_chunk(server: Server, settle: Settle) -> None:
+    n = 2_000
+    with trio.fail_after(TIMEOUT):
+        stream = await open_raw_stream(server, "/v2/models/counter/infer_stream", {"inputs": [], "parameters": {"n": n}})
+        async with stream:
+            await steps_settle(server, "counter")
+            assert (await server.engine.statistics("counter")).items_stepped < n  # the writes blocked
+            head, chunks = await read_chunks(stream)
+    assert head.startswith(b"HTTP/1.1 200 ")
+    per_chunk = [chunk.count(b"data: ") for chunk in chunks]
+    assert max(per_chunk) > 1, per_chunk[:50]
+    ks = [json.loads(part.removeprefix(b"data: "))["outputs"][0]["data"][0]
+          for chunk in chunks for part in chunk.split(b"\n\n") if part]  # fmt: skip
+    assert ks == list(range(n))
+    await settle()
+
+
+async def test_disconnect_on_a_raw_socket_frees_the_engine(server: Server) -> None:
+    with trio.fail_after(TIMEOUT):
+        stream = await open_raw_stream(
+            server, "/v2/models/counter/infer_stream", {"inputs": [], "parameters": {"n": 100_000}}
+        )
+        async with stream:
+            data = b""
+            while b"data: " not in data:
+                data += await stream.receive_some()
+            assert (await server.engine.statistics("counter")).inflight == 1
+        await server.engine.wait_idle()
+    assert (await server.engine.statistics("counter")).inflight == 0

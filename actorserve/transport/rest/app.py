@@ -1,0 +1,123 @@
+"""The ASGI application handed to hypercorn: the raw paths of :mod:`.asgi` first
+(``infer``, ``generate`` and every stream), Quart (:mod:`.views`) for the rest.
+
+Every error a client sees is ``{"error": "<message>"}`` JSON with a meaningful status,
+including unknown routes (404), wrong methods (405) and oversized bodies (413).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from quart import Response, request
+from quart.wrappers.response import DataBody
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ...api import EngineAPI
+from ...settings import Settings
+from ..playground import register_playground
+from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
+from .views import RestViews, http_error_reply, response
+from .wire import GZIP_HEADERS, method_not_allowed_reply
+
+#: ``/v2/models/{name}[/versions/{version}]/{op}`` for the operations on the raw path.
+_MODEL_OP: Final = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|infer_stream|generate|generate_stream)")
+
+#: op -> the methods it allows.
+_RAW_METHODS: Final = {
+    "infer": ("POST",),
+    "infer_stream": ("POST",),
+    "generate": ("POST",),
+    "generate_stream": ("GET", "POST"),
+}
+
+
+class RestApp:
+    """The ASGI application serving one engine.
+
+    ``infer``, ``generate`` and the streams take the raw path (``infer`` only when
+    ``fast_path``; otherwise a Quart view serves it, for comparisons); everything else
+    goes through ``quart``."""
+
+    def __init__(self, engine: EngineAPI, settings: Settings, quart: QuartTrio, *, fast_path: bool = True) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.quart = quart
+        self.fast_path = fast_path
+        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes)
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "http":
+            match = _MODEL_OP.fullmatch(scope["path"])
+            if match is not None and (self.fast_path or match[3] != "infer"):
+                op = match[3]
+                allowed = _RAW_METHODS[op]
+                if scope["method"] in allowed:
+                    await self.raw.serve(op, scope, receive, send, match[1], match[2])
+                else:
+                    await send_reply(send, method_not_allowed_reply(scope["method"], scope["path"], allowed))
+                return
+        await self.quart(scope, receive, send)  # type: ignore[arg-type]
+
+
+_QUART_MODEL_ROUTES: Final = (
+    ("", "model_metadata", ("GET",)),
+    ("/ready", "model_ready", ("GET",)),
+    ("/infer", "infer", ("POST",)),  # reached only when the raw path is off
+)
+
+
+def create_app(engine: EngineAPI, settings: Settings, *, fast_path: bool = True) -> RestApp:
+    """The ASGI application serving ``engine``. ``POST /v2/repository/models/{name}/load``
+    calls ``engine.load_from_repository``. ``fast_path=False`` sends ``infer`` through
+    Quart too (for comparison)."""
+    views = RestViews(engine, settings)
+    app = QuartTrio("actorserve")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    def route(rule: str, endpoint: str, methods: tuple[str, ...]) -> None:
+        app.add_url_rule(rule, endpoint, getattr(views, endpoint), methods=list(methods))
+
+    route("/v2/health/live", "live", ("GET",))
+    route("/v2/health/ready", "ready", ("GET",))
+    route("/v2", "server_metadata", ("GET",))
+    app.add_url_rule("/v2/", "server_metadata_slash", views.server_metadata, methods=["GET"])
+    route("/v2/repository/index", "repository_index", ("GET", "POST"))
+    route("/v2/repository/models/<name>/load", "load", ("POST",))
+    route("/v2/repository/models/<name>/unload", "unload", ("POST",))
+    for suffix, endpoint, methods in _QUART_MODEL_ROUTES:
+        route(f"/v2/models/<name>{suffix}", endpoint, methods)
+        app.add_url_rule(
+            f"/v2/models/<name>/versions/<version>{suffix}",
+            f"{endpoint}_version",
+            getattr(views, endpoint),
+            methods=list(methods),
+        )
+
+    async def on_error(error: Exception) -> Response:
+        if isinstance(error, HTTPException):
+            return response(http_error_reply(error, settings.max_body_bytes))
+        return response(reply_for(error, settings.max_body_bytes))
+
+    app.register_error_handler(Exception, on_error)
+
+    async def compress(reply: Response) -> Response:
+        body = reply.response
+        if isinstance(body, DataBody):
+            packed = await gzip_if_wanted(
+                body.data,
+                "Content-Encoding" in reply.headers,
+                request.headers.get("Accept-Encoding"),
+                settings.gzip_min_bytes,
+            )
+            if packed is not None:
+                reply.set_data(packed)
+                reply.headers.update(GZIP_HEADERS)
+        return reply
+
+    app.after_request(compress)
+    register_playground(app)
+    return RestApp(engine, settings, app, fast_path=fast_path)

@@ -1,0 +1,287 @@
+"""The raw-ASGI paths: unary ``infer`` and ``generate``, and every streaming route
+(``infer_stream``, ``generate_stream`` POST and GET), each also under
+``/versions/{v}/``.
+
+These are the hot paths, where Quart's per-request and per-chunk machinery cost 30-45%
+of the throughput. They use the functions of :mod:`.wire`, :mod:`.generate` and
+:mod:`.sse`, call only :class:`~actorserve.api.EngineAPI`, and answer exactly as the
+Quart views would: same JSON errors and statuses, same 413 and gzip rules.
+
+Cancellation: every request here watches for ``http.disconnect`` while it runs; a
+client that goes away cancels the request's scope at once, which leaves the engine's
+stream context (or ``infer`` call), which cancels the request in the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qsl
+
+import trio
+
+from ...api import EngineAPI
+from ...errors import BadInput
+from ...types import InferenceRequest
+from . import sse
+from .generate import (
+    Encoder,
+    encode_event_source,
+    encode_generate,
+    generate_request_from_json,
+    generate_request_from_query,
+    parse_generate_body,
+)
+from .wire import (
+    GZIP_HEADERS,
+    GZIP_IN_THREAD_BYTES,
+    BodyTooLarge,
+    HttpReply,
+    RequestHeaders,
+    apply_sequence_headers,
+    decode_infer_request,
+    decompress_body,
+    encode_infer_response,
+    encode_oip,
+    error_reply,
+    gzip,
+    sequence_header,
+    should_gzip,
+    too_large_reply,
+)
+
+log = logging.getLogger(__name__)
+
+# Raw ASGI messages are handled as plain dicts; hypercorn's TypedDicts only matter at
+# the boundary (app.py), where these aliases are cast.
+ASGIScope = Mapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[Any]]
+ASGISend = Callable[[Any], Awaitable[None]]
+
+#: The ASGI headers of every event stream, built once.
+_EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in sse.EVENT_STREAM_HEADERS)
+
+
+class Disconnected(Exception):
+    """The client went away before its request body was read."""
+
+
+# -- the one gzip rule ---------------------------------------------------------------------
+
+
+async def gzip_if_wanted(body: bytes, already_encoded: bool, accept_encoding: str | None, min_bytes: int) -> bytes | None:
+    """``body`` gzipped when :func:`~.wire.should_gzip` says so (large bodies in a worker
+    thread, off the event loop), else None. Used for every complete reply, raw or Quart."""
+    if not should_gzip(len(body), already_encoded, accept_encoding, min_bytes):
+        return None
+    if len(body) >= GZIP_IN_THREAD_BYTES:
+        return await trio.to_thread.run_sync(gzip, body)
+    return gzip(body)
+
+
+# -- unary infer (shared with the Quart view) ---------------------------------------------
+
+
+def reply_for(error: BaseException, limit: int) -> HttpReply:
+    """The error reply for anything raised while serving a request."""
+    return too_large_reply(limit) if isinstance(error, BodyTooLarge) else error_reply(error)
+
+
+async def infer_reply(
+    engine: EngineAPI, name: str, version: str | None, body: bytes, headers: RequestHeaders, limit: int
+) -> HttpReply:
+    """Decode, infer, encode; every failure is an error reply, never an exception."""
+    try:
+        body = decompress_body(body, headers.content_encoding, limit)
+        request, encoding = decode_infer_request(body, headers)
+        response = await engine.infer(request, model=name, version=version)
+        return encode_infer_response(response, encoding)
+    except Exception as exc:
+        return reply_for(exc, limit)
+
+
+# -- the raw routes ------------------------------------------------------------------------
+
+
+class RawRoutes:
+    """The handlers of the raw paths over one engine. ``limit`` is ``max_body_bytes``;
+    ``gzip_min`` is ``gzip_min_bytes``."""
+
+    def __init__(self, engine: EngineAPI, limit: int, gzip_min: int) -> None:
+        self.engine = engine
+        self._limit = limit
+        self._gzip_min = gzip_min
+
+    async def serve(
+        self, op: str, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, name: str, version: str | None
+    ) -> None:
+        """Serve ``op`` (``infer``, ``generate``, ``infer_stream``, ``generate_stream``)
+        for a method the route allows (the caller checked)."""
+        headers = RequestHeaders.from_asgi(scope["headers"])
+        try:
+            body = await self._read_body(headers, receive)
+        except Disconnected:
+            return
+        except Exception as exc:
+            await self._send_reply(send, reply_for(exc, self._limit), headers)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            if op == "infer":
+                reply = await infer_reply(self.engine, name, version, body, headers, self._limit)
+                await self._send_reply(send, reply, headers)
+            elif op == "generate":
+                await self._generate(send, name, version, body, headers)
+            else:
+                await self._stream(scope, send, op, name, version, body, headers)
+            nursery.cancel_scope.cancel()
+
+    async def _generate(
+        self, send: ASGISend, name: str, version: str | None, body: bytes, headers: RequestHeaders
+    ) -> None:
+        try:
+            request, encode = await self._generate_request(name, version, body, headers)
+            response = await self.engine.infer(request, model=name, version=version)
+            reply = HttpReply(200, [("Content-Type", "application/json"), *sequence_header(response)], encode(response))
+        except Exception as exc:
+            reply = reply_for(exc, self._limit)
+        await self._send_reply(send, reply, headers)
+
+    async def _generate_request(
+        self, name: str, version: str | None, body: bytes, headers: RequestHeaders
+    ) -> tuple[InferenceRequest, Encoder]:
+        """Either shape of a generate body: OIP tensors (answered as OIP, like infer) or
+        Triton's ``text_input`` shape (answered with ``text_output``)."""
+        parsed = parse_generate_body(decompress_body(body, headers.content_encoding, self._limit), headers)
+        if isinstance(parsed, tuple):
+            return parsed
+        datatypes = (await self.engine.metadata(name, version)).input_datatypes()
+        request = generate_request_from_json(parsed, datatypes)
+        apply_sequence_headers(request, headers)
+        return request, encode_generate
+
+    async def _stream(
+        self,
+        scope: ASGIScope,
+        send: ASGISend,
+        op: str,
+        name: str,
+        version: str | None,
+        body: bytes,
+        headers: RequestHeaders,
+    ) -> None:
+        """An SSE response. The first batch of responses is pulled before the response
+        starts, so an error known by then gets its status; later errors become
+        ``event: error``. Each later batch (every response already waiting) is one write."""
+        end_event = False
+        try:
+            if scope["method"] == "GET":  # generate_stream for EventSource
+                datatypes = (await self.engine.metadata(name, version)).input_datatypes()
+                request = generate_request_from_query(_query(scope), datatypes)
+                apply_sequence_headers(request, headers)
+                encode: Encoder = encode_event_source
+                end_event = True
+            elif op == "infer_stream":
+                request = decode_infer_request(decompress_body(body, headers.content_encoding, self._limit), headers)[0]
+                encode = encode_oip
+            else:
+                request, encode = await self._generate_request(name, version, body, headers)
+        except Exception as exc:
+            await self._send_reply(send, reply_for(exc, self._limit), headers)
+            return
+
+        async def send_chunk(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        started = False
+        try:
+            async with self.engine.infer_stream(request, model=name, version=version) as responses:
+                try:
+                    first = await responses.next_batch()
+                except StopAsyncIteration:
+                    first = []
+                start_headers = list(_EVENT_STREAM_HEADERS)
+                if first:
+                    start_headers += _asgi_headers(sequence_header(first[0]))
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": start_headers})
+                tail = await sse.write_events(first, responses, encode, send_chunk, end_event=end_event)
+        except Exception as exc:
+            if started:  # a bug after the stream started: nothing left to tell the client
+                log.error("an event stream failed after it started", exc_info=exc)
+                tail = b""
+            else:
+                await self._send_reply(send, reply_for(exc, self._limit), headers)
+                return
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _read_body(self, headers: RequestHeaders, receive: ASGIReceive) -> bytes:
+        """The whole body; :class:`BodyTooLarge` as soon as it is known to be over the
+        limit (from Content-Length, before reading); :class:`Disconnected`."""
+        limit = self._limit
+        if headers.content_length is not None:
+            try:
+                declared = int(headers.content_length)
+            except ValueError:
+                raise BadInput("invalid Content-Length") from None
+            if declared > limit:
+                raise BodyTooLarge
+        message = await receive()
+        if message["type"] != "http.request":
+            raise Disconnected
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > limit:
+                raise BodyTooLarge
+            return body
+        chunks = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _send_reply(self, send: ASGISend, reply: HttpReply, headers: RequestHeaders) -> None:
+        await send_reply(send, reply, headers.accept_encoding, self._gzip_min)
+
+
+async def send_reply(send: ASGISend, reply: HttpReply, accept_encoding: str | None = None, gzip_min: int = 0) -> None:
+    """Send a complete reply (gzipped when the client accepts it and it is large)."""
+    raw_headers = _asgi_headers(reply.headers)
+    body = reply.body
+    if accept_encoding is not None:
+        packed = await gzip_if_wanted(body, False, accept_encoding, gzip_min)
+        if packed is not None:
+            body = packed
+            raw_headers += _asgi_headers(GZIP_HEADERS)
+    raw_headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _asgi_headers(headers: Any) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+def _query(scope: ASGIScope) -> list[tuple[str, list[str]]]:
+    """The query string as (key, every value) in order of first appearance."""
+    grouped: dict[str, list[str]] = {}
+    for key, value in parse_qsl(scope["query_string"].decode("utf-8", "replace"), keep_blank_values=True):
+        grouped.setdefault(key, []).append(value)
+    return list(grouped.items())
+
+
+async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
