@@ -25,78 +25,13 @@ import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
 from ..model import BatchModel, StepOutput
-from ..types import InferenceRequest, InferenceResponse
-from .mailbox import Mailbox
 from .scheduler import Scheduler
-from .steploop import StepLoop, StepReport
+from .steploop import StepLoop, StepReport, run_step
+from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
 
-
-
-@attrs.define(eq=False, slots=True)
-class WorkItem:
-    """One request's journey through a batcher.
-
-    Created by whoever accepts the request; ``replies`` is read by the caller only.
-    The batcher owns ``work`` while the item is scheduled and closes ``replies`` when
-    the item leaves (after the last response or an error); ``done`` is set then.
-    """
-
-    request: InferenceRequest
-    replies: Mailbox[InferenceResponse]
-    sequence_id: str | None = None
-    work: Any = None
-    batcher: ContinuousBatcher | None = None
-    cancelled: bool = False
-    paused: bool = False
-    finished: bool = False
-    error: BaseException | None = None
-    undelivered: int = 0  # an output of the last step not yet in ``replies`` (inline)
-    # With a step loop: responses made by its thread / taken by the reader (the thread
-    # pauses the item while ``produced - consumed`` reaches the mailbox's capacity).
-    produced: int = 0
-    consumed: int = 0
-    admitted: bool = False  # the event loop learnt that the item is in the batch
-    done: trio.Event = attrs.field(factory=trio.Event)
-
-    def cancel(self, error: BaseException | None = None) -> None:
-        """Leave the batch at the next step: the caller went away or, with ``error``,
-        the request was stopped (its reader gets the error after buffered outputs)."""
-        if self.finished or self.cancelled:
-            return
-        self.cancelled = True
-        if error is not None:
-            self.error = error
-        if self.batcher is not None:
-            self.batcher._cancelled(self)
-        else:
-            self.finish()
-
-    def fail(self, error: BaseException) -> None:
-        """Finish with ``error``: the reader gets it after the outputs already buffered."""
-        if not self.finished:
-            self.error = error
-            self.finish()
-
-    def finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.replies.close()
-            self.done.set()
-
-    async def next_reply(self) -> InferenceResponse:
-        """The next response for the caller; raises the item's error, or
-        :class:`StopAsyncIteration` at the end."""
-        try:
-            reply = await self.replies.receive()
-        except trio.EndOfChannel:
-            if self.error is not None:
-                raise self.error from None
-            raise StopAsyncIteration from None
-        if self.batcher is not None:
-            self.batcher._read(self)
-        return reply
+__all__ = ["BatcherStatistics", "ContinuousBatcher", "WorkItem"]
 
 
 @attrs.frozen
@@ -250,15 +185,18 @@ class ContinuousBatcher:
         loop.start()
         try:
             task_status.started()
-            # This task only times max_batch_time; the thread does the rest.
+            # This task only times max_batch_time (trio's clock); the thread does the rest.
             while not self._thread_exited.is_set():
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                if self._gathering is not None:
-                    with trio.move_on_at(self._gather_deadline):
-                        while self._gathering is not None and not self._thread_exited.is_set():
-                            await self._wakeup.wait()
-                            self._wakeup = trio.Event()
+                gathering = self._gathering
+                if gathering is None:
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+                with trio.move_on_at(self._gather_deadline):
+                    while self._gathering is gathering and not self._thread_exited.is_set():
+                        await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                if self._gathering is gathering:
                     self._flush_gathering()
         finally:
             self._closed = True
@@ -330,7 +268,8 @@ class ContinuousBatcher:
     async def _loop_inline(self) -> None:
         scheduler = self._scheduler
         idle = True
-        # Outputs of the last step, handed out while the next step computes.
+        # Outputs of the last step, handed out after the next step ran (its plan saw
+        # them as undelivered, see _sits_out).
         pending: tuple[list[WorkItem], list[StepOutput] | BaseException] | None = None
         while True:
             self._refill()
@@ -391,18 +330,10 @@ class ContinuousBatcher:
 
     def _step_inline(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
         """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
-        try:
-            outputs = self.model.step([item.work for item in batch])
-        except Exception as exc:
-            log.exception("%s: step of %d items failed", self.name, len(batch))
-            return exc
-        self.steps += 1
-        self.items_stepped += len(batch)
-        if not isinstance(outputs, list) or len(outputs) != len(batch):
-            count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-            error = ModelFailed(f"{self.model.name}: step returned {count} outputs for {len(batch)} items")
-            log.error("%s", error)
-            return error
+        outputs = run_step(self.model, batch, self.name)
+        if not isinstance(outputs, BaseException):
+            self.steps += 1
+            self.items_stepped += len(batch)
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:

@@ -37,7 +37,7 @@ from ..model import BatchModel, StepOutput
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from .batcher import WorkItem
+    from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,22 @@ log = logging.getLogger(__name__)
 #: with 1 the thread computes step N+1 while the loop hands out step N, and never gets
 #: more than two steps ahead of the readers.
 MAX_AHEAD = 1
+
+
+def run_step(model: BatchModel[Any, Any], batch: list[WorkItem], name: str) -> list[StepOutput] | BaseException:
+    """``model.step`` for ``batch``: its outputs, or the exception it raised, or
+    :class:`ModelFailed` when it did not return one output per item (logged)."""
+    try:
+        outputs = model.step([item.work for item in batch])
+    except Exception as exc:
+        log.exception("%s: step of %d items failed", name, len(batch))
+        return exc
+    if not isinstance(outputs, list) or len(outputs) != len(batch):
+        count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+        error = ModelFailed(f"{model.name}: step returned {count} outputs for {len(batch)} items")
+        log.error("%s", error)
+        return error
+    return outputs
 
 
 @attrs.define(eq=False, slots=True)
@@ -211,19 +227,13 @@ class StepLoop:
         return admitted, list(dropped), dropped, batch or None
 
     def _step(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
-        try:
-            if self._on_step is not None:
+        if self._on_step is not None:
+            try:
                 self._on_step(batch)
-            outputs = self.model.step([item.work for item in batch])
-        except Exception as exc:
-            log.exception("%s: step of %d items failed", self.name, len(batch))
-            return exc
-        if not isinstance(outputs, list) or len(outputs) != len(batch):
-            count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-            error = ModelFailed(f"{self.model.name}: step returned {count} outputs for {len(batch)} items")
-            log.error("%s", error)
-            return error
-        return outputs
+            except Exception as exc:
+                log.exception("%s: on_step raised", self.name)
+                return exc
+        return run_step(self.model, batch, self.name)
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> list[WorkItem]:
         """Items that are done or failed leave the schedule (their slots are refilled by

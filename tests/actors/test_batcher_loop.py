@@ -56,8 +56,8 @@ class LoopModel(ThreadedRecordingModel):
 
 
 @asynccontextmanager
-async def running(timeout: float | None = TIMEOUT, **settings: Any) -> AsyncIterator[tuple[ContinuousBatcher, LoopModel]]:
-    """A batcher for a LoopModel. Pass ``timeout=None`` under MockClock's autojump: the
+async def running(limit: float | None = TIMEOUT, **settings: Any) -> AsyncIterator[tuple[ContinuousBatcher, LoopModel]]:
+    """A batcher for a LoopModel. Pass ``limit=None`` under MockClock's autojump: the
     clock jumps while the worker thread steps, which trio cannot see."""
     model = LoopModel(recording_settings(implementation=LoopModel, **settings))
     batcher = ContinuousBatcher(
@@ -69,7 +69,7 @@ async def running(timeout: float | None = TIMEOUT, **settings: Any) -> AsyncIter
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(batcher.run)
-        with trio.fail_after(timeout) if timeout is not None else nullcontext():
+        with trio.fail_after(limit) if limit is not None else nullcontext():
             yield batcher, model
         nursery.cancel_scope.cancel()
 
@@ -79,6 +79,11 @@ def submit(batcher: ContinuousBatcher, rid: str, n_tokens: int, *, buffer: int =
     item.work = batcher.model.begin(item.request, None)
     batcher.submit_nowait(item)
     return item
+
+
+def hog_the_event_loop(seconds: float) -> None:
+    """Keep the trio thread from running anything: no report is delivered meanwhile."""
+    time.sleep(seconds)
 
 
 async def read_all(item: WorkItem) -> list[int]:
@@ -96,9 +101,8 @@ async def test_thread_steps_while_the_event_loop_is_blocked_up_to_the_bound() ->
         model.step_time = 0.0005
         item = submit(batcher, "long", 10_000)
         await item.next_reply()
-        # Block the event loop (a CPU hog with no checkpoint): no report is delivered.
         delivered = batcher.steps
-        time.sleep(0.3)
+        hog_the_event_loop(0.3)
         stepped = len(model.steps)
         # Without a round trip through the loop the thread went on stepping, but at most
         # MAX_AHEAD + 1 steps past what the loop had taken: outputs cannot pile up.
