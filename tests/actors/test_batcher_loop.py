@@ -18,7 +18,8 @@ import trio
 import trio.testing
 from support.models import Count, ThreadedRecordingModel, recording_settings, request
 
-from actorserve import ModelFailed, ShuttingDown, StepOutput
+import actorserve
+from actorserve import ModelFailed, SequenceNotFound, ShuttingDown, StepOutput
 from actorserve.actors import steploop
 from actorserve.actors.batcher import BatcherStatistics, ContinuousBatcher, WorkItem
 from actorserve.actors.mailbox import Mailbox
@@ -236,3 +237,39 @@ async def test_max_batch_time_gathers_after_idle(autojump_clock: trio.testing.Mo
         gathered.cancel()
         assert gathered.finished and model.cancelled == ["d"]
         assert batcher.load == 0
+
+
+class EndRecordingModel(LoopModel):
+    """Also records, at ``on_sequence_end``, how many steps the thread had run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps_at_end: list[int] = []
+
+    def on_sequence_end(self, state: Any, reason: str) -> None:
+        self.steps_at_end.append(len(self.steps))
+        super().on_sequence_end(state, reason)
+
+
+async def test_sequence_cancel_ends_after_the_request_left_the_thread() -> None:
+    settings = recording_settings(implementation=EndRecordingModel, reply_buffer=4)
+    with trio.fail_after(TIMEOUT):
+        async with actorserve.open_engine([settings]) as engine:
+            model = engine.host("rec").model
+            assert isinstance(model, EndRecordingModel)
+            model.step_time = 0.0005
+            await engine.infer(request("open", 0, sequence_id="s", sequence_start=True))
+            async with engine.infer_stream(request("long", 10_000, sequence_id="s")) as stream:
+                await stream.__anext__()
+                response = await engine.infer(request("cancel", 0, sequence_id="s", sequence_cancel=True))
+                assert response.parameters == {"sequence_id": "s", "sequence_cancelled": True}
+                with pytest.raises(SequenceNotFound, match="was cancelled"):
+                    async for _ in stream:
+                        pass
+            await trio.testing.wait_all_tasks_blocked()  # the actor ends after its reader
+            assert model.ended == [("s", "cancelled")]
+            assert model.cancelled == ["long"]
+            # on_sequence_end ran once the request was out of the batch: no later step has it.
+            (at_end,) = model.steps_at_end
+            assert all("long" not in step for step in model.steps[at_end:])
+            assert engine.host("rec").batchers[0].load == 0
