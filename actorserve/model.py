@@ -132,19 +132,23 @@ class BatchModel(Model, Generic[StateT, WorkT]):
 
     The engine calls, for a sequence: ``new_state`` once when it starts, ``begin`` for
     each of its requests (with the state), ``on_sequence_end`` exactly once when it ends;
-    for a request without a sequence, ``begin(request, None)``. ``step`` runs in a worker
-    thread and must return one :class:`StepOutput` per item, in order; the state objects
-    reached through the work are touched only there while the work is in the batch.
-    ``on_request_cancelled`` is told when a caller went away before its work was done.
+    for a request without a sequence, ``begin(request, None)``. ``step`` runs in the
+    replica's step-loop thread (one long-lived thread per replica, so every step of a
+    replica runs on the same thread) and must return one :class:`StepOutput` per item, in
+    order; the state objects reached through the work are touched only there while the
+    work is in the batch. ``on_request_cancelled`` is told, on the event loop's thread and
+    after the work left the batch, when a caller went away before its work was done.
     """
 
     #: used when the settings leave max_batch_size at 0.
     default_max_batch_size: ClassVar[int] = 16
     #: True when every request must belong to a sequence.
     requires_sequence: ClassVar[bool] = False
-    #: Run ``step`` in a worker thread (the default: the event loop stays responsive
-    #: during a real model's step). Set False for steps of a few microseconds, where
-    #: the thread hop costs more than the step itself.
+    #: Run ``step`` in the replica's step-loop thread (the default: the event loop stays
+    #: responsive during a real model's step, and steps follow each other without
+    #: waiting for it). Set False for steps of a few microseconds, where handing each
+    #: step's outputs between threads costs more than the step: the batcher's trio task
+    #: then steps inline.
     step_in_thread: ClassVar[bool] = True
 
     @property
@@ -160,7 +164,7 @@ class BatchModel(Model, Generic[StateT, WorkT]):
         raise NotImplementedError
 
     def step(self, batch: list[WorkT]) -> list[StepOutput]:
-        """Advance every work item by one step (runs in a worker thread)."""
+        """Advance every work item by one step (runs in the replica's step-loop thread)."""
         raise NotImplementedError
 
     def on_sequence_end(self, state: StateT, reason: EndReason) -> None:

@@ -4,8 +4,9 @@ and memory per idle sequence actor.
     python benchmarks/engine.py [--rounds 3] [--sequences 100000]
 
 Prints tokens/s through the engine with 1, 16 and 64 concurrent `stepper` streams of 64
-tokens next to the same [B,1024] chain called in a plain loop (the limit), and the memory
-each idle sequence actor costs beyond its model state.
+tokens next to the same [B,1024] chain called in a plain loop (the limit), requests/s of
+the accumulator (microsecond steps) stepped inline and in the step-loop thread, and the
+memory each idle sequence actor costs beyond its model state.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import attrs
 import numpy as np
 import trio
 
@@ -32,6 +34,7 @@ from stepper import DIM, StepperModel, chain, stepper_weights
 import actorserve
 from actorserve import InferenceRequest, ModelSettings, SequenceSettings
 from actorserve.codecs import tensor_from_numpy
+from actorserve.models.accumulator import AccumulatorModel
 
 TOKENS = 64
 
@@ -81,12 +84,44 @@ async def throughput(rounds: int) -> None:
             print(f"{batch:>8} {best_engine:>13,.0f} {best_plain:>17,.0f} {best_engine / best_plain:>6.2f}")
 
 
+class ThreadedAccumulator(AccumulatorModel):
+    """The accumulator stepped by the step-loop thread instead of inline."""
+
+    step_in_thread = True
+
+
+async def accumulator_rate(rounds: int, concurrency: int = 256, per_sequence: int = 8) -> None:
+    """requests/s of ``concurrency`` sequences sending ``per_sequence`` requests each,
+    for the accumulator stepped inline (its setting) and in the step-loop thread."""
+    from actorserve.settings import builtin_models
+
+    accumulator = next(m for m in builtin_models() if m.name == "accumulator")
+    one = tensor_from_numpy("INPUT", np.array([1], dtype=np.int64))
+    best: dict[str, float] = {}
+    for _ in range(rounds):  # interleaved, best of N
+        for label, implementation in (("inline", AccumulatorModel), ("thread", ThreadedAccumulator)):
+            settings = attrs.evolve(accumulator, implementation=implementation)
+            async with actorserve.open_engine([settings]) as engine:
+
+                async def sequence(sid: int, engine: actorserve.Engine = engine) -> None:
+                    for k in range(per_sequence):
+                        parameters = {"sequence_id": sid, "sequence_start": k == 0, "sequence_end": k == per_sequence - 1}
+                        await engine.infer(InferenceRequest([one], parameters=parameters), model="accumulator")
+
+                start = trio.current_time()
+                async with trio.open_nursery() as nursery:
+                    for sid in range(1, concurrency + 1):
+                        nursery.start_soon(sequence, sid)
+                rate = concurrency * per_sequence / (trio.current_time() - start)
+                best[label] = max(best.get(label, 0.0), rate)
+    print(f"accumulator, {concurrency} sequences x {per_sequence} requests: "
+          + ", ".join(f"step {label} {rate:,.0f} req/s" for label, rate in best.items()))
+
+
 async def memory(sequences: int) -> None:
     from actorserve.models import builtin_settings as builtin_models
 
     accumulator = next(m for m in builtin_models() if m.name == "accumulator")
-    import attrs
-
     accumulator = attrs.evolve(
         accumulator, sequence=SequenceSettings(idle_timeout_ms=3_600_000, max_sequences=sequences + 1)
     )
@@ -120,6 +155,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=100_000)
     args = parser.parse_args()
     trio.run(throughput, args.rounds)
+    trio.run(accumulator_rate, args.rounds)
     trio.run(memory, args.sequences)
 
 

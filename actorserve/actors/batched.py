@@ -50,13 +50,12 @@ class ItemResponses:
         return stamp(await item.next_reply(), item.request.id, item.sequence_id)
 
     async def next_batch(self) -> list[InferenceResponse]:
-        """The next response and every one already buffered behind it."""
+        """The next response and every one already buffered behind it (not those that
+        arrive while they are taken: a batch is bounded by the reply buffer)."""
         item = self._item
         request_id, sequence_id = item.request.id, item.sequence_id
-        batch = [stamp(await item.next_reply(), request_id, sequence_id)]
-        while len(item.replies):
-            batch.append(stamp(await item.next_reply(), request_id, sequence_id))
-        return batch
+        batch = [await item.next_reply(), *item.take_waiting()]
+        return [stamp(response, request_id, sequence_id) for response in batch]
 
 
 class BatchedRunner:

@@ -1,106 +1,35 @@
-"""The continuous batcher: one task per model replica that steps all admitted work
-together.
+"""The continuous batcher: one per model replica, stepping all admitted work together.
 
-Each iteration: drop work whose caller went away, admit waiting work up to
-``max_batch_size`` (when the batch was empty, wait for the first item and then up to
-``max_batch_time`` for more), run :meth:`BatchModel.step` for the batch in a worker
-thread (one step at a time per replica), and deliver each output to that
-item's reply mailbox with ``send_nowait``. An item whose reply mailbox is full sits out
-steps until its reader catches up, so a slow reader never stalls the batch.
+Each step: drop work whose caller went away, admit waiting work up to ``max_batch_size``
+(after idling, wait up to ``max_batch_time`` for more), run :meth:`BatchModel.step`, and
+``send_nowait`` each output to its item's reply mailbox. An item whose mailbox is full sits
+out steps until its reader catches up, so a slow reader never stalls the batch.
+
+Two drivers, chosen by :attr:`BatchModel.step_in_thread`:
+
+- True (real models): a :class:`~actorserve.actors.steploop.StepLoop` worker thread per
+  replica owns the batch and runs step after step; the event loop gets one report per
+  step and hands the outputs out (see that module for the hand-off);
+- False (microsecond steps): the batcher's trio task steps inline, as below.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-import outcome
 import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
 from ..model import BatchModel, StepOutput
-from ..types import InferenceRequest, InferenceResponse
-from .mailbox import Mailbox
 from .scheduler import Scheduler
+from .steploop import StepLoop, StepReport, run_step
+from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
-
-
-
-@attrs.define(eq=False, slots=True)
-class WorkItem:
-    """One request's journey through a batcher.
-
-    Created by whoever accepts the request; ``replies`` is read by the caller only.
-    The batcher owns ``work`` while the item is scheduled and closes ``replies`` when
-    the item leaves (after the last response or an error); ``done`` is set then.
-    """
-
-    request: InferenceRequest
-    replies: Mailbox[InferenceResponse]
-    sequence_id: str | None = None
-    work: Any = None
-    batcher: ContinuousBatcher | None = None
-    cancelled: bool = False
-    paused: bool = False
-    finished: bool = False
-    error: BaseException | None = None
-    undelivered: int = 0  # an output of the last step not yet in ``replies``
-    done: trio.Event = attrs.field(factory=trio.Event)
-
-    def cancel(self, error: BaseException | None = None) -> None:
-        """Leave the batch at the next step: the caller went away or, with ``error``,
-        the request was stopped (its reader gets the error after buffered outputs)."""
-        if self.finished or self.cancelled:
-            return
-        self.cancelled = True
-        if error is not None:
-            self.error = error
-        if self.batcher is not None:
-            self.batcher.wake()
-        else:
-            self.finish()
-
-    def fail(self, error: BaseException) -> None:
-        """Finish with ``error``: the reader gets it after the outputs already buffered."""
-        if not self.finished:
-            self.error = error
-            self.finish()
-
-    def finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.replies.close()
-            self.done.set()
-
-    async def next_reply(self) -> InferenceResponse:
-        """The next response for the caller; raises the item's error, or
-        :class:`StopAsyncIteration` at the end."""
-        try:
-            reply = await self.replies.receive()
-        except trio.EndOfChannel:
-            if self.error is not None:
-                raise self.error from None
-            raise StopAsyncIteration from None
-        if self.paused and self.batcher is not None:
-            self.paused = False
-            self.batcher.wake()
-        return reply
-
-
-@attrs.define(eq=False, slots=True)
-class _Step:
-    """A step running in a worker thread; ``finish`` is called on the trio thread."""
-
-    result: outcome.Outcome[list[StepOutput]] | None = None
-    done: trio.Event = attrs.field(factory=trio.Event)
-
-    def finish(self, result: outcome.Outcome[list[StepOutput]]) -> None:
-        self.result = result
-        self.done.set()
+__all__ = ["BatcherStatistics", "ContinuousBatcher", "WorkItem"]
 
 
 @attrs.frozen
@@ -115,7 +44,12 @@ class ContinuousBatcher:
     """Steps one :class:`BatchModel` replica. Start :meth:`run` with ``nursery.start``;
     submit with :meth:`submit_nowait` (raises :class:`Overloaded` when ``max_pending``
     items already wait). Cancelling :meth:`run` waits for a running step to finish, then
-    fails every item it still holds with :class:`ShuttingDown`."""
+    fails every item it still holds with :class:`ShuttingDown`.
+
+    ``on_step(batch)`` is called before each step: on the worker thread when the model
+    steps in a thread, else on the trio thread. ``model.on_request_cancelled`` is always
+    called on the trio thread, once per cancelled item, after the item left the batch.
+    """
 
     def __init__(
         self,
@@ -131,21 +65,36 @@ class ContinuousBatcher:
         self.name = name
         self.max_batch_time = max_batch_time
         self.max_pending = max_pending
-        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)  # inline only
         self._wakeup = trio.Event()
         self._closed = False
         self._on_step = on_step
         self.steps = 0
         self.items_stepped = 0
+        # With a step loop, the trio side mirrors the thread's schedule from its reports.
+        self._threaded = model.step_in_thread
+        self._loop: StepLoop | None = None
+        self._held: set[WorkItem] = set()
+        self._running = 0
+        self._handed = 0  # submissions given to the thread
+        self._thread_idle = True  # the thread reported an empty schedule since then
+        self._gathering: list[WorkItem] | None = None
+        self._gather_deadline = 0.0
+        self._thread_exited = trio.Event()
+        self._thread_error: BaseException | None = None
 
     # -- submitting side --------------------------------------------------------------
 
     @property
     def load(self) -> int:
         """Items waiting or running: the measure for least-loaded routing."""
-        return len(self._scheduler)
+        return len(self._held) if self._threaded else len(self._scheduler)
 
     def statistics(self) -> BatcherStatistics:
+        if self._threaded:
+            return BatcherStatistics(
+                len(self._held) - self._running, self._running, self.steps, self.items_stepped
+            )
         return BatcherStatistics(
             self._scheduler.waiting, self._scheduler.running, self.steps, self.items_stepped
         )
@@ -153,33 +102,172 @@ class ContinuousBatcher:
     def submit_nowait(self, item: WorkItem) -> None:
         if self._closed:
             raise ShuttingDown(f"{self.name} is shutting down")
-        if self._scheduler.waiting >= self.max_pending:
+        if self._threaded and self._loop is None:
+            raise ShuttingDown(f"{self.name} is not running")
+        waiting = len(self._held) - self._running if self._threaded else self._scheduler.waiting
+        if waiting >= self.max_pending:
             raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot")
         item.batcher = self
+        if self._threaded:
+            self._held.add(item)
+            self._hand(item)
+            return
         self._scheduler.submit(item, item.sequence_id)
         self.wake()
 
     def wake(self) -> None:
+        """Make the loop look at its schedule again."""
+        if self._loop is not None:
+            self._loop.kick()
+        else:
+            self._wakeup.set()
+
+    def _cancelled(self, item: WorkItem) -> None:
+        """``item.cancel()`` was called: it leaves the batch at the next step."""
+        if not self._threaded:
+            self.wake()
+        elif self._gathering is not None and item in self._gathering:
+            self._gathering.remove(item)
+            self._release(item)
+            self._tell_cancelled(item)
+            item.finish()
+        elif self._loop is not None and item in self._held:
+            self._loop.cancel(item)
+
+    def _read(self, item: WorkItem, count: int = 1) -> None:
+        """``item``'s reader took ``count`` responses."""
+        if self._threaded:
+            if self._loop is not None and not item.finished:
+                self._loop.consumed(item, count)
+        elif item.paused:
+            item.paused = False
+            self.wake()
+
+    # -- the step loop (model steps in a worker thread) --------------------------------
+
+    def _hand(self, item: WorkItem) -> None:
+        """Give a new item to the thread, or hold it back while gathering a batch."""
+        assert self._loop is not None
+        if self._gathering is None and self._thread_idle and self.max_batch_time > 0:
+            self._gathering = []
+            self._gather_deadline = trio.current_time() + self.max_batch_time
+            self._wakeup.set()
+        if self._gathering is not None:
+            self._gathering.append(item)
+            if len(self._gathering) >= self._scheduler.max_batch_size:
+                self._flush_gathering()
+            return
+        self._thread_idle = False
+        self._handed += 1
+        self._loop.submit([item])
+
+    def _flush_gathering(self) -> None:
+        if self._gathering is not None and self._loop is not None:
+            items, self._gathering = self._gathering, None
+            if items:
+                self._thread_idle = False
+                self._handed += len(items)
+                self._loop.submit(items)
+            self._wakeup.set()
+
+    async def _run_threaded(self, task_status: trio.TaskStatus[None]) -> None:
+        loop = StepLoop(
+            self.model,
+            max_batch_size=self._scheduler.max_batch_size,
+            report=self._on_report,
+            exited=self._on_thread_exit,
+            name=self.name,
+            on_step=self._on_step,
+        )
+        self._loop = loop
+        loop.start()
+        try:
+            task_status.started()
+            # This task only times max_batch_time (trio's clock); the thread does the rest.
+            while not self._thread_exited.is_set():
+                gathering = self._gathering
+                if gathering is None:
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+                with trio.move_on_at(self._gather_deadline):
+                    while self._gathering is gathering and not self._thread_exited.is_set():
+                        await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                if self._gathering is gathering:
+                    self._flush_gathering()
+        finally:
+            self._closed = True
+            loop.stop()
+            with trio.CancelScope(shield=True):
+                await self._thread_exited.wait()  # after the running step's report
+            loop.join()
+            self._loop = None
+            held, self._held, self._gathering = self._held, set(), None
+            self._running = 0
+            error = ShuttingDown(f"{self.name} stopped")
+            for item in held:
+                item.fail(error)
+        if self._thread_error is not None:
+            raise self._thread_error
+
+    def _on_thread_exit(self, error: BaseException | None) -> None:
+        self._thread_error = error
+        self._thread_exited.set()
         self._wakeup.set()
 
-    async def _wait_for_wakeup(self) -> None:
-        await self._wakeup.wait()
-        self._wakeup = trio.Event()
+    def _on_report(self, report: StepReport) -> None:
+        """One round of the thread (trio thread, via ``run_sync_soon``): mirror the
+        schedule, hand the outputs out, finish what was dropped."""
+        assert self._loop is not None
+        self._loop.delivered()
+        for item in report.admitted:
+            item.admitted = True
+            self._running += 1
+        for item in report.left:
+            self._release(item)
+        if report.outputs is not None:
+            if not isinstance(report.outputs, BaseException):
+                self.steps += 1
+                self.items_stepped += len(report.batch)
+            self._deliver(report.batch, report.outputs)
+        for item in report.dropped:
+            self._tell_cancelled(item)
+            item.finish()
+        if report.idle_after is not None and report.idle_after == self._handed:
+            self._thread_idle = True
 
-    # -- the loop -----------------------------------------------------------------------
+    def _release(self, item: WorkItem) -> None:
+        if item in self._held:
+            self._held.remove(item)
+            if item.admitted:
+                self._running -= 1
+
+    def _tell_cancelled(self, item: WorkItem) -> None:
+        if item.work is not None:
+            try:
+                self.model.on_request_cancelled(item.work)
+            except Exception:
+                log.exception("%s: on_request_cancelled raised", self.name)
+
+    # -- the inline loop (model steps on the trio thread) -------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self._threaded:
+            await self._run_threaded(task_status)
+            return
         task_status.started()
         try:
-            await self._loop()
+            await self._loop_inline()
         finally:
             self._closed = True
             self._fail_all(ShuttingDown(f"{self.name} stopped"))
 
-    async def _loop(self) -> None:
+    async def _loop_inline(self) -> None:
         scheduler = self._scheduler
         idle = True
-        # Outputs of the last step, handed out while the next step computes.
+        # Outputs of the last step, handed out after the next step ran (its plan saw
+        # them as undelivered, see _sits_out).
         pending: tuple[list[WorkItem], list[StepOutput] | BaseException] | None = None
         while True:
             self._refill()
@@ -200,11 +288,11 @@ class ContinuousBatcher:
             idle = False
             if self._on_step is not None:
                 self._on_step(batch)
-            step = self._start_step(batch)
+            outputs = self._step_inline(batch)
             if pending is not None:
-                self._deliver(*pending)  # the readers run while this step computes
+                self._deliver(*pending)
                 pending = None
-            outputs = await self._step_result(batch, step)
+            await trio.lowlevel.checkpoint()  # the readers run between steps
             self._settle(batch, outputs)
             pending = (batch, outputs)
 
@@ -234,60 +322,16 @@ class ContinuousBatcher:
     def _sweep_cancelled(self) -> None:
         """Take cancelled items out (admitted or waiting) and tell the model."""
         for item in [i for i in self._scheduler.plan() if i.cancelled]:
-            self._drop(item)
+            self._scheduler.finish(item)
+            self._tell_cancelled(item)
+            item.finish()
 
-    def _drop(self, item: WorkItem) -> None:
-        self._scheduler.finish(item)
-        if item.work is not None:
-            try:
-                self.model.on_request_cancelled(item.work)
-            except Exception:
-                log.exception("%s: on_request_cancelled raised", self.name)
-        item.finish()
-
-    def _start_step(self, batch: list[WorkItem]) -> _Step:
-        """Start the model's step for ``batch`` now, without yielding to other tasks.
-
-        Why not ``trio.to_thread.run_sync(..., limiter=CapacityLimiter(1))``: acquiring
-        the limiter is a checkpoint *before* the thread starts, so the readers woken by
-        the previous step all ran first and the next step started late (the engine
-        benchmark measured 0.72-0.79x the plain loop at 64 streams that way). One step at
-        a time per replica holds by construction: only this task starts steps, and it
-        waits for each (:meth:`_step_result`) before starting the next.
-        """
-        step = _Step()
-        works = [item.work for item in batch]
-        if not self.model.step_in_thread:
-            step.result = outcome.capture(self.model.step, works)
-            step.done.set()
-            return step
-        token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[list[StepOutput]]) -> None:
-            token.run_sync_soon(step.finish, result)
-
-        trio.lowlevel.start_thread_soon(functools.partial(self.model.step, works), deliver)
-        return step
-
-    async def _step_result(self, batch: list[WorkItem], step: _Step) -> list[StepOutput] | BaseException:
-        """Wait for a started step. A running step is never abandoned: cancellation
-        waits for it (it holds the work objects), then takes effect."""
-        with trio.CancelScope(shield=True):
-            await step.done.wait()
-        await trio.lowlevel.checkpoint_if_cancelled()
-        assert step.result is not None
-        try:
-            outputs = step.result.unwrap()
-        except Exception as exc:
-            log.exception("%s: step of %d items failed", self.name, len(batch))
-            return exc
-        self.steps += 1
-        self.items_stepped += len(batch)
-        if not isinstance(outputs, list) or len(outputs) != len(batch):
-            count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-            error = ModelFailed(f"{self.model.name}: step returned {count} outputs for {len(batch)} items")
-            log.error("%s", error)
-            return error
+    def _step_inline(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
+        """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
+        outputs = run_step(self.model, batch, self.name)
+        if not isinstance(outputs, BaseException):
+            self.steps += 1
+            self.items_stepped += len(batch)
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
@@ -334,7 +378,7 @@ class ContinuousBatcher:
                 try:
                     item.replies.send_nowait(response)
                 except trio.ClosedResourceError:
-                    item.cancelled = True  # the sweep drops it before the next step
+                    item.cancel()  # it leaves the batch before the next step
                     if final:
                         item.finish()
                     continue

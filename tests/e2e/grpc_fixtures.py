@@ -101,6 +101,8 @@ class GatedBatchModel(BatchModel[None, Tick]):
     def __init__(self, settings: ModelSettings) -> None:
         super().__init__(settings)
         self.permits = threading.Semaphore(0)
+        #: steps begun (each waiting for, or past, its permit)
+        self.begun = 0
         self.steps: list[list[str]] = []
         self.cancelled: list[str] = []
         self.cancelled_event = trio.Event()
@@ -109,6 +111,7 @@ class GatedBatchModel(BatchModel[None, Tick]):
         return Tick(request, int_parameter(request, "n_tokens", 1, minimum=1))
 
     def step(self, batch: list[Tick]) -> list[StepOutput]:
+        self.begun += 1
         self.permits.acquire()
         self.steps.append([str(w.request.id) for w in batch])
         outputs = []

@@ -1,0 +1,96 @@
+"""A request in flight through a :class:`~actorserve.actors.batcher.ContinuousBatcher`."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from ..types import InferenceRequest, InferenceResponse
+from .mailbox import Mailbox
+
+
+class ItemOwner(Protocol):
+    """What an item tells the batcher that holds it (the
+    :class:`~actorserve.actors.batcher.ContinuousBatcher`)."""
+
+    def _cancelled(self, item: WorkItem) -> None: ...
+
+    def _read(self, item: WorkItem, count: int = 1) -> None: ...
+
+
+@attrs.define(eq=False, slots=True)
+class WorkItem:
+    """One request's journey through a batcher.
+
+    Created by whoever accepts the request; ``replies`` is read by the caller only.
+    The batcher owns ``work`` while the item is scheduled and closes ``replies`` when
+    the item leaves (after the last response or an error); ``done`` is set then.
+    """
+
+    request: InferenceRequest
+    replies: Mailbox[InferenceResponse]
+    sequence_id: str | None = None
+    work: Any = None
+    batcher: ItemOwner | None = None
+    cancelled: bool = False
+    paused: bool = False
+    finished: bool = False
+    error: BaseException | None = None
+    undelivered: int = 0  # an output of the last step not yet in ``replies`` (inline)
+    # With a step loop: responses made by its thread / taken by the reader (the thread
+    # pauses the item while ``produced - consumed`` reaches the mailbox's capacity).
+    produced: int = 0
+    consumed: int = 0
+    admitted: bool = False  # the event loop learnt that the item is in the batch
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Leave the batch at the next step: the caller went away or, with ``error``,
+        the request was stopped (its reader gets the error after buffered outputs)."""
+        if self.finished or self.cancelled:
+            return
+        self.cancelled = True
+        if error is not None:
+            self.error = error
+        if self.batcher is not None:
+            self.batcher._cancelled(self)
+        else:
+            self.finish()
+
+    def fail(self, error: BaseException) -> None:
+        """Finish with ``error``: the reader gets it after the outputs already buffered."""
+        if not self.finished:
+            self.error = error
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.replies.close()
+            self.done.set()
+
+    def take_waiting(self) -> list[InferenceResponse]:
+        """Every reply already buffered (maybe none), without waiting or yielding; the
+        batcher is credited once for all of them. Errors and the end are left for
+        :meth:`next_reply` to raise."""
+        replies: list[InferenceResponse] = []
+        while len(self.replies):
+            replies.append(self.replies.receive_nowait())
+        if replies and self.batcher is not None:
+            self.batcher._read(self, len(replies))
+        return replies
+
+    async def next_reply(self) -> InferenceResponse:
+        """The next response for the caller; raises the item's error, or
+        :class:`StopAsyncIteration` at the end."""
+        try:
+            reply = await self.replies.receive()
+        except trio.EndOfChannel:
+            if self.error is not None:
+                raise self.error from None
+            raise StopAsyncIteration from None
+        if self.batcher is not None:
+            self.batcher._read(self)
+        return reply
