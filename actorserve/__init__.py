@@ -25,8 +25,7 @@ from .errors import (
 from .model import BatchModel, Model, StepOutput
 from .settings import ModelSettings, SequenceSettings, Settings
 from .types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "ActorServeError",

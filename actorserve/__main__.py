@@ -23,7 +23,7 @@ import click
 import trio
 from click.core import ParameterSource
 
-from . import __version__, processes
+from . import processes
 from .errors import ModelFailed
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
@@ -36,6 +36,7 @@ from .settings import (
     Settings,
     SettingsError,
 )
+from .version import __version__
 
 log = logging.getLogger("actorserve")
 

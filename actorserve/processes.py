@@ -80,7 +80,7 @@ class _Child:
 
 
 @attrs.define(eq=False)
-class Supervisor:
+class ProcessSupervisor:
     """The parent's view of its children; :meth:`shutdown` starts the ordered stop."""
 
     argv: tuple[str, ...]
@@ -144,10 +144,18 @@ class Supervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> int:
         """Start the engine, then the fronts; watch them until :meth:`shutdown` or the
         engine's death; stop everything in order. Returns the exit code."""
-        self.engine = await self._spawn("engine", 0)
         try:
-            for index in range(1, self.api_workers + 1):
-                self.fronts[index] = await self._spawn("front", index)
+            try:
+                self.engine = await self._spawn("engine", 0)
+                for index in range(1, self.api_workers + 1):
+                    self.fronts[index] = await self._spawn("front", index)
+            except ChildFailed as exc:
+                # the child said why on the shared stderr; exit with its code, no second line
+                log.info("%s", exc)
+                self.exit_code = exc.exit_code
+                self.stopping.set()
+                task_status.started()
+                return self.exit_code
             task_status.started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_engine, nursery.cancel_scope)
@@ -274,7 +282,7 @@ def engine_socket() -> str:
 
 __all__ = [
     "ChildFailed",
-    "Supervisor",
+    "ProcessSupervisor",
     "engine_socket",
     "engine_socket_path",
     "front_index",
@@ -297,7 +305,7 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     (a second signal kills them at once). Returns the exit code."""
     listeners = open_listeners(settings)
     folder_socket = engine_socket_path()
-    supervisor = Supervisor(
+    supervisor = ProcessSupervisor(
         tuple(argv), settings.api_workers, settings.grace_period, listeners.http, listeners.grpc, folder_socket
     )
     try:
@@ -309,7 +317,8 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
 
             nursery.start_soon(_parent_signals, supervisor, nursery.cancel_scope)
             await nursery.start(supervise)
-            _log_addresses(listeners, settings.api_workers)
+            if not supervisor.stopping.is_set():
+                _log_addresses(listeners, settings.api_workers)
     finally:
         listeners.close()
         with contextlib.suppress(OSError):
@@ -330,7 +339,7 @@ def _log_addresses(listeners: Listeners, fronts: int) -> None:
     log.info("serving with %d front process(es) and one engine process", fronts)
 
 
-async def _parent_signals(supervisor: Supervisor, scope: trio.CancelScope) -> None:
+async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             name = signal.Signals(signum).name

@@ -343,7 +343,7 @@ class Settings:
     grpc_stream_max_inflight: int = attrs.field(default=64, validator=_at_least(1))
     log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
     #: front processes serving REST and gRPC (1: everything in one process).
-    api_workers: int = attrs.field(default=0, validator=_at_least(0))
+    api_workers: int = attrs.field(default=2, validator=_at_least(0))
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

@@ -84,7 +84,7 @@ def test_server_settings_check_every_value(values: dict[str, Any], message: str)
 def test_server_settings_defaults_and_edges() -> None:
     settings = Settings(http_port=0, grpc_port=None, grace_period=0, gzip_min_bytes=0, log_level="debug")
     assert (settings.http_port, settings.grpc_port, settings.grace_period) == (0, None, 0)
-    assert settings.log_level == "DEBUG" and settings.api_workers == 0
+    assert settings.log_level == "DEBUG" and settings.api_workers == 2
     assert Settings(http_port=65535).http_port == 65535
 
 

@@ -24,7 +24,6 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from ... import __version__
 from ...api import EngineAPI, ModelState, TensorMetadata
 from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import (
@@ -51,6 +50,7 @@ from ...proto.inference import (
     ServerReadyResponse,
 )
 from ...settings import Settings, SettingsError
+from ...version import __version__
 from .bridge import to_trio
 from .h2 import GrpclibServer, Wire
 from .status import log, shutting_down, status_error

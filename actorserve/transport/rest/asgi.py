@@ -24,7 +24,6 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...types import InferenceRequest
-from . import sse
 from .generate import (
     Encoder,
     encode_event_source,
@@ -33,6 +32,7 @@ from .generate import (
     generate_request_from_query,
     parse_generate_body,
 )
+from .sse import EVENT_STREAM_HEADERS, write_events
 from .wire import (
     GZIP_HEADERS,
     GZIP_IN_THREAD_BYTES,
@@ -60,7 +60,7 @@ ASGIReceive = Callable[[], Awaitable[Any]]
 ASGISend = Callable[[Any], Awaitable[None]]
 
 #: The ASGI headers of every event stream, built once.
-_EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in sse.EVENT_STREAM_HEADERS)
+_EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in EVENT_STREAM_HEADERS)
 
 
 class Disconnected(Exception):
@@ -206,7 +206,7 @@ class RawRoutes:
                     start_headers += _asgi_headers(sequence_header(first[0]))
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": start_headers})
-                tail = await sse.write_events(first, responses, encode, send_chunk, end_event=end_event)
+                tail = await write_events(first, responses, encode, send_chunk, end_event=end_event)
         except Exception as exc:
             if started:  # a bug after the stream started: nothing left to tell the client
                 log.error("an event stream failed after it started", exc_info=exc)

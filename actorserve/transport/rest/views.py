@@ -14,10 +14,10 @@ from quart import Response, request
 from werkzeug.datastructures import Headers as WerkzeugHeaders
 from werkzeug.exceptions import HTTPException
 
-from ... import __version__
 from ...api import EngineAPI, ModelMetadata, ModelState, TensorMetadata, bool_parameter
 from ...errors import BadInput, ModelNotReady
 from ...settings import Settings
+from ...version import __version__
 from .asgi import infer_reply
 from .wire import (
     EXTENSIONS,

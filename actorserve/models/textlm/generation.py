@@ -1,0 +1,205 @@
+"""What the ``text`` model keeps per request and per sequence, and the sampling and stop
+rules its step applies (no torch state here; :mod:`actorserve.models.text` is the model)."""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from ...errors import BadInput
+from ...model import int_parameter
+from ...types import InferenceRequest
+from .network import TextLMCore
+
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.8
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+DRAW_BLOCK = 64
+_U64 = (1 << 64) - 1
+
+
+class TextState:
+    """The state of one sequence: ``hidden`` ([L, H] on the model's device, None = fresh,
+    i.e. zeros) and ``pending``, character ids of the text not yet fed through the GRU.
+
+    Touched only by ``step`` (in the worker thread) while a request of the sequence is in
+    the batch, and by the engine's task otherwise."""
+
+    __slots__ = ("hidden", "pending", "sequence_id")
+
+    def __init__(self, sequence_id: str | None = None) -> None:
+        self.sequence_id = sequence_id
+        self.hidden: torch.Tensor | None = None
+        self.pending: list[int] = []
+
+    @property
+    def fresh(self) -> bool:
+        return self.hidden is None and not self.pending
+
+
+class Generation:
+    """One request's work: the characters to feed, then the characters to generate."""
+
+    __slots__ = (
+        "draw_at",
+        "draws",
+        "fed",
+        "feed",
+        "finished",
+        "generated",
+        "generator",
+        "held",
+        "max_tokens",
+        "prompt",
+        "request",
+        "started",
+        "state",
+        "stop",
+        "temperature",
+        "top_k",
+    )
+
+    def __init__(
+        self,
+        request: InferenceRequest,
+        state: TextState,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        seed: int,
+        stop: tuple[str, ...],
+    ) -> None:
+        self.request = request
+        self.state = state
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.stop = stop
+        self.generator = TextLMCore.make_generator(seed)
+        self.feed: list[int] = []  # the state's pending characters + prompt + generated
+        self.fed = 0  # how many of ``feed`` went through the GRU
+        self.started = False
+        self.finished = False
+        self.generated = 0
+        self.held = ""  # generated text that may be the start of a stop string
+        self.draws: list[float] = []  # uniforms drawn ahead from ``generator``
+        self.draw_at = 0
+
+    def next_draw(self) -> float:
+        """The next uniform of this request's generator. Drawn in blocks: ``torch.rand(n)``
+        on a CPU generator yields the same numbers as n scalar draws (the tests check),
+        and one call per block instead of one per character keeps the step lean."""
+        if self.draw_at == len(self.draws):
+            block = min(DRAW_BLOCK, max(1, self.max_tokens - self.generated))
+            self.draws = torch.rand(block, generator=self.generator, dtype=torch.float64).tolist()
+            self.draw_at = 0
+        value = self.draws[self.draw_at]
+        self.draw_at += 1
+        return value
+
+    def start(self) -> None:
+        """Take over the state's pending characters (first step only)."""
+        state = self.state
+        self.feed = [*state.pending, *self.prompt]
+        state.pending = []
+        self.started = True
+
+    def settle(self) -> None:
+        """Leave the state consistent on its own: unfed characters back to ``pending``
+        and a hidden state that owns its memory (not a view of a whole batch)."""
+        state = self.state
+        if self.started:
+            state.pending = self.feed[self.fed :]
+            self.started = False
+        if state.hidden is not None:
+            state.hidden = state.hidden.clone()
+        self.finished = True
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperatures: list[float],
+    top_ks: list[int],
+    draws: list[float],
+) -> list[int]:
+    """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
+
+    ``draws[i]`` is row i's uniform draw from its own generator (ignored, and not to be
+    drawn, when the row is greedy: temperature 0). The float64 operations are those of
+    the single-row version and give the same choice row by row (the tests compare them),
+    so a stream's text does not depend on what else is in its batch.
+    """
+    n, vocab_size = logits.shape
+    rows = logits.to(torch.float64)
+    out = [0] * n
+    sampled = [i for i in range(n) if temperatures[i] > 0.0]
+    if len(sampled) < n:
+        greedy = rows.argmax(dim=1).tolist()
+        for i in range(n):
+            if temperatures[i] <= 0.0:
+                out[i] = greedy[i]
+    if not sampled:
+        return out
+    if len(sampled) < n:
+        rows = rows[sampled]
+    temps = torch.tensor([temperatures[i] for i in sampled], dtype=torch.float64)
+    rows = rows / temps.unsqueeze(1)
+    ks = [top_ks[i] for i in sampled]
+    limited = [j for j, k in enumerate(ks) if 0 < k < vocab_size]
+    if limited:
+        ordered = torch.sort(rows[limited], dim=1, descending=True).values
+        kth = ordered.gather(1, torch.tensor([ks[j] - 1 for j in limited]).unsqueeze(1))
+        sub = rows[limited]
+        rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
+    probs = torch.softmax(rows, dim=1)
+    cdf = torch.cumsum(probs, dim=1)
+    u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
+    index = index.clamp_(max=vocab_size - 1)
+    picked = index.tolist()
+    zero = (probs.gather(1, index.unsqueeze(1)).view(-1) == 0.0).tolist()
+    for j, i in enumerate(sampled):
+        k = picked[j]
+        if zero[j]:  # rounding put the draw past the last non-zero entry
+            while probs[j, k] == 0.0 and k > 0:
+                k -= 1
+        out[i] = k
+    return out
+
+
+def stop_strings(request: InferenceRequest) -> tuple[str, ...]:
+    value = request.parameters.get("stop")
+    if value is None:
+        return ()
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise BadInput(f"parameter 'stop': expected a string or a list of strings, got {value!r}")
+    if len(values) > MAX_STOP_STRINGS or any(not v or len(v) > MAX_STOP_CHARS for v in values):
+        raise BadInput(
+            f"parameter 'stop': expected at most {MAX_STOP_STRINGS} non-empty strings of at most "
+            f"{MAX_STOP_CHARS} characters, got {value!r}"
+        )
+    return tuple(values)
+
+
+def request_seed(request: InferenceRequest) -> int:
+    if request.parameters.get("seed") is None:
+        return secrets.randbits(64)
+    return int_parameter(request, "seed", 0) & _U64
+
+
+def longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of a stop
+    string (those characters are held back)."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
