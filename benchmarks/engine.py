@@ -93,7 +93,7 @@ class ThreadedAccumulator(AccumulatorModel):
 async def accumulator_rate(rounds: int, concurrency: int = 256, per_sequence: int = 8) -> None:
     """requests/s of ``concurrency`` sequences sending ``per_sequence`` requests each,
     for the accumulator stepped inline (its setting) and in the step-loop thread."""
-    from actorserve.settings import builtin_models
+    from actorserve.models import builtin_settings as builtin_models
 
     accumulator = next(m for m in builtin_models() if m.name == "accumulator")
     one = tensor_from_numpy("INPUT", np.array([1], dtype=np.int64))
@@ -127,7 +127,6 @@ async def memory(sequences: int) -> None:
     )
     zero = tensor_from_numpy("INPUT", np.array([0], dtype=np.int64))
     async with actorserve.open_engine([accumulator]) as engine:
-        host = engine.host("accumulator")
         for i in range(100):  # warm caches before measuring
             await engine.infer(InferenceRequest([zero], parameters={"sequence_id": f"w{i}", "sequence_start": True, "sequence_end": True}), model="accumulator")
         gc.collect()
@@ -141,9 +140,10 @@ async def memory(sequences: int) -> None:
         gc.collect()
         after, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert host.supervisor is not None and len(host.supervisor) == sequences
-        state = host.supervisor.actor("1").state  # type: ignore[union-attr]
-        state_bytes = sys.getsizeof(state)
+        assert (await engine.statistics("accumulator")).open_sequences == sequences
+        model = engine.model("accumulator")
+        assert isinstance(model, AccumulatorModel)
+        state_bytes = sys.getsizeof(model.new_state("size"))  # what each sequence's state is
         per = (after - before) / sequences
         print(f"{sequences:,} open idle sequences: {per:,.0f} B each in all, "
               f"{per - state_bytes:,.0f} B beyond the model state ({state_bytes} B)")
