@@ -370,13 +370,8 @@ class ContinuousBatcher:
                 item.fail(out.error)
                 continue
             if out.response is not None:
-                response = out.response
-                if item.sequence_id is not None and "sequence_id" not in response.parameters:
-                    response.parameters["sequence_id"] = item.sequence_id
-                if response.id is None:
-                    response.id = item.request.id
-                try:
-                    item.replies.send_nowait(response)
+                try:  # the reader's ItemResponses stamps the ids (actors/replies.py)
+                    item.replies.send_nowait(out.response)
                 except trio.ClosedResourceError:
                     item.cancel()  # it leaves the batch before the next step
                     if final:

@@ -11,8 +11,6 @@ least-loaded replica. A plain :class:`Model` runs in the caller's task
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -22,7 +20,7 @@ import trio
 from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
 from ..errors import ModelNotReady, ShuttingDown
 from ..model import BatchModel, Model
-from ..settings import ModelSettings, SettingsError
+from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batched import BatchedRunner, least_loaded
 from .batcher import ContinuousBatcher
@@ -30,30 +28,6 @@ from .inflight import Inflight
 from .plain import PlainRunner
 from .replies import cancelled_response
 from .supervisor import Supervisor
-
-
-def resolve_implementation(settings: ModelSettings) -> type[Model]:
-    """The model class named by ``implementation`` ("package.module.Class" or a class).
-
-    A module beside the settings file is importable, as in MLServer."""
-    impl = settings.implementation
-    if isinstance(impl, type):
-        cls = impl
-    else:
-        module_name, _, attr = str(impl).rpartition(".")
-        if not module_name:
-            raise SettingsError(f"model {settings.name!r}: implementation {impl!r} is not 'module.Class'")
-        folder = str(settings.folder) if settings.folder else None
-        if folder and folder not in sys.path:
-            sys.path.insert(0, folder)
-        try:
-            module = importlib.import_module(module_name)
-            cls = getattr(module, attr)
-        except (ImportError, AttributeError) as exc:
-            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Model)):
-        raise SettingsError(f"model {settings.name!r}: {impl!r} is not an actorserve Model")
-    return cls
 
 
 async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
@@ -69,10 +43,10 @@ class ModelHost:
     """
 
     def __init__(
-        self, settings: ModelSettings, model_class: type[Model] | None = None, *, inflight: Inflight | None = None
+        self, settings: ModelSettings, model_class: type[Model], *, inflight: Inflight | None = None
     ) -> None:
         self.settings = settings
-        self.model_class = model_class or resolve_implementation(settings)
+        self.model_class = model_class  # resolved by the engine's repository
         self.batched = issubclass(self.model_class, BatchModel)
         self.replicas: list[Model] = []
         self.batchers: list[ContinuousBatcher] = []

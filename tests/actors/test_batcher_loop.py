@@ -255,7 +255,7 @@ async def test_sequence_cancel_ends_after_the_request_left_the_thread() -> None:
     settings = recording_settings(implementation=EndRecordingModel, reply_buffer=4)
     with trio.fail_after(TIMEOUT):
         async with actorserve.open_engine([settings]) as engine:
-            model = engine.host("rec").model
+            model = engine.model("rec")
             assert isinstance(model, EndRecordingModel)
             model.step_time = 0.0005
             await engine.infer(request("open", 0, sequence_id="s", sequence_start=True))
@@ -272,4 +272,5 @@ async def test_sequence_cancel_ends_after_the_request_left_the_thread() -> None:
             # on_sequence_end ran once the request was out of the batch: no later step has it.
             (at_end,) = model.steps_at_end
             assert all("long" not in step for step in model.steps[at_end:])
-            assert engine.host("rec").batchers[0].load == 0
+            stats = await engine.statistics("rec")
+            assert (stats.waiting, stats.running) == (0, 0)
