@@ -35,3 +35,17 @@ async def test_benchmark_repository_contracts() -> None:
         assert got == [(b"hello:0", 0, "s1"), (b"hello:1", 1, "s1"), (b"hello:2", 2, "s1")]
         unary = await engine.infer(request, model="stepper")
         assert unary.outputs[0].shape == (3,) and unary.outputs[1].data.tolist() == [0, 1, 2]
+
+
+async def test_matmul_computes_the_same_inline_and_in_a_thread() -> None:
+    import attrs
+
+    (matmul,) = [m for m in discover_models(REPO) if m.name == "matmul"]
+    x = np.random.default_rng(1).standard_normal((2, 1024), dtype=np.float32)
+    expected = forward(x, weights())
+    for compute in ("inline", "thread"):
+        settings = attrs.evolve(matmul, parameters={"compute": compute})
+        async with actorserve.open_engine([settings]) as engine:
+            y = (await engine.infer(actorserve.InferenceRequest([tensor_from_numpy("x", x)]), model="matmul")).outputs[0]
+            np.testing.assert_allclose(y.data, expected, rtol=1e-5)
+            assert engine.model("matmul").inline is (compute == "inline")
