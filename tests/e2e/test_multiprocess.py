@@ -224,3 +224,27 @@ def test_sigterm_stops_every_process_cleanly(cluster: Cluster) -> None:
     for pid in [*fronts.values(), engine]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_children_stop_when_the_parent_is_killed(cluster: Cluster) -> None:
+    """A parent killed with SIGKILL cannot stop its children; each notices the end of
+    the pipe the parent held (its stdin) and stops by itself."""
+    children = [*cluster.front_pids().values(), cluster.engine_pid()]
+    assert len(children) == 3 and all(_running(pid) for pid in children)
+    cluster.process.kill()
+    cluster.process.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _running(pid)]
+        time.sleep(0.05)
+    assert alive == [], f"still running after the parent died: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
+    return " Z " not in stat  # a zombie has exited (its parent is gone, init reaps it)
