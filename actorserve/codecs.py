@@ -1,4 +1,5 @@
-"""Conversions between OIP tensors and JSON values, raw bytes, numpy and torch.
+"""Conversions between OIP tensors and JSON values, numpy and torch (raw bytes:
+:mod:`actorserve.raw`).
 
 Every decoder validates and raises :class:`~actorserve.errors.BadInput` with a message
 that names the tensor and says what was expected. Numeric data never goes through
@@ -9,7 +10,6 @@ per-element Python loops: JSON lists are converted by numpy in C, raw bytes with
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_shape",
+    "element_count",
     "parameters_from_json",
     "request_from_json",
     "request_to_json",
@@ -40,14 +41,11 @@ __all__ = [
     "tensor_from_json",
     "tensor_from_list",
     "tensor_from_numpy",
-    "tensor_from_raw",
     "tensor_from_torch",
     "tensor_to_json",
-    "tensor_to_raw",
     "tensor_to_torch",
 ]
 
-_LEN = struct.Struct("<I")
 # numpy dtype kinds that a JSON array may decode to, per OIP datatype kind.
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf", "O": ""}
 
@@ -64,7 +62,7 @@ def check_shape(name: str, shape: object) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _element_count(shape: tuple[int, ...]) -> int:
+def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
@@ -98,7 +96,7 @@ def tensor_from_list(
     dtype = numpy_dtype(datatype)
     if not isinstance(data, list):
         raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
-    expected = _element_count(dims)
+    expected = element_count(dims)
     if datatype == "BYTES":
         flat: list[object] = []
         _flatten(data, flat)
@@ -304,65 +302,6 @@ def response_from_json(obj: Mapping[str, Any]) -> InferenceResponse:
         parameters=dict(obj.get("parameters") or {}),
         outputs=[tensor_from_json(t, what="output") for t in obj.get("outputs", [])],
     )
-
-
-def tensor_from_raw(
-    name: str,
-    datatype: str,
-    shape: Sequence[int],
-    raw: bytes | bytearray | memoryview,
-    parameters: Mapping[str, Any] | None = None,
-) -> Tensor:
-    """Decode raw little-endian tensor bytes (Triton's binary tensor / gRPC raw contents).
-
-    BYTES elements are each a 4-byte little-endian length followed by the bytes.
-    """
-    dims = check_shape(name, shape)
-    dtype = numpy_dtype(datatype)
-    count = _element_count(dims)
-    if datatype == "BYTES":
-        array = np.empty(count, dtype=object)
-        view = memoryview(raw)
-        pos = 0
-        for i in range(count):
-            if pos + 4 > len(view):
-                raise BadInput(
-                    f"input {name!r}: raw BYTES data ends after {i} of {count} elements"
-                )
-            (length,) = _LEN.unpack_from(view, pos)
-            pos += 4
-            if pos + length > len(view):
-                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
-            array[i] = bytes(view[pos : pos + length])
-            pos += length
-        if pos != len(view):
-            raise BadInput(
-                f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements"
-            )
-        return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise BadInput(
-            f"input {name!r}: {datatype} shape {list(dims)} needs {expected} bytes, "
-            f"got {len(raw)}"
-        )
-    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
-    return Tensor(name, dims, datatype, array, dict(parameters or {}))
-
-
-def tensor_to_raw(tensor: Tensor) -> bytes:
-    """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
-    if tensor.datatype == "BYTES":
-        parts = []
-        for value in tensor.data.reshape(-1):
-            item = value if isinstance(value, bytes) else str(value).encode()
-            parts.append(_LEN.pack(len(item)))
-            parts.append(item)
-        return b"".join(parts)
-    data = tensor.data
-    if data.dtype.byteorder == ">":
-        data = data.astype(data.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(data).tobytes()
 
 
 def tensor_from_numpy(

@@ -18,13 +18,12 @@ from actorserve.codecs import (
     tensor_from_json,
     tensor_from_list,
     tensor_from_numpy,
-    tensor_from_raw,
     tensor_from_torch,
     tensor_to_json,
-    tensor_to_raw,
     tensor_to_torch,
 )
 from actorserve.errors import BadInput
+from actorserve.raw import tensor_from_raw, tensor_to_raw
 from actorserve.types import DATATYPES, InferenceResponse
 
 

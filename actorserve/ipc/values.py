@@ -3,7 +3,7 @@
 
 A plain form is built only of msgpack's own types (None, bool, int, float, str, bytes,
 lists, str-keyed maps); nothing is ever pickled. Tensor data travels as raw
-little-endian bytes (Triton's raw layout, see :func:`actorserve.codecs.tensor_to_raw`).
+little-endian bytes (Triton's raw layout, see :func:`actorserve.raw.tensor_to_raw`).
 
 Encoders raise :class:`~actorserve.errors.BadInput` when a value cannot cross (a tensor
 whose data does not fit its shape). Decoders trust nothing: any malformed plain form
@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import errors
 from ..api import ModelInfo, ModelMetadata, ModelState, ModelStatistics, RepositoryEntry, TensorMetadata
-from ..codecs import tensor_from_raw, tensor_to_raw
+from ..raw import tensor_from_raw, tensor_to_raw
 from ..settings import SettingsError
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 

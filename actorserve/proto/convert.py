@@ -24,8 +24,9 @@ from typing import Any, Final, Protocol
 
 import numpy as np
 
-from ..codecs import check_shape, tensor_from_raw, tensor_to_raw
+from ..codecs import check_shape
 from ..errors import BadInput
+from ..raw import tensor_from_raw, tensor_to_raw
 from ..types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 from .inference import (
     InferParameter,

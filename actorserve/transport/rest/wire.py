@@ -17,8 +17,9 @@ import attrs
 import orjson
 
 from ...api import bool_parameter
-from ...codecs import request_from_json, response_to_json, tensor_from_raw, tensor_to_raw
+from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
+from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .. import compression
 from ..errors import RETRY_AFTER_SECONDS, client_message, http_status

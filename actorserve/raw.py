@@ -1,0 +1,79 @@
+"""Triton's raw tensor layout (the binary tensor extension over REST, raw contents over
+gRPC, tensors on the engine link): little-endian element bytes; BYTES elements each a
+4-byte little-endian length followed by the bytes. No I/O; decoders raise
+:class:`~actorserve.errors.BadInput` naming the tensor."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .codecs import check_shape, element_count
+from .errors import BadInput
+from .types import Tensor, numpy_dtype
+
+__all__ = ["tensor_from_raw", "tensor_to_raw"]
+
+_LEN = struct.Struct("<I")
+
+
+def tensor_from_raw(
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    raw: bytes | bytearray | memoryview,
+    parameters: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """Decode raw little-endian tensor bytes (Triton's binary tensor / gRPC raw contents).
+
+    BYTES elements are each a 4-byte little-endian length followed by the bytes.
+    """
+    dims = check_shape(name, shape)
+    dtype = numpy_dtype(datatype)
+    count = element_count(dims)
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        view = memoryview(raw)
+        pos = 0
+        for i in range(count):
+            if pos + 4 > len(view):
+                raise BadInput(
+                    f"input {name!r}: raw BYTES data ends after {i} of {count} elements"
+                )
+            (length,) = _LEN.unpack_from(view, pos)
+            pos += 4
+            if pos + length > len(view):
+                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
+            array[i] = bytes(view[pos : pos + length])
+            pos += length
+        if pos != len(view):
+            raise BadInput(
+                f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements"
+            )
+        return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise BadInput(
+            f"input {name!r}: {datatype} shape {list(dims)} needs {expected} bytes, "
+            f"got {len(raw)}"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
+    return Tensor(name, dims, datatype, array, dict(parameters or {}))
+
+
+def tensor_to_raw(tensor: Tensor) -> bytes:
+    """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
+    if tensor.datatype == "BYTES":
+        parts = []
+        for value in tensor.data.reshape(-1):
+            item = value if isinstance(value, bytes) else str(value).encode()
+            parts.append(_LEN.pack(len(item)))
+            parts.append(item)
+        return b"".join(parts)
+    data = tensor.data
+    if data.dtype.byteorder == ">":
+        data = data.astype(data.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(data).tobytes()
