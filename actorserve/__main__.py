@@ -238,9 +238,6 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
             return trio.run(processes.run_parent, settings, argv)
         else:
             trio.run(_run, settings, repository)
-    except processes.ChildFailed as exc:
-        _error(str(exc))
-        return exc.exit_code
     except BaseException as error:
         problems = _problems(error)
         for problem in problems:

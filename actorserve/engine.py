@@ -157,17 +157,6 @@ class Engine:
         """Every loaded model version's host (internal: the transports use :meth:`models`)."""
         return [h for versions in self._hosts.values() for h in versions.values()]
 
-    @property
-    def _ready(self) -> bool:
-        """Every model loaded and ready (and the engine not closing)."""
-        return not self._closing and all(h.ready for h in self.hosts())
-
-    def _index(self) -> list[RepositoryEntry]:
-        return [
-            RepositoryEntry(h.name, h.version, _info(h).state, "")
-            for h in sorted(self.hosts(), key=lambda h: (h.name, _version_key(h.version)))
-        ]
-
     # -- inference -----------------------------------------------------------------------
 
     def _route(self, request: InferenceRequest, model: str | None, version: str | None) -> ModelHost:
@@ -216,7 +205,7 @@ class Engine:
     # -- the EngineAPI (typed records; what the transports call) -------------------------
 
     async def ready(self) -> bool:
-        return self._ready
+        return not self._closing and all(h.ready for h in self.hosts())
 
     async def models(self) -> list[ModelInfo]:
         return [_info(h) for h in self.hosts()]
@@ -238,7 +227,10 @@ class Engine:
         )
 
     async def repository_index(self) -> list[RepositoryEntry]:
-        return self._index()
+        return [
+            RepositoryEntry(h.name, h.version, h.state, "")
+            for h in sorted(self.hosts(), key=lambda h: (h.name, _version_key(h.version)))
+        ]
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
         return self.host(name, version).statistics()

@@ -11,16 +11,15 @@ expected failure, and only then.
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 import pytest
+from support.servers import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -44,48 +43,20 @@ class RunningServer:
     log: list[str]
 
 
-def _drain(process: subprocess.Popen[bytes], log: list[str], found: threading.Event) -> None:
-    """Read the server's log until it exits (so the pipe never fills up)."""
-    assert process.stderr is not None
-    for raw in process.stderr:
-        log.append(raw.decode(errors="replace").rstrip("\n"))
-        if "REST listening on" in log[-1]:
-            found.set()
-    found.set()
-
-
 @pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "api-workers-2"])
 def running_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     """The server in one process, and as a parent with an engine process and two fronts:
     every example must work the same against both."""
     grpc_port = "off" if grpc_import_error() is not None else "0"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", grpc_port,
-         "--grace-period", "2", "--api-workers", str(request.param)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
+    server = start_server(
+        "--http-port", "0", "--grpc-port", grpc_port, "--api-workers", str(request.param)
     )  # fmt: skip
-    log: list[str] = []
-    found = threading.Event()
-    reader = threading.Thread(target=_drain, args=(process, log, found), daemon=True)
-    reader.start()
     try:
-        if not found.wait(STARTUP_TIMEOUT):
-            pytest.fail("the server did not start:\n" + "\n".join(log))
-        text = "\n".join(log)
-        http = re.search(r"REST listening on (http://\S+)", text)
-        if http is None:
-            pytest.fail("the server did not start:\n" + text)
-        grpc = re.search(r"gRPC listening on (\S+:\d+)", text)
-        yield RunningServer(process, http[1], grpc[1] if grpc else None, log)
+        http = server.wait_for(r"REST listening on (http://\S+)", STARTUP_TIMEOUT)
+        grpc = re.search(r"gRPC listening on (\S+:\d+)", server.text())
+        yield RunningServer(server.process, http[1], grpc[1] if grpc else None, server.log)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        reader.join(timeout=5)
+        server.stop()
 
 
 def _uses_grpc(source: str) -> bool:

@@ -11,7 +11,6 @@ for the writer together.
 from __future__ import annotations
 
 import gzip
-import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +22,7 @@ import h2.events
 import trio
 import trio.testing
 from e2e.grpc_fixtures import GatedBatchModel, GrpcServer, running_grpc_server
+from support.grpcframes import frame, unframe
 
 from actorserve import InferenceRequest
 from actorserve.proto import inference as pb
@@ -36,20 +36,8 @@ def ticker_request(rid: str, n_tokens: int = 1) -> bytes:
     return bytes(request_to_pb(InferenceRequest([], id=rid, parameters={"n_tokens": n_tokens}), model_name="ticker"))
 
 
-def frame(payload: bytes, compressed: bool = False) -> bytes:
-    return struct.pack(">?I", compressed, len(payload)) + payload
 
 
-def unframe(data: bytes) -> list[tuple[bool, bytes]]:
-    """The whole messages in ``data`` (a partial one at the end is left out)."""
-    out = []
-    while len(data) >= 5:
-        compressed, size = struct.unpack(">?I", data[:5])
-        if len(data) < 5 + size:
-            break
-        out.append((compressed, data[5 : 5 + size]))
-        data = data[5 + size :]
-    return out
 
 
 class RawCall:

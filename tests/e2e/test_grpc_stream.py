@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from e2e.grpc_fixtures import (
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
+from support.grpcframes import frame, unframe
 
 from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
@@ -525,17 +525,8 @@ async def raw_h2_call(server: GrpcServer, path: str, body: bytes, headers: list[
     return out
 
 
-def frame(payload: bytes, compressed: bool) -> bytes:
-    return struct.pack(">?I", compressed, len(payload)) + payload
 
 
-def unframe(data: bytes) -> list[tuple[bool, bytes]]:
-    out = []
-    while data:
-        compressed, size = struct.unpack(">?I", data[:5])
-        out.append((compressed, data[5 : 5 + size]))
-        data = data[5 + size :]
-    return out
 
 
 async def test_gzip_request_gets_a_gzip_response(grpc_server: GrpcServer) -> None:

@@ -12,8 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +20,8 @@ from pathlib import Path
 import attrs
 import httpx
 import pytest
+from support.servers import ServerProcess, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 60.0
 
 MODELS = {
@@ -35,29 +33,11 @@ MODELS = {
 }
 
 
-@attrs.define
-class Cluster:
-    process: subprocess.Popen[bytes]
-    http_url: str
-    log: list[str]
-    lock: threading.Lock
+@attrs.define(eq=False)
+class Cluster(ServerProcess):
+    """The parent's process, its log, and the REST URL it reports."""
 
-    def text(self) -> str:
-        with self.lock:
-            return "\n".join(self.log)
-
-    def wait_for(self, pattern: str, timeout: float = 30.0, start: int = 0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                text = "\n".join(self.log[start:])
-            match = re.search(pattern, text)
-            if match is not None:
-                return match
-            if self.process.poll() is not None and pattern not in text:
-                break
-            time.sleep(0.05)
-        pytest.fail(f"no {pattern!r} in the server's log:\n{self.text()}")
+    http_url: str = ""
 
     def front_pids(self) -> dict[int, int]:
         """front index -> pid of its current process."""
@@ -70,42 +50,19 @@ class Cluster:
         return int(self.wait_for(r"engine process started \(pid (\d+)\)")[1])
 
 
-def _drain(process: subprocess.Popen[bytes], log: list[str], lock: threading.Lock) -> None:
-    assert process.stderr is not None
-    for raw in process.stderr:
-        with lock:
-            log.append(raw.decode(errors="replace").rstrip("\n"))
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     for name, settings in MODELS.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "model-settings.json").write_text(json.dumps({"name": name, **settings}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "off",
-         "--grace-period", "2", "--api-workers", "2", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
-    )  # fmt: skip
-    log: list[str] = []
-    lock = threading.Lock()
-    reader = threading.Thread(target=_drain, args=(process, log, lock), daemon=True)
-    reader.start()
-    running = Cluster(process, "", log, lock)
+    server = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "2", str(tmp_path))
+    running = Cluster(server.process, server.log, server.lock, server.reader)
     try:
         running.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
         running.http_url = running.wait_for(r"processes: REST listening on (http://\S+)")[1]
         yield running
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        reader.join(timeout=5)
+        running.stop()
 
 
 def accumulate(client: httpx.Client, value: int, **sequence: object) -> httpx.Response:

@@ -5,25 +5,16 @@
 from __future__ import annotations
 
 import gzip
-import struct
 import zlib
 from typing import Any
 
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from support.grpcframes import unframe
 
 from actorserve.proto import inference as pb
 from actorserve.transport.grpc.h2 import ACCEPT_ENCODING, Wire, frame_messages
-
-
-def unframe(data: bytes) -> list[tuple[bool, bytes]]:
-    out = []
-    while data:
-        compressed, size = struct.unpack(">?I", data[:5])
-        out.append((compressed, data[5 : 5 + size]))
-        data = data[5 + size :]
-    return out
 
 
 def test_frames_are_prefixed_and_joined() -> None:

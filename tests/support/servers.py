@@ -1,0 +1,77 @@
+"""``python -m actorserve`` in a subprocess, its log read by a thread, for the tests that
+need the real command line (examples, the multi-process server)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@attrs.define(eq=False)
+class ServerProcess:
+    """A running server; its stderr lines collect in ``log`` (so the pipe never fills)."""
+
+    process: subprocess.Popen[bytes]
+    log: list[str] = attrs.field(factory=list)
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    reader: threading.Thread | None = None
+
+    def text(self) -> str:
+        with self.lock:
+            return "\n".join(self.log)
+
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+        """The first match of ``pattern`` in the log; fails the test (with the log) if it
+        does not appear within ``timeout`` s or the server exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.text())
+            if match is not None:
+                return match
+            if self.process.poll() is not None and (self.reader is None or not self.reader.is_alive()):
+                break
+            time.sleep(0.05)
+        pytest.fail(f"no {pattern!r} in the server's log:\n{self.text()}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s; wait for the log to end."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            with self.lock:
+                self.log.append(raw.decode(errors="replace").rstrip("\n"))
+
+
+def start_server(*args: str) -> ServerProcess:
+    """``python -m actorserve --host 127.0.0.1 --grace-period 2 ARGS`` from the project
+    root, without the caller's ``ACTORSERVE_*`` variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--grace-period", "2", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
+    )  # fmt: skip
+    server = ServerProcess(process)
+    server.reader = threading.Thread(target=server._drain, daemon=True)
+    server.reader.start()
+    return server
