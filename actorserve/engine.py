@@ -31,6 +31,7 @@ from .api import (
     TensorMetadata,
 )
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .metrics import Metrics
 from .model import BatchModel, Model
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
@@ -61,8 +62,16 @@ class Engine:
     """The in-process engine: owns a :class:`ModelHost` per loaded model version and
     implements :class:`actorserve.api.EngineAPI`. Made by :func:`open_engine`."""
 
-    def __init__(self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        settings: Settings,
+        repository: ModelRepository | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
+        #: where the hosts record (batches, steps, sequences, rejections)
+        self.metrics = metrics or Metrics()
         self.repository = repository or ModelRepository()
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
@@ -85,7 +94,9 @@ class Engine:
             raise ShuttingDown("the engine is shutting down")
         model_class = self.repository.implementation(settings)
         contract = RequestContract.of(settings, model_class)
-        host = ModelHost(settings, model_class, inflight=self._inflight)
+        host = ModelHost(
+            settings, model_class, inflight=self._inflight, metrics=self.metrics.model(settings.name, settings.version)
+        )
         if contract is not None:
             self._contracts[host] = contract
         versions = self._hosts.setdefault(settings.name, {})
@@ -309,11 +320,13 @@ async def open_engine(
     settings: Settings | Iterable[ModelSettings] | None = None,
     *,
     repository: ModelRepository | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Engine]:
     """Load the models of ``settings`` (default: the built-in models) and yield the engine.
 
     Leaving the block shuts everything down: sequences end with reason ``shutdown`` and
-    no task is left behind."""
+    no task is left behind. ``metrics``: where the models record (default: a fresh
+    :class:`~actorserve.metrics.Metrics`)."""
     if settings is None:
         from .models import builtin_settings
 
@@ -322,7 +335,7 @@ async def open_engine(
         settings = Settings(models=tuple(settings))
     try:
         async with trio.open_nursery() as nursery:
-            engine = Engine(nursery, settings, repository)
+            engine = Engine(nursery, settings, repository, metrics)
             try:
                 for model_settings in settings.models:
                     await engine.load(model_settings)

@@ -57,7 +57,14 @@ class SequenceConflict(ActorServeError):
 
 
 class Overloaded(ActorServeError):
-    """A bounded resource is full (mailbox, pending queue, sequence limit)."""
+    """A bounded resource is full (mailbox, pending queue, sequence limit).
+
+    ``bound`` names which one (``mailbox_full``, ``max_pending``, ``max_sequences``), for
+    the metrics; the message is the client's."""
+
+    def __init__(self, message: str, bound: str = "") -> None:
+        super().__init__(message)
+        self.bound = bound
 
 
 class ModelFailed(ActorServeError):

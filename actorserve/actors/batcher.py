@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
+from ..metrics import ModelMetrics
 from ..model import BatchModel, StepOutput
 from .scheduler import Scheduler
 from .steploop import StepLoop, StepReport, run_step
@@ -49,7 +50,7 @@ class ContinuousBatcher:
     ``on_step(batch)`` is called before each step: on the worker thread when the model
     steps in a thread, else on the trio thread. ``model.on_request_cancelled`` is always
     called on the trio thread, once per cancelled item, after the item left the batch.
-    """
+    ``metrics`` gets queue times (at admission) and step sizes and times."""
 
     def __init__(
         self,
@@ -60,12 +61,15 @@ class ContinuousBatcher:
         max_pending: int = 1024,
         name: str = "batcher",
         on_step: Callable[[list[WorkItem]], None] | None = None,
+        metrics: ModelMetrics | None = None,
     ) -> None:
         self.model = model
+        self.metrics = metrics
         self.name = name
         self.max_batch_time = max_batch_time
         self.max_pending = max_pending
-        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)  # inline only
+        on_admit = metrics.admitted if metrics is not None else None
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size, on_admit)  # inline only
         self._wakeup = trio.Event()
         self._closed = False
         self._on_step = on_step
@@ -106,7 +110,7 @@ class ContinuousBatcher:
             raise ShuttingDown(f"{self.name} is not running")
         waiting = len(self._held) - self._running if self._threaded else self._scheduler.waiting
         if waiting >= self.max_pending:
-            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot")
+            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot", "max_pending")
         item.batcher = self
         if self._threaded:
             self._held.add(item)
@@ -178,6 +182,7 @@ class ContinuousBatcher:
             exited=self._on_thread_exit,
             name=self.name,
             on_step=self._on_step,
+            metrics=self.metrics,
         )
         self._loop = loop
         loop.start()
@@ -328,7 +333,7 @@ class ContinuousBatcher:
 
     def _step_inline(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
         """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
-        outputs = run_step(self.model, batch, self.name)
+        outputs = run_step(self.model, batch, self.name, self.metrics)
         if not isinstance(outputs, BaseException):
             self.steps += 1
             self.items_stepped += len(batch)

@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
-from ..errors import ModelNotReady, ShuttingDown
+from ..errors import ModelNotReady, Overloaded, ShuttingDown
+from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -39,12 +40,19 @@ class ModelHost:
     model and returns when it is ready); stop it with :meth:`stop`.
 
     ``inflight``, if given, is the engine's counter: this host's requests (and the
-    items they left in a batch) count in it too.
+    items they left in a batch) count in it too. ``metrics``: where its batchers,
+    supervisor and refusals are recorded.
     """
 
     def __init__(
-        self, settings: ModelSettings, model_class: type[Model], *, inflight: Inflight | None = None
+        self,
+        settings: ModelSettings,
+        model_class: type[Model],
+        *,
+        inflight: Inflight | None = None,
+        metrics: ModelMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.settings = settings
         self.model_class = model_class  # resolved by the engine's repository
         self.batched = issubclass(self.model_class, BatchModel)
@@ -129,6 +137,7 @@ class ModelHost:
                                 max_batch_time=self.settings.max_batch_time,
                                 max_pending=self.settings.max_pending,
                                 name=f"{self.name}:{self.version} replica {i}",
+                                metrics=self.metrics,
                             )
                             await nursery.start(batcher.run)
                             self.batchers.append(batcher)
@@ -137,6 +146,7 @@ class ModelHost:
                         self.settings.sequence,
                         self._replica_for_sequence,
                         name=f"model {self.name!r} version {self.version!r}",
+                        metrics=self.metrics,
                     )
                     await nursery.start(self.supervisor.run)
                     self._runner = self._make_runner(nursery, self.supervisor)
@@ -182,6 +192,10 @@ class ModelHost:
         self._requests.enter()
         return self._runner
 
+    def _refused(self, exc: Overloaded) -> None:
+        if self.metrics is not None:
+            self.metrics.reject(exc.bound)
+
     def _cancel(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
         assert self.supervisor is not None
         sequence_id = self.supervisor.cancel(control.id)
@@ -201,6 +215,9 @@ class ModelHost:
             else:
                 async with runner.infer_stream(request, control) as responses:
                     yield responses
+        except Overloaded as exc:
+            self._refused(exc)
+            raise
         finally:
             self._requests.leave()
 
@@ -212,6 +229,9 @@ class ModelHost:
             if control.cancel:
                 return self._cancel(request, control)
             return await runner.infer(request, control)
+        except Overloaded as exc:
+            self._refused(exc)
+            raise
         finally:
             self._requests.leave()
 

@@ -50,7 +50,8 @@ class PlainRunner:
         index = min(range(len(self._load)), key=self._load.__getitem__)
         if self._load[index] >= self.settings.max_pending:
             raise Overloaded(
-                f"model {self.settings.name!r}: {self.settings.max_pending} requests already running (max_pending)"
+                f"model {self.settings.name!r}: {self.settings.max_pending} requests already running (max_pending)",
+                "max_pending",
             )
         self._load[index] += 1
         return index

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ import attrs
 import trio
 
 from ..errors import ModelFailed
+from ..metrics import ModelMetrics
 from ..model import BatchModel, StepOutput
 from .scheduler import Scheduler
 
@@ -47,14 +49,21 @@ log = logging.getLogger(__name__)
 MAX_AHEAD = 1
 
 
-def run_step(model: BatchModel[Any, Any], batch: list[WorkItem], name: str) -> list[StepOutput] | BaseException:
+def run_step(
+    model: BatchModel[Any, Any], batch: list[WorkItem], name: str, metrics: ModelMetrics | None = None
+) -> list[StepOutput] | BaseException:
     """``model.step`` for ``batch``: its outputs, or the exception it raised, or
-    :class:`ModelFailed` when it did not return one output per item (logged)."""
+    :class:`ModelFailed` when it did not return one output per item (logged). The
+    step's size and time go to ``metrics`` (from whichever thread steps)."""
+    began = time.perf_counter()
     try:
         outputs = model.step([item.work for item in batch])
     except Exception as exc:
         log.exception("%s: step of %d items failed", name, len(batch))
         return exc
+    finally:
+        if metrics is not None:
+            metrics.step(len(batch), time.perf_counter() - began)
     if not isinstance(outputs, list) or len(outputs) != len(batch):
         count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
         error = ModelFailed(f"{model.name}: step returned {count} outputs for {len(batch)} items")
@@ -99,14 +108,17 @@ class StepLoop:
         exited: Callable[[BaseException | None], None],
         name: str,
         on_step: Callable[[list[WorkItem]], None] | None = None,
+        metrics: ModelMetrics | None = None,
     ) -> None:
         self.model = model
         self.name = name
+        self._metrics = metrics
         self._report = report
         self._exited = exited
         self._on_step = on_step
         self._token = trio.lowlevel.current_trio_token()
-        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)  # thread-owned
+        on_admit = metrics.admitted if metrics is not None else None
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size, on_admit)  # thread-owned
         self._cond = threading.Condition(threading.Lock())
         # -- guarded by _cond --
         self._submitted: deque[WorkItem] = deque()
@@ -233,7 +245,7 @@ class StepLoop:
             except Exception as exc:
                 log.exception("%s: on_step raised", self.name)
                 return exc
-        return run_step(self.model, batch, self.name)
+        return run_step(self.model, batch, self.name, self._metrics)
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> list[WorkItem]:
         """Items that are done or failed leave the schedule (their slots are refilled by

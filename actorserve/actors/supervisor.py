@@ -21,6 +21,7 @@ import trio
 
 from ..api import EndReason, SequenceControl
 from ..errors import ModelFailed, Overloaded, SequenceConflict, SequenceNotFound, ShuttingDown
+from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
@@ -52,8 +53,10 @@ class Supervisor:
         pick_replica: Callable[[], ContinuousBatcher | None],
         *,
         name: str = "supervisor",
+        metrics: ModelMetrics | None = None,
     ) -> None:
         self.model = model
+        self.metrics = metrics
         self.settings = settings
         self.name = name
         self._pick_replica = pick_replica
@@ -158,7 +161,8 @@ class Supervisor:
         except Overloaded:
             raise Overloaded(
                 f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued "
-                "(max_queue)"
+                "(max_queue)",
+                "mailbox_full",
             ) from None
         if control.end:
             job.end = True
@@ -207,6 +211,9 @@ class Supervisor:
         self._actors[sequence_id] = actor
         self._ended.pop(sequence_id, None)
         self.started += 1
+        if self.metrics is not None:
+            self.metrics.sequences_started.inc()
+            self.metrics.sequences_open.inc()
         await self._nursery.start(actor.run)
         if self.settings.max_duration_ms:
             self._schedule(trio.current_time() + self.settings.max_duration_ms / 1000, actor, True)
@@ -221,7 +228,7 @@ class Supervisor:
                     actor.stop(EndReason.EVICTED)
                     return
         raise Overloaded(
-            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)"
+            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", "max_sequences"
         )
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
@@ -233,3 +240,6 @@ class Supervisor:
             self._ended.popitem(last=False)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
+        if self.metrics is not None:
+            self.metrics.sequences_open.dec()
+            self.metrics.sequences_ended[key].inc()

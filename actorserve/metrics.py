@@ -1,0 +1,318 @@
+"""Prometheus metrics: the families, who records what, and how ``GET /metrics`` collects.
+
+One :class:`Metrics` per server (never a module global): the engine records through the
+:class:`ModelMetrics` of each model version (labels resolved once, when the model loads),
+the transports through :meth:`Metrics.front` (labels resolved once per model, version,
+transport and outcome, then cached), and ``GET /metrics`` calls :meth:`Metrics.expose`.
+Every name, unit and label is listed in ``docs/metrics.md``.
+
+Process shapes. In one process (``--api-workers 0``, embedded :func:`actorserve.serve`)
+the values live in this process and :meth:`expose` reads them. In the multi-process server
+the parent makes a folder and hands it to every child as ``PROMETHEUS_MULTIPROC_DIR``
+(prometheus-client's multiprocess mode, chosen when prometheus-client is first imported):
+each process writes its values to its own memory-mapped files there, and the front that
+answers a scrape sums every process's files (:class:`~prometheus_client.multiprocess.MultiProcessCollector`),
+so the numbers are the server's, not one process's. Gauges say how processes combine
+(``livesum``: the sum over the processes alive now).
+
+Recording costs a dict lookup and a locked add (a few microseconds in multiprocess mode,
+see ``docs/metrics.md`` for the measurement); nothing here does I/O on the request path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Final, Protocol
+
+import attrs
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from .api import EndReason
+
+#: The variable naming the multiprocess folder (prometheus-client's own).
+MULTIPROC_VAR: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+#: ``Content-Type`` of the exposition.
+CONTENT_TYPE: Final = prometheus_client.CONTENT_TYPE_LATEST
+
+#: seconds: from half a millisecond (a unary identity call) to a minute (a long stream).
+DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: seconds between two responses of a stream, or of one model step.
+STEP_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: items in one step.
+BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+#: ``outcome`` of a request, by HTTP status class (the one error table decides the status).
+OUTCOMES: Final = ("success", "invalid", "overloaded", "unavailable", "failed", "disconnected")
+
+#: ``reason`` of a rejection: which bound was full.
+REJECTIONS: Final = ("mailbox_full", "max_pending", "max_sequences")
+
+MODEL_LABELS: Final = ("model", "version")
+FRONT_LABELS: Final = ("model", "version", "transport")
+
+
+def outcome_of(status: int) -> str:
+    """The ``outcome`` label of an HTTP status (gRPC calls use the status the same error
+    has over REST)."""
+    if status < 400:
+        return "success"
+    if status == 429:
+        return "overloaded"
+    if status == 503:
+        return "unavailable"
+    if status < 500:
+        return "invalid"
+    return "failed"
+
+
+def multiprocess_dir() -> Path | None:
+    """The multiprocess folder of this process, or None (values live in this process)."""
+    folder = os.environ.get(MULTIPROC_VAR)
+    return Path(folder) if folder else None
+
+
+class _Queued(Protocol):
+    @property
+    def queued_at(self) -> float: ...
+
+
+@attrs.frozen(slots=True)
+class ModelMetrics:
+    """The engine-side series of one model version, labels already resolved (cheap to
+    record: no lookup). Made by :meth:`Metrics.model`."""
+
+    queue_time: Histogram
+    batch_size: Histogram
+    step_duration: Histogram
+    sequences_open: Gauge
+    sequences_started: Counter
+    sequences_ended: Mapping[str, Counter]
+    rejected: Mapping[str, Counter]
+
+    def step(self, items: int, seconds: float) -> None:
+        self.batch_size.observe(items)
+        self.step_duration.observe(seconds)
+
+    def admitted(self, items: Iterable[_Queued]) -> None:
+        """Items entered a batch: each one's queue time (any thread)."""
+        now = time.perf_counter()
+        for item in items:
+            self.queue_time.observe(now - item.queued_at)
+
+    def reject(self, reason: str) -> None:
+        counter = self.rejected.get(reason)
+        if counter is not None:
+            counter.inc()
+
+
+class FrontSeries:
+    """The transport-side series of one (model, version, transport); the stream
+    histograms are made when a stream first records, so unary-only models show none."""
+
+    __slots__ = ("_between", "_first", "_labels", "_metrics", "duration", "outcomes")
+
+    def __init__(self, metrics: Metrics, labels: tuple[str, str, str]) -> None:
+        self._metrics = metrics
+        self._labels = labels
+        self.duration: Histogram = metrics.request_duration.labels(*labels)
+        self.outcomes: dict[str, Counter] = {o: metrics.requests.labels(*labels, o) for o in OUTCOMES}
+        self._first: Histogram | None = None
+        self._between: Histogram | None = None
+
+    @property
+    def first_response(self) -> Histogram:
+        if self._first is None:
+            self._first = self._metrics.first_response.labels(*self._labels)
+        return self._first
+
+    @property
+    def between_responses(self) -> Histogram:
+        if self._between is None:
+            self._between = self._metrics.between_responses.labels(*self._labels)
+        return self._between
+
+
+class Metrics:
+    """Every metric family of one server, and how to expose them.
+
+    Create one per server (or per process of the multi-process server) after the
+    process's ``PROMETHEUS_MULTIPROC_DIR`` is settled."""
+
+    def __init__(self) -> None:
+        # One exposition for both shapes: multiprocess mode has no ``_created`` series.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.folder = multiprocess_dir()
+        self.registry = CollectorRegistry(auto_describe=False)
+        own = None if self.folder is not None else self.registry
+        if self.folder is not None:
+            MultiProcessCollector(self.registry, path=str(self.folder))  # type: ignore[no-untyped-call]
+        self.registry.register(ProcessCollector(self.folder))
+
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(name, doc, labels, registry=own)
+
+        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Iterable[float]) -> Histogram:
+            return Histogram(name, doc, labels, registry=own, buckets=tuple(buckets))
+
+        # -- front side (the transports) --
+        self.requests = counter(
+            "actorserve_requests", "Inference requests answered, by outcome and transport.", (*FRONT_LABELS, "outcome")
+        )
+        self.request_duration = histogram(
+            "actorserve_request_duration_seconds",
+            "Time from a request's arrival to its last response (streams: to the end of the stream).",
+            FRONT_LABELS,
+            DURATION_BUCKETS,
+        )
+        self.first_response = histogram(
+            "actorserve_time_to_first_response_seconds",
+            "Streams: time from the request's arrival to its first response.",
+            FRONT_LABELS,
+            DURATION_BUCKETS,
+        )
+        self.between_responses = histogram(
+            "actorserve_time_between_responses_seconds",
+            "Streams: time between two responses of one stream, as delivered to the transport.",
+            FRONT_LABELS,
+            STEP_BUCKETS,
+        )
+        # -- engine side (the actors) --
+        self.queue_time = histogram(
+            "actorserve_queue_duration_seconds",
+            "BatchModel: time a request waited for a batch slot.",
+            MODEL_LABELS,
+            DURATION_BUCKETS,
+        )
+        self.batch_size = histogram(
+            "actorserve_batch_size", "BatchModel: items stepped together in one step.", MODEL_LABELS, BATCH_BUCKETS
+        )
+        self.step_duration = histogram(
+            "actorserve_step_duration_seconds", "BatchModel: time of one model step.", MODEL_LABELS, STEP_BUCKETS
+        )
+        self.sequences_open = Gauge(
+            "actorserve_sequences_open",
+            "Stateful sequences open now.",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.sequences_started = counter("actorserve_sequences_started", "Stateful sequences started.", MODEL_LABELS)
+        self.sequences_ended = counter(
+            "actorserve_sequences_ended", "Stateful sequences ended, by reason.", (*MODEL_LABELS, "reason")
+        )
+        self.rejected = counter(
+            "actorserve_rejected_requests",
+            "Requests refused because a bound was full (each also answered 429 / RESOURCE_EXHAUSTED).",
+            (*MODEL_LABELS, "reason"),
+        )
+        self._fronts: dict[tuple[str, str, str], FrontSeries] = {}
+
+    @property
+    def multiprocess(self) -> bool:
+        return self.folder is not None
+
+    def model(self, name: str, version: str) -> ModelMetrics:
+        """The engine-side series of a model version (every label value made now, so a
+        dashboard sees zeros rather than no series)."""
+        return ModelMetrics(
+            queue_time=self.queue_time.labels(name, version),
+            batch_size=self.batch_size.labels(name, version),
+            step_duration=self.step_duration.labels(name, version),
+            sequences_open=self.sequences_open.labels(name, version),
+            sequences_started=self.sequences_started.labels(name, version),
+            sequences_ended={r.value: self.sequences_ended.labels(name, version, r.value) for r in EndReason},
+            rejected={r: self.rejected.labels(name, version, r) for r in REJECTIONS},
+        )
+
+    def front(self, model: str, version: str, transport: str) -> FrontSeries:
+        """The series of a transport for one model version (cached: one dict lookup)."""
+        key = (model, version, transport)
+        series = self._fronts.get(key)
+        if series is None:
+            series = FrontSeries(self, key)
+            self._fronts[key] = series
+        return series
+
+    def request(self, model: str, version: str, transport: str, status: int, seconds: float) -> None:
+        """One request answered with (HTTP) ``status`` after ``seconds``."""
+        series = self.front(model, version, transport)
+        series.outcomes[outcome_of(status)].inc()
+        series.duration.observe(seconds)
+
+    def disconnected(self, model: str, version: str, transport: str) -> None:
+        """The client went away before its answer was complete."""
+        self.front(model, version, transport).outcomes["disconnected"].inc()
+
+    def expose(self) -> bytes:
+        """The Prometheus text exposition of the server."""
+        return prometheus_client.generate_latest(self.registry)
+
+
+class ProcessCollector(Collector):
+    """CPU time and resident memory of the server's processes, read from ``/proc`` at
+    scrape time (nothing to record): this process alone in the one-process shape; in
+    multiprocess mode every live process that has written metrics (the engine and each
+    front), found by the pid in the names of the files in ``folder``."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def _pids(self) -> set[int]:
+        pids = {os.getpid()}
+        if self.folder is not None:
+            for path in self.folder.glob("*.db"):
+                tail = path.stem.rsplit("_", 1)[-1]
+                if tail.isdigit():
+                    pids.add(int(tail))
+        return pids
+
+    def _read(self, pid: int) -> tuple[float, float] | None:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            statm = Path(f"/proc/{pid}/statm").read_text()
+        except OSError:  # gone, or not Linux
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / self._ticks  # utime + stime
+        rss = int(statm.split()[1]) * self._page
+        return cpu, float(rss)
+
+    def collect(self) -> Iterator[Metric]:
+        readings = [r for r in (self._read(pid) for pid in sorted(self._pids())) if r is not None]
+        cpu = CounterMetricFamily(
+            "actorserve_process_cpu_seconds", "User and system CPU time of the server's processes running now."
+        )
+        cpu.add_metric([], sum(r[0] for r in readings))
+        memory = GaugeMetricFamily(
+            "actorserve_process_resident_memory_bytes", "Resident memory of the server's processes running now."
+        )
+        memory.add_metric([], sum(r[1] for r in readings))
+        count = GaugeMetricFamily("actorserve_processes", "Processes of the server counted above.")
+        count.add_metric([], len(readings))
+        yield cpu
+        yield memory
+        yield count
+
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MULTIPROC_VAR",
+    "OUTCOMES",
+    "REJECTIONS",
+    "FrontSeries",
+    "Metrics",
+    "ModelMetrics",
+    "ProcessCollector",
+    "multiprocess_dir",
+    "outcome_of",
+]
