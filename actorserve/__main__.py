@@ -25,11 +25,13 @@ from click.core import ParameterSource
 
 from . import processes
 from .errors import ModelFailed
+from .logformat import TEXT_FORMAT, JsonFormatter
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .server import Server, serve
 from .settings import (
     GRPC_STREAM_DIALECTS,
+    LOG_FORMATS,
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
     BadSetting,
@@ -42,6 +44,10 @@ log = logging.getLogger("actorserve")
 
 PROG = "python -m actorserve"
 ENV_PREFIX = "ACTORSERVE"
+#: the bearer token, from the environment only (a flag would show in ``ps``)
+TOKEN_VARIABLE = f"{ENV_PREFIX}_TOKEN"
+#: Settings fields without an option of their own
+_NO_OPTION = ("models", "token")
 MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,6 +100,16 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         "front processes serving REST and gRPC beside one engine process (0: everything in "
         "one process; see docs/architecture.md)",
     ),
+    "log_format": (click.Choice(LOG_FORMATS), "log line format: 'text', or 'json' (one JSON object a line)"),
+    "access_log": (click.BOOL, "log one structured line per request (logger actorserve.access; docs/logging.md)"),
+    "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
+    "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
+    "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
+    "token_file": (
+        click.STRING,
+        f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
+        "is generated into a new file whose path is logged",
+    ),
 }
 
 
@@ -114,18 +130,20 @@ class _Option(click.Option):
 
 def _settings_options(command: F) -> F:
     """Decorate ``command`` with one option per :class:`Settings` field, in field order."""
-    fields = [field for field in attrs.fields(Settings) if field.name != "models"]
+    fields = [field for field in attrs.fields(Settings) if field.name not in _NO_OPTION]
     for field in reversed(fields):
         kind, help_text = _SETTINGS_OPTIONS[field.name]
         default = field.default
+        flag = kind is click.BOOL
         command = click.option(
             "--" + field.name.replace("_", "-"),
             field.name,
             cls=_Option,
             type=kind,
+            is_flag=flag,
             default=default,
-            show_default="off" if default is None else True,
-            metavar=_metavar(kind),
+            show_default=False if flag else "off" if default is None else True,
+            metavar=None if flag else _metavar(kind),
             show_envvar=True,
             help=help_text,
         )(command)
@@ -195,11 +213,11 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None, **values: Any) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values)
+        settings = Settings(**values, token=os.environ.get(TOKEN_VARIABLE) or None)
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in models_dirs if folder)
     repository = ModelRepository(folders, workers)
     try:
@@ -210,12 +228,10 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
     ctx.exit(_serve_until_signal(settings.with_models(models), repository, ctx.obj or sys.argv[1:]))
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
     # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
     logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
 

@@ -6,11 +6,14 @@ can be served in this process or inherited by front processes (``--api-workers``
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import attrs
 
 from .settings import Settings
+
+log = logging.getLogger("actorserve.processes")
 
 
 class ListenError(OSError):
@@ -94,3 +97,16 @@ def _listen(host: str, port: int, transport: str) -> socket.socket:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def log_addresses(listeners: Listeners, fronts: int) -> None:
+    """Log where the multi-process server listens (the parent, once every child is up)."""
+    if listeners.grpc is not None:
+        host, port = listeners.grpc.getsockname()[:2]
+        log.info("gRPC listening on %s:%d", host, port)
+    if listeners.http is not None:
+        host, port = listeners.http.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        browsable = url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+        log.info("REST listening on %s (playground: %s/)", url, browsable)
+    log.info("serving with %d front process(es) and one engine process", fronts)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,8 +38,10 @@ from pathlib import Path
 import attrs
 import trio
 
+from .auth import remove_token_file, with_token
 from .engine import open_engine
-from .listeners import BACKLOG, Listeners, open_listeners
+from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
+from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
 from .server import Server, serve_transports
 from .settings import Settings
@@ -89,6 +92,8 @@ class ProcessSupervisor:
     http_sock: socket.socket | None
     grpc_sock: socket.socket | None
     engine_socket: Path
+    #: variables every child gets besides the parent's own (metrics folder, token file)
+    env: dict[str, str] = attrs.field(factory=dict)
     engine: _Child | None = None
     fronts: dict[int, _Child] = attrs.field(factory=dict)
     stopping: trio.Event = attrs.field(factory=trio.Event)
@@ -103,7 +108,7 @@ class ProcessSupervisor:
         """Start one child and wait (bounded by nothing but its own start-up) until it
         says it is ready, or raise :class:`ChildFailed` with its exit code."""
         ready_r, ready_w = os.pipe()
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env[ROLE_VAR] = role
         env[SOCKET_VAR] = str(self.engine_socket)
         env[READY_FD_VAR] = str(ready_w)
@@ -305,8 +310,12 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     (a second signal kills them at once). Returns the exit code."""
     listeners = open_listeners(settings)
     folder_socket = engine_socket_path()
+    settings, token_file = with_token(settings)  # one token for every child
+    env = {MULTIPROC_VAR: str(folder_socket.parent)}  # every process's metrics, summed by a scrape
+    if token_file is not None:
+        env["ACTORSERVE_TOKEN_FILE"] = str(token_file)
     supervisor = ProcessSupervisor(
-        tuple(argv), settings.api_workers, settings.grace_period, listeners.http, listeners.grpc, folder_socket
+        tuple(argv), settings.api_workers, settings.grace_period, listeners.http, listeners.grpc, folder_socket, env
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -318,25 +327,13 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
             nursery.start_soon(_parent_signals, supervisor, nursery.cancel_scope)
             await nursery.start(supervise)
             if not supervisor.stopping.is_set():
-                _log_addresses(listeners, settings.api_workers)
+                log_addresses(listeners, settings.api_workers)
     finally:
         listeners.close()
-        with contextlib.suppress(OSError):
-            folder_socket.unlink(missing_ok=True)
-            folder_socket.parent.rmdir()
+        shutil.rmtree(folder_socket.parent, ignore_errors=True)  # the socket and the metrics files
+        if token_file is not None:
+            remove_token_file(token_file)
     return supervisor.exit_code
-
-
-def _log_addresses(listeners: Listeners, fronts: int) -> None:
-    if listeners.grpc is not None:
-        host, port = listeners.grpc.getsockname()[:2]
-        log.info("gRPC listening on %s:%d", host, port)
-    if listeners.http is not None:
-        host, port = listeners.http.getsockname()[:2]
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        browsable = url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
-        log.info("REST listening on %s (playground: %s/)", url, browsable)
-    log.info("serving with %d front process(es) and one engine process", fronts)
 
 
 async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope) -> None:

@@ -22,6 +22,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import attrs
 import trio
@@ -31,11 +32,15 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from .api import EngineAPI
+from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
 from .listeners import BACKLOG, ListenError, Listeners, open_listeners
+from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
-from .settings import Settings
+from .settings import Settings, SettingsError
+from .transport.access import AccessLog
+from .transport.auth import Guard
 from .transport.rest import RestApp, create_app
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,8 @@ class Server:
     http_address: Address | None = None
     #: (host, port) of the gRPC transport, or None when it is off or unavailable.
     grpc_address: Address | None = None
+    #: what ``GET /metrics`` shows (in a front of the multi-process server: the server's)
+    metrics: Metrics | None = None
     _stopping: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     @property
@@ -93,21 +100,35 @@ async def serve(
     listener is serving (port 0 picks a free port: read the real one from
     ``server.http_address``). ``repository`` is where
     ``POST /v2/repository/models/{name}/load`` looks (default: ``settings.models``).
-    ``rest_fast_path=False`` serves ``infer`` through Quart too (for comparisons)."""
+    ``rest_fast_path=False`` serves ``infer`` through Quart too (for comparisons).
+
+    With auth on and no token given, a token is generated into a new file (mode 0600)
+    whose path is logged and is ``server.settings.token_file``; it is removed on return."""
     if settings is None:
         settings = Settings(models=tuple(builtin_models()))
     if listeners is None:
         listeners = open_listeners(settings)
     repository = repository or ModelRepository()
+    generated = None
     try:
-        async with open_engine(settings, repository=repository) as engine:
+        settings, generated = with_token(settings)
+        metrics = Metrics()
+        async with open_engine(settings, repository=repository, metrics=metrics) as engine:
             await serve_transports(
-                engine, settings, listeners, drain=engine.aclose, rest_fast_path=rest_fast_path, task_status=task_status
+                engine,
+                settings,
+                listeners,
+                drain=engine.aclose,
+                rest_fast_path=rest_fast_path,
+                metrics=metrics,
+                task_status=task_status,
             )
     except BaseExceptionGroup as group:  # e.g. a model that fails to load: raise it itself
         raise_single(group)
     finally:
         listeners.close()
+        if generated is not None:
+            remove_token_file(generated)
     log.info("actorserve stopped")
 
 
@@ -118,6 +139,7 @@ async def serve_transports(
     *,
     drain: Callable[[float], Awaitable[None]] | None = None,
     rest_fast_path: bool = True,
+    metrics: Metrics | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve REST and gRPC for ``engine`` on ``listeners`` until :meth:`Server.shutdown`
@@ -127,20 +149,36 @@ async def serve_transports(
     On shutdown: gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
     (the in-process engine's ``aclose``; nothing in a front, whose engine process is
     stopped after every front) lets in-flight requests finish; all within the grace period.
-    The caller owns ``listeners``."""
-    server = Server(engine, settings)
+    The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
+    :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`)."""
+    metrics = metrics if metrics is not None else Metrics()
+    server = Server(engine, settings, metrics=metrics)
+    tokens = read_tokens(settings)
+    if auth_enabled(settings) and not tokens:
+        raise SettingsError("auth is on but no token was given (token or token_file; or no_auth)")
+    guard = Guard(
+        tokens,
+        management=not settings.no_auth,
+        inference=settings.auth_inference,
+        metrics=settings.auth_metrics,
+    )
     http_stopped = trio.Event()
     grpc_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
+        access = AccessLog() if settings.access_log else None
+        if access is not None:
+            await nursery.start(access.run)
         if listeners.http is not None:
-            app = create_app(engine, settings, fast_path=rest_fast_path)
+            app = create_app(engine, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
             server.http_address = await nursery.start(
                 _serve_http, app, listeners.http, settings, server._stopping, http_stopped
             )
         else:
             http_stopped.set()
         if listeners.grpc is not None:
-            server.grpc_address = await _start_grpc(nursery, engine, settings, listeners.grpc, grpc_scope)
+            server.grpc_address = await _start_grpc(
+                nursery, engine, settings, listeners.grpc, grpc_scope, metrics=metrics, access=access, guard=guard
+            )
         if server.http_url is not None:
             log.info("REST listening on %s (playground: %s/)", server.http_url, _browsable(server.http_url))
         task_status.started(server)
@@ -199,6 +237,7 @@ async def _start_grpc(
     settings: Settings,
     sock: socket.socket,
     scope: trio.CancelScope,
+    **observers: Any,
 ) -> Address | None:
     """Start the gRPC transport on ``sock`` in ``scope`` (cancelling it starts gRPC's own
     drain), or log why it is unavailable and return None."""
@@ -211,7 +250,7 @@ async def _start_grpc(
 
     async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
-            await serve_grpc(engine, settings, sock=sock, task_status=task_status)
+            await serve_grpc(engine, settings, sock=sock, task_status=task_status, **observers)
 
     host, port = await nursery.start(run)
     return (str(host), int(port))

@@ -263,6 +263,7 @@ class BadSetting(SettingsError):
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 GRPC_STREAM_DIALECTS = ("triton", "mlserver")
 
 
@@ -312,6 +313,21 @@ def _one_of(*choices: str) -> _Validator:
     return check
 
 
+def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise BadSetting(attribute.name, "must be true or false")
+
+
+def _optional_text(what: str) -> _Validator:
+    """An attrs validator: None or a non-empty string (``what`` names it in the error)."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and (not isinstance(value, str) or not value):
+            raise BadSetting(attribute.name, f"must be {what}")
+
+    return check
+
+
 def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
 
@@ -344,6 +360,20 @@ class Settings:
     log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
     #: front processes serving REST and gRPC (1: everything in one process).
     api_workers: int = attrs.field(default=2, validator=_at_least(0))
+    #: "text" or "json" (one JSON object per log line, access lines with their fields).
+    log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
+    #: one structured line per request on the logger ``actorserve.access``.
+    access_log: bool = attrs.field(default=False, validator=_bool)
+    #: management routes without a token (see docs/security.md).
+    no_auth: bool = attrs.field(default=False, validator=_bool)
+    #: inference routes need a token too.
+    auth_inference: bool = attrs.field(default=False, validator=_bool)
+    #: ``GET /metrics`` needs a token too.
+    auth_metrics: bool = attrs.field(default=False, validator=_bool)
+    #: a file of bearer tokens, one a line (none and auth on: one is generated).
+    token_file: str | None = attrs.field(default=None, validator=_optional_text("a file path"))
+    #: a bearer token (the CLI reads it from ACTORSERVE_TOKEN only, never a flag).
+    token: str | None = attrs.field(default=None, repr=False, validator=_optional_text("a non-empty token"))
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

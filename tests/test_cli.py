@@ -53,14 +53,16 @@ def variables(text: str) -> set[str]:
 def test_help_has_one_option_and_one_variable_per_setting() -> None:
     text = help_text()
     for field in attrs.fields(Settings):
+        if field.name not in ("models", "token"):  # the token: a variable only, never a flag
+            assert "--" + field.name.replace("_", "-") + " " in text
         if field.name != "models":
-            assert "--" + field.name.replace("_", "-") in text
             assert "ACTORSERVE_" + field.name.upper() in text
     assert "ACTORSERVE_GRPC_STREAM_MAX_INFLIGHT" in text
     assert "--api-workers" in text and "ACTORSERVE_API_WORKERS" in text
     assert "front processes serving REST and gRPC beside one engine process (0: everything in one process; see" in " ".join(text.split())
     # every option but --version/--help has exactly one variable
-    assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 1  # + MODEL_FOLDERS
+    # + MODEL_FOLDERS and TOKEN
+    assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 2
 
 
 def test_docs_list_every_option_and_variable_of_help_and_nothing_else() -> None:
@@ -77,7 +79,10 @@ def test_docs_rows_give_each_option_its_variable_and_default() -> None:
         flag = param.opts[0]
         (row,) = [r for r in rows if r.startswith(f"| `{flag}` |")]
         assert f"`ACTORSERVE_{param.name.upper()}`" in row
-        default = "each model's `workers`" if param.default is None else f"`{param.default}`"
+        if param.name == "workers":
+            default = "each model's `workers`"
+        else:
+            default = "none" if param.default is None else f"`{param.default}`"
         assert default in row, (flag, row)
 
 

@@ -89,8 +89,11 @@ def rest_models() -> tuple[ModelSettings, ...]:
 
 
 def rest_settings(**changes: Any) -> Settings:
-    """Settings of a test server: 127.0.0.1, HTTP on port 0, no gRPC, :func:`rest_models`."""
-    values: dict[str, Any] = {"http_port": 0, "grpc_port": None, "host": "127.0.0.1", "models": rest_models()}
+    """Settings of a test server: 127.0.0.1, HTTP on port 0, no gRPC, :func:`rest_models`,
+    no token needed (the auth tests in test_auth.py turn it on)."""
+    values: dict[str, Any] = {
+        "http_port": 0, "grpc_port": None, "host": "127.0.0.1", "models": rest_models(), "no_auth": True,
+    }  # fmt: skip
     values.update(changes)
     return Settings(**values)
 

@@ -540,13 +540,15 @@ async def test_repository_load_finds_models_added_to_the_model_folders(tmp_path:
         server = await nursery.start(partial(actorserve.serve, settings, repository=repository))
         assert server.grpc_address is not None
         write_model("late")
+        # auth is on by default: the management token serve() generated
+        auth = {"authorization": "Bearer " + (await trio.Path(server.settings.token_file).read_text()).strip()}
 
         def scenario() -> tuple[list[str], str]:
             with grpcclient.InferenceServerClient("{}:{}".format(*server.grpc_address)) as c:
-                c.load_model("late")
+                c.load_model("late", headers=auth)
                 names = [m["name"] for m in c.get_model_repository_index(as_json=True)["models"]]
                 with pytest.raises(InferenceServerException) as info:
-                    c.load_model("nope")
+                    c.load_model("nope", headers=auth)
                 return names, status_of(info.value)
 
         assert await in_thread(scenario) == (["echo", "late"], "StatusCode.NOT_FOUND")

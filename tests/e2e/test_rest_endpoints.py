@@ -157,7 +157,7 @@ def write_model(folder: Path, name: str, settings: dict[str, Any] | str) -> None
 async def test_load_finds_models_added_to_the_model_folders(tmp_path: Path, nursery: trio.Nursery) -> None:
     write_model(tmp_path, "echo", {"name": "echo", "implementation": "actorserve.models.identity.IdentityModel"})
     repository = ModelRepository((tmp_path,))
-    settings = Settings(models=tuple(repository.discover()), http_port=0, grpc_port=None)
+    settings = Settings(models=tuple(repository.discover()), http_port=0, grpc_port=None, no_auth=True)
     server: Server = await nursery.start(partial(serve, settings, repository=repository))
     async with httpx.AsyncClient(base_url=str(server.http_url)) as client:
         assert [m["name"] for m in (await client.get("/v2/repository/index")).json()] == ["echo"]

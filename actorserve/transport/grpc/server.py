@@ -17,7 +17,10 @@ import trio
 import trio_asyncio
 
 from ...api import EngineAPI
+from ...metrics import Metrics
 from ...settings import Settings
+from ..access import AccessLog
+from ..auth import Guard
 from .bridge import to_aio
 from .service import InferenceService
 
@@ -29,6 +32,9 @@ async def serve_grpc(
     settings: Settings,
     *,
     sock: socket.socket | None = None,
+    metrics: Metrics | None = None,
+    access: AccessLog | None = None,
+    guard: Guard | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the engine over gRPC until cancelled.
@@ -41,9 +47,10 @@ async def serve_grpc(
     cancellation it stops accepting calls, gives in-flight calls up to
     ``settings.grace_period`` seconds (shielded), then cancels what is left and closes
     every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
-    if the port cannot be bound.
+    if the port cannot be bound. Calls are recorded in ``metrics`` and ``access``;
+    ``guard`` says which methods need a bearer token.
     """
-    service = InferenceService(engine, settings)
+    service = InferenceService(engine, settings, metrics=metrics, access=access, guard=guard)
     # grpclib's close() closes the socket it serves on: give it a duplicate of the
     # caller's, so the caller's stays open.
     listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)

@@ -25,6 +25,8 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ...api import EngineAPI, ModelState, TensorMetadata
+from ...errors import ModelNotFound
+from ...metrics import Metrics
 from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import (
     ModelInferRequest,
@@ -51,7 +53,11 @@ from ...proto.inference import (
 )
 from ...settings import Settings, SettingsError
 from ...version import __version__
+from ..access import AccessLog
+from ..auth import Guard
+from ..exchange import Exchange, Recorder
 from .bridge import to_trio
+from .calls import call_exchange, guarded
 from .h2 import GrpclibServer, Wire
 from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
@@ -83,9 +89,19 @@ class InferenceService:
     betterproto2's generated base, whose bidi method is half-duplex).
 
     :meth:`start` and :meth:`shut_down` run on the asyncio side (``serve_grpc`` calls
-    them); ``SettingsError`` for a bad ``grpc_stream_*`` setting."""
+    them); ``SettingsError`` for a bad ``grpc_stream_*`` setting. Calls are recorded in
+    ``metrics`` and ``access`` (the access log, if on); ``guard`` decides which methods,
+    of this service and any other registered beside it, need a bearer token."""
 
-    def __init__(self, engine: EngineAPI, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: EngineAPI,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        access: AccessLog | None = None,
+        guard: Guard | None = None,
+    ) -> None:
         if settings.grpc_stream_dialect not in ("triton", "mlserver"):
             raise SettingsError(
                 f"grpc_stream_dialect must be 'triton' or 'mlserver', got {settings.grpc_stream_dialect!r}"
@@ -94,6 +110,8 @@ class InferenceService:
             raise SettingsError("grpc_stream_max_inflight must be >= 1")
         self.engine = engine
         self.settings = settings
+        self.recorder = Recorder(metrics if metrics is not None else Metrics(), access)
+        self.guard = guard if guard is not None and guard.active else None
         #: calls running (asyncio side)
         self.calls = 0
         #: refusing new calls (set on the asyncio side, read on both)
@@ -107,6 +125,7 @@ class InferenceService:
     async def start(self, listener: socket.socket) -> GrpclibServer:
         self._idle = asyncio.Event()
         server = GrpclibServer([self])
+        server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
         await server.start(sock=listener)
         return server
 
@@ -181,6 +200,10 @@ class InferenceService:
         message = await wire.recv()
         if message is None:
             raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        exchange = call_exchange()
+        if exchange is not None:  # for the access line
+            exchange.model = getattr(message, "name", None) or getattr(message, "model_name", None) or None
+            exchange.version = getattr(message, "version", None) or getattr(message, "model_version", None) or None
         return wire, message
 
     async def _engine(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -235,14 +258,21 @@ class InferenceService:
 
     async def _model_infer(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelInferRequest)
-        reply = await to_trio(self._infer, message)
+        exchange = call_exchange()
+        if exchange is not None:
+            exchange.model_request(message.model_name, message.model_version or None)
+        reply = await to_trio(self._infer, message, exchange)
         await wire.send(reply)
 
-    async def _infer(self, message: Any) -> Any:
+    async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
         try:
             response = await self.engine.infer(request_from_pb(message))
+            if exchange is not None:
+                exchange.answered(response.model_version, response.parameters.get("sequence_id"))
             return response_to_pb(response)
         except Exception as exc:
+            if exchange is not None and isinstance(exc, ModelNotFound):
+                exchange.not_found = True
             raise status_error(exc) from None
 
     async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
@@ -265,12 +295,19 @@ class InferenceService:
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":
-            call = MLServerStream(self.engine, wire, max_inflight=max_inflight, draining=draining)
+            call = MLServerStream(
+                self.engine, wire, max_inflight=max_inflight, draining=draining, recorder=self.recorder
+            )
         else:
             metadata: Mapping[str, Any] = stream.metadata or {}
             status_errors = str(metadata.get(TRITON_GRPC_ERROR, "")).strip().lower() in ("true", "1")
             call = TritonStream(
-                self.engine, wire, max_inflight=max_inflight, draining=draining, status_errors=status_errors
+                self.engine,
+                wire,
+                max_inflight=max_inflight,
+                draining=draining,
+                status_errors=status_errors,
+                recorder=self.recorder,
             )
         await to_trio(call.run)
 

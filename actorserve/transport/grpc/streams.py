@@ -26,13 +26,18 @@ import trio
 from grpclib.exceptions import GRPCError
 
 from ...api import EngineAPI, ResponseIterator, SequenceControl
-from ...errors import ActorServeError, BadInput
+from ...errors import ActorServeError, BadInput, ModelNotFound
 from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import ModelInferResponse, ModelStreamInferResponse
 from ...types import InferenceRequest, InferenceResponse
+from ..errors import http_status
+from ..exchange import Exchange, Recorder
 from .bridge import to_aio
 from .h2 import Wire
 from .status import shutting_down, status_error
+
+#: The route of every request of a stream in the access log.
+STREAM_ROUTE: Final = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 #: Most messages the writer takes for one write (a batch bigger than that goes whole).
 WRITE_BATCH: Final = 64
@@ -51,14 +56,53 @@ class _Fatal:
 Outbox = trio.MemorySendChannel[list[Any] | _Fatal]
 
 
-async def _pump(responses: ResponseIterator, outbox: Outbox, wrap: Callable[[InferenceResponse], Any]) -> None:
-    """Hand every response of ``responses`` to the writer, a batch at a time."""
+async def _pump(
+    responses: ResponseIterator,
+    outbox: Outbox,
+    wrap: Callable[[InferenceResponse], Any],
+    recorder: Recorder | None = None,
+    exchange: Exchange | None = None,
+) -> None:
+    """Hand every response of ``responses`` to the writer, a batch at a time (each
+    batch recorded as sent, for the stream metrics)."""
     while True:
         try:
             batch = await responses.next_batch()
         except StopAsyncIteration:
             return
         await outbox.send([wrap(response) for response in batch])
+        if exchange is not None and recorder is not None:
+            if exchange.first_at is None:
+                exchange.answered(batch[0].model_version, batch[0].parameters.get("sequence_id"))
+            recorder.responses(exchange, len(batch))
+
+
+async def _recorded(
+    engine_call: Any, recorder: Recorder | None, exchange: Exchange, outbox: Outbox, wrap: Callable[[InferenceResponse], Any]
+) -> None:
+    """Pump ``engine_call``'s responses, recording the request (``exchange``) if there
+    is a ``recorder``; errors propagate."""
+    outcome: int | None = None
+    try:
+        async with engine_call as responses:
+            await _pump(responses, outbox, wrap, recorder, exchange)
+        outcome = 200
+    except Exception as exc:
+        exchange.not_found = isinstance(exc, ModelNotFound)
+        outcome = http_status(exc)
+        raise
+    finally:
+        if recorder is not None:
+            exchange.status = "OK" if outcome == 200 else "CANCELLED" if outcome is None else "ERROR"
+            recorder.finish(exchange, outcome)
+
+
+def _stream_exchange(request: InferenceRequest, sequence_id: str | None = None) -> Exchange:
+    exchange = Exchange("grpc", "POST", STREAM_ROUTE)
+    exchange.bytes = None
+    exchange.model_request(request.model_name or "", request.model_version)
+    exchange.sequence_id = sequence_id
+    return exchange
 
 
 def _triton_message(response: InferenceResponse) -> ModelStreamInferResponse:
@@ -69,8 +113,11 @@ class StreamCall:
     """One ``ModelStreamInfer`` call: :meth:`run` it on the trio side; it raises the
     call's final status as :class:`GRPCError` (or returns: OK)."""
 
-    def __init__(self, engine: EngineAPI, wire: Wire, *, max_inflight: int, draining: trio.Event) -> None:
+    def __init__(
+        self, engine: EngineAPI, wire: Wire, *, max_inflight: int, draining: trio.Event, recorder: Recorder | None = None
+    ) -> None:
         self.engine = engine
+        self.recorder = recorder
         self.wire = wire
         self.max_inflight = max_inflight
         self._draining = draining
@@ -147,9 +194,16 @@ class TritonStream(StreamCall):
     """
 
     def __init__(
-        self, engine: EngineAPI, wire: Wire, *, max_inflight: int, draining: trio.Event, status_errors: bool
+        self,
+        engine: EngineAPI,
+        wire: Wire,
+        *,
+        max_inflight: int,
+        draining: trio.Event,
+        status_errors: bool,
+        recorder: Recorder | None = None,
     ) -> None:
-        super().__init__(engine, wire, max_inflight=max_inflight, draining=draining)
+        super().__init__(engine, wire, max_inflight=max_inflight, draining=draining, recorder=recorder)
         self.status_errors = status_errors
         self.slots = trio.Semaphore(max_inflight)
         #: sequence id -> set when the last request of that sequence read so far is done.
@@ -217,8 +271,7 @@ class TritonStream(StreamCall):
                 if wait_for is not None:
                     await wait_for.wait()
                 try:
-                    async with self.engine.infer_stream(request) as responses:
-                        await _pump(responses, outbox, _triton_message)
+                    await self._one(request, outbox, sequence_id)
                 except Exception as exc:
                     await self._fail(outbox, message, exc)
         finally:
@@ -227,6 +280,10 @@ class TritonStream(StreamCall):
                 done.set()
                 if sequence_id is not None and self._sequence_tail.get(sequence_id) is done:
                     del self._sequence_tail[sequence_id]
+
+    async def _one(self, request: InferenceRequest, outbox: Outbox, sequence_id: str | None) -> None:
+        exchange = _stream_exchange(request, sequence_id)
+        await _recorded(self.engine.infer_stream(request), self.recorder, exchange, outbox, _triton_message)
 
     async def _session_for(self, request: InferenceRequest, requests: trio.Nursery, outbox: Outbox) -> _InputSession | None:
         """The stream-in session for the request's model, started on first use, or None
@@ -300,10 +357,12 @@ class MLServerStream(StreamCall):
                 except trio.EndOfChannel:
                     return
                 try:
-                    async with aclosing(_prepend(first, requests)) as stream_in, self.engine.stream(
-                        stream_in, model=first.model_name or "", version=first.model_version
-                    ) as responses:
-                        await _pump(responses, outbox, response_to_pb)
+                    async with aclosing(_prepend(first, requests)) as stream_in:
+                        engine_call = self.engine.stream(
+                            stream_in, model=first.model_name or "", version=first.model_version
+                        )  # the whole call is one request to the model
+                        exchange = _stream_exchange(first)
+                        await _recorded(engine_call, self.recorder, exchange, outbox, response_to_pb)
                 except Exception as exc:
                     await outbox.send(_Fatal(status_error(exc)))
                     nursery.cancel_scope.cancel()

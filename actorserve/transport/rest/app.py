@@ -10,17 +10,23 @@ from __future__ import annotations
 import re
 from typing import Final
 
+import trio
 from quart import Response, request
 from quart.wrappers.response import DataBody
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI
+from ...metrics import CONTENT_TYPE, Metrics
 from ...settings import Settings
+from ..access import AccessLog
+from ..auth import CHALLENGE, UNAUTHORIZED, Guard
+from ..exchange import Exchange, Recorder
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
+from .openapi import DOCUMENT_PATH, openapi_document
 from .views import RestViews, http_error_reply, response
-from .wire import GZIP_HEADERS, method_not_allowed_reply
+from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply
 
 #: ``/v2/models/{name}[/versions/{version}]/{op}`` for the operations on the raw path.
 _MODEL_OP: Final = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|infer_stream|generate|generate_stream)")
@@ -41,26 +47,80 @@ class RestApp:
     ``fast_path``; otherwise a Quart view serves it, for comparisons); everything else
     goes through ``quart``."""
 
-    def __init__(self, engine: EngineAPI, settings: Settings, quart: QuartTrio, *, fast_path: bool = True) -> None:
+    def __init__(
+        self,
+        engine: EngineAPI,
+        settings: Settings,
+        quart: QuartTrio,
+        *,
+        fast_path: bool = True,
+        recorder: Recorder,
+        guard: Guard | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.quart = quart
         self.fast_path = fast_path
-        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes)
+        self.recorder = recorder
+        self.guard = guard if guard is not None and guard.active else None
+        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        if scope["type"] == "http":
-            match = _MODEL_OP.fullmatch(scope["path"])
-            if match is not None and (self.fast_path or match[3] != "infer"):
+        if scope["type"] != "http":
+            await self.quart(scope, receive, send)  # type: ignore[arg-type]
+            return
+        path: str = scope["path"]
+        exchange = Exchange("rest", scope["method"], path)
+
+        async def tracked(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]  # type: ignore[assignment]
+            else:
+                exchange.bytes += len(message.get("body", b""))  # type: ignore[arg-type, operator]
+                if not message.get("more_body", False):
+                    exchange.complete = True
+            await send(message)
+
+        match = _MODEL_OP.fullmatch(path)
+        try:
+            if self.guard is not None and not self._authorized(scope, path, match is not None):
+                await send_reply(tracked, _UNAUTHORIZED_REPLY)
+            elif match is not None and (self.fast_path or match[3] != "infer"):
                 op = match[3]
                 allowed = _RAW_METHODS[op]
+                exchange.model_request(match[1], match[2])
                 if scope["method"] in allowed:
-                    await self.raw.serve(op, scope, receive, send, match[1], match[2])
+                    await self.raw.serve(op, scope, receive, tracked, match[1], match[2], exchange)
                 else:
-                    await send_reply(send, method_not_allowed_reply(scope["method"], scope["path"], allowed))
-                return
-        await self.quart(scope, receive, send)  # type: ignore[arg-type]
+                    await send_reply(tracked, method_not_allowed_reply(scope["method"], path, allowed))
+            elif path == "/metrics":
+                await self._metrics(scope, tracked)
+            else:
+                if match is not None:
+                    exchange.model_request(match[1], match[2])
+                    scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
+                await self.quart(scope, receive, tracked)  # type: ignore[arg-type]
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
 
+    def _authorized(self, scope: ASGIScope, path: str, model_op: bool) -> bool:
+        assert self.guard is not None
+        if self.guard.rest_scope(path, model_op) is None:
+            return True
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                return self.guard.allows(value)
+        return False
+
+    async def _metrics(self, scope: ASGIScope, send: ASGISend) -> None:
+        if scope["method"] not in ("GET", "HEAD"):
+            await send_reply(send, method_not_allowed_reply(scope["method"], scope["path"], ("GET",)))
+            return
+        body = await trio.to_thread.run_sync(self.recorder.metrics.expose)
+        await send_reply(send, HttpReply(200, [("Content-Type", CONTENT_TYPE)], body))
+
+
+_UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
 
 _QUART_MODEL_ROUTES: Final = (
     ("", "model_metadata", ("GET",)),
@@ -69,10 +129,20 @@ _QUART_MODEL_ROUTES: Final = (
 )
 
 
-def create_app(engine: EngineAPI, settings: Settings, *, fast_path: bool = True) -> RestApp:
+def create_app(
+    engine: EngineAPI,
+    settings: Settings,
+    *,
+    fast_path: bool = True,
+    metrics: Metrics | None = None,
+    access: AccessLog | None = None,
+    guard: Guard | None = None,
+) -> RestApp:
     """The ASGI application serving ``engine``. ``POST /v2/repository/models/{name}/load``
     calls ``engine.load_from_repository``. ``fast_path=False`` sends ``infer`` through
-    Quart too (for comparison)."""
+    Quart too (for comparison). Requests are recorded in ``metrics`` (default: a fresh
+    :class:`Metrics`, which ``GET /metrics`` shows) and ``access`` (the access log, if
+    on); ``guard`` decides which routes need a bearer token (None: none)."""
     views = RestViews(engine, settings)
     app = QuartTrio("actorserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -88,6 +158,12 @@ def create_app(engine: EngineAPI, settings: Settings, *, fast_path: bool = True)
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
     route("/v2/repository/models/<name>/load", "load", ("POST",))
     route("/v2/repository/models/<name>/unload", "unload", ("POST",))
+    document = openapi_document()
+
+    async def dataplane_document() -> Response:
+        return response(json_reply(document))
+
+    app.add_url_rule(DOCUMENT_PATH, "openapi", dataplane_document, methods=["GET"])
     for suffix, endpoint, methods in _QUART_MODEL_ROUTES:
         route(f"/v2/models/<name>{suffix}", endpoint, methods)
         app.add_url_rule(
@@ -120,4 +196,5 @@ def create_app(engine: EngineAPI, settings: Settings, *, fast_path: bool = True)
 
     app.after_request(compress)
     register_playground(app)
-    return RestApp(engine, settings, app, fast_path=fast_path)
+    recorder = Recorder(metrics if metrics is not None else Metrics(), access)
+    return RestApp(engine, settings, app, fast_path=fast_path, recorder=recorder, guard=guard)

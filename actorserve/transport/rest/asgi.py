@@ -22,8 +22,10 @@ from urllib.parse import parse_qsl
 import trio
 
 from ...api import EngineAPI
-from ...errors import BadInput
-from ...types import InferenceRequest
+from ...errors import BadInput, ModelNotFound
+from ...types import InferenceRequest, InferenceResponse
+from ..errors import http_status
+from ..exchange import Exchange, Recorder
 from .generate import (
     Encoder,
     encode_event_source,
@@ -88,16 +90,35 @@ def reply_for(error: BaseException, limit: int) -> HttpReply:
     return too_large_reply(limit) if isinstance(error, BodyTooLarge) else error_reply(error)
 
 
+def note_error(exchange: Exchange | None, error: BaseException) -> None:
+    """Tell the exchange (metrics) that the request named a model that does not exist."""
+    if exchange is not None and isinstance(error, ModelNotFound):
+        exchange.not_found = True
+
+
+def note_response(exchange: Exchange | None, response: InferenceResponse) -> None:
+    if exchange is not None:
+        exchange.answered(response.model_version, response.parameters.get("sequence_id"))
+
+
 async def infer_reply(
-    engine: EngineAPI, name: str, version: str | None, body: bytes, headers: RequestHeaders, limit: int
+    engine: EngineAPI,
+    name: str,
+    version: str | None,
+    body: bytes,
+    headers: RequestHeaders,
+    limit: int,
+    exchange: Exchange | None = None,
 ) -> HttpReply:
     """Decode, infer, encode; every failure is an error reply, never an exception."""
     try:
         body = decompress_body(body, headers.content_encoding, limit)
         request, encoding = decode_infer_request(body, headers)
         response = await engine.infer(request, model=name, version=version)
+        note_response(exchange, response)
         return encode_infer_response(response, encoding)
     except Exception as exc:
+        note_error(exchange, exc)
         return reply_for(exc, limit)
 
 
@@ -108,43 +129,55 @@ class RawRoutes:
     """The handlers of the raw paths over one engine. ``limit`` is ``max_body_bytes``;
     ``gzip_min`` is ``gzip_min_bytes``."""
 
-    def __init__(self, engine: EngineAPI, limit: int, gzip_min: int) -> None:
+    def __init__(self, engine: EngineAPI, limit: int, gzip_min: int, recorder: Recorder) -> None:
         self.engine = engine
+        self.recorder = recorder
         self._limit = limit
         self._gzip_min = gzip_min
 
     async def serve(
-        self, op: str, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, name: str, version: str | None
+        self,
+        op: str,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        name: str,
+        version: str | None,
+        exchange: Exchange,
     ) -> None:
         """Serve ``op`` (``infer``, ``generate``, ``infer_stream``, ``generate_stream``)
-        for a method the route allows (the caller checked)."""
+        for a method the route allows (the caller checked); what happens goes into
+        ``exchange`` (metrics, access log)."""
         headers = RequestHeaders.from_asgi(scope["headers"])
         try:
             body = await self._read_body(headers, receive)
         except Disconnected:
+            exchange.disconnected = True
             return
         except Exception as exc:
             await self._send_reply(send, reply_for(exc, self._limit), headers)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, exchange)
             if op == "infer":
-                reply = await infer_reply(self.engine, name, version, body, headers, self._limit)
+                reply = await infer_reply(self.engine, name, version, body, headers, self._limit, exchange)
                 await self._send_reply(send, reply, headers)
             elif op == "generate":
-                await self._generate(send, name, version, body, headers)
+                await self._generate(send, name, version, body, headers, exchange)
             else:
-                await self._stream(scope, send, op, name, version, body, headers)
+                await self._stream(scope, send, op, name, version, body, headers, exchange)
             nursery.cancel_scope.cancel()
 
     async def _generate(
-        self, send: ASGISend, name: str, version: str | None, body: bytes, headers: RequestHeaders
+        self, send: ASGISend, name: str, version: str | None, body: bytes, headers: RequestHeaders, exchange: Exchange
     ) -> None:
         try:
             request, encode = await self._generate_request(name, version, body, headers)
             response = await self.engine.infer(request, model=name, version=version)
+            note_response(exchange, response)
             reply = HttpReply(200, [("Content-Type", "application/json"), *sequence_header(response)], encode(response))
         except Exception as exc:
+            note_error(exchange, exc)
             reply = reply_for(exc, self._limit)
         await self._send_reply(send, reply, headers)
 
@@ -170,6 +203,7 @@ class RawRoutes:
         version: str | None,
         body: bytes,
         headers: RequestHeaders,
+        exchange: Exchange,
     ) -> None:
         """An SSE response. The first batch of responses is pulled before the response
         starts, so an error known by then gets its status; later errors become
@@ -188,11 +222,18 @@ class RawRoutes:
             else:
                 request, encode = await self._generate_request(name, version, body, headers)
         except Exception as exc:
+            note_error(exchange, exc)
             await self._send_reply(send, reply_for(exc, self._limit), headers)
             return
 
         async def send_chunk(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        def sent(count: int) -> None:
+            self.recorder.responses(exchange, count)
+
+        def failed(error: BaseException) -> None:
+            exchange.stream_error = http_status(error)
 
         started = False
         try:
@@ -204,14 +245,19 @@ class RawRoutes:
                 start_headers = list(_EVENT_STREAM_HEADERS)
                 if first:
                     start_headers += _asgi_headers(sequence_header(first[0]))
+                    note_response(exchange, first[0])
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": start_headers})
-                tail = await write_events(first, responses, encode, send_chunk, end_event=end_event)
+                tail = await write_events(
+                    first, responses, encode, send_chunk, end_event=end_event, on_sent=sent, on_error=failed
+                )
         except Exception as exc:
             if started:  # a bug after the stream started: nothing left to tell the client
                 log.error("an event stream failed after it started", exc_info=exc)
+                exchange.stream_error = 500
                 tail = b""
             else:
+                note_error(exchange, exc)
                 await self._send_reply(send, reply_for(exc, self._limit), headers)
                 return
         await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -279,9 +325,10 @@ def _query(scope: ASGIScope) -> list[tuple[str, list[str]]]:
     return list(grouped.items())
 
 
-async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
+async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope, exchange: Exchange) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            exchange.disconnected = True
             scope.cancel()
             return

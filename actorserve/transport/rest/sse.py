@@ -100,6 +100,8 @@ async def write_events(
     send: SendChunk,
     *,
     end_event: bool = False,
+    on_sent: Callable[[int], None] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> bytes:
     """Write a response stream whose first batch was already pulled (empty when the
     stream turned out empty), then each later batch as one chunk, as soon as
@@ -109,22 +111,32 @@ async def write_events(
 
     An exception from ``rest`` (or from ``encode``) becomes an error event and ends the
     stream; cancellation and errors from ``send`` propagate. The caller owns ``rest``:
-    leaving the engine's stream context is what cancels the request there."""
+    leaving the engine's stream context is what cancels the request there.
+
+    ``on_sent(n)`` is called after each write of ``n`` responses, ``on_error(exc)`` for
+    the error that ended the stream (both for the metrics)."""
     batch: Sequence[T] = first
+    error: BaseException | None = None
     while True:
         if batch:
             try:
                 chunk = data_frames(batch, encode)
             except Exception as exc:
-                tail = error_frame(exc)
+                error = exc
                 break
             await send(chunk)
+            if on_sent is not None:
+                on_sent(len(batch))
         try:
             batch = await rest.next_batch()
         except StopAsyncIteration:
-            tail = b""
             break
         except Exception as exc:
-            tail = error_frame(exc)
+            error = exc
             break
+    tail = b""
+    if error is not None:
+        tail = error_frame(error)
+        if on_error is not None:
+            on_error(error)
     return tail + END_FRAME if end_event else tail

@@ -18,6 +18,7 @@ from ...api import EngineAPI, ModelMetadata, ModelState, TensorMetadata, bool_pa
 from ...errors import BadInput, ModelNotReady
 from ...settings import Settings
 from ...version import __version__
+from ..exchange import Exchange
 from .asgi import infer_reply
 from .wire import (
     EXTENSIONS,
@@ -128,4 +129,7 @@ class RestViews:
     async def infer(self, name: str, version: str | None = None) -> Response:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         headers = RequestHeaders.from_lookup(request.headers.get)
-        return response(await infer_reply(self.engine, name, version, body, headers, self.settings.max_body_bytes))
+        extensions: Any = request.scope.get("extensions") or {}
+        exchange: Exchange | None = extensions.get("actorserve")  # set by RestApp
+        limit = self.settings.max_body_bytes
+        return response(await infer_reply(self.engine, name, version, body, headers, limit, exchange))

@@ -1,0 +1,80 @@
+"""What wraps every gRPC call, of every service the server registers: the bearer-token
+check (by method path, see :mod:`actorserve.transport.auth`), and the call's
+:class:`~actorserve.transport.exchange.Exchange` (access log; metrics of unary inference).
+
+Applied to the whole handler table of the grpclib server (:meth:`.h2.GrpclibServer.wrap_handlers`),
+so a service added later (``actorserve.v1.Management``) is covered by the same rules.
+Runs on grpclib's asyncio loop, before the handler reads anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any, Final
+
+from grpclib.const import Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ..auth import UNAUTHORIZED, Guard
+from ..exchange import Exchange, Recorder
+
+#: The exchange of the call being served (set in the handler's asyncio task).
+CALL: Final = contextvars.ContextVar[Exchange | None]("actorserve_grpc_call", default=None)
+
+#: gRPC status -> the HTTP status of the same outcome (for the metrics' ``outcome``).
+HTTP_OF: Final = {
+    Status.OK: 200,
+    Status.INVALID_ARGUMENT: 400,
+    Status.UNAUTHENTICATED: 401,
+    Status.NOT_FOUND: 404,
+    Status.ALREADY_EXISTS: 409,
+    Status.RESOURCE_EXHAUSTED: 429,
+    Status.UNIMPLEMENTED: 501,
+    Status.UNAVAILABLE: 503,
+    Status.DEADLINE_EXCEEDED: 504,
+}
+
+
+def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder) -> Handler:
+    """``handler`` (of method ``path``) with the token check and the call's exchange."""
+    func = handler.func
+    needs_token = guard is not None and guard.grpc_scope(path) is not None
+
+    async def call(stream: Stream[Any, Any]) -> None:
+        exchange = Exchange("grpc", "POST", path)
+        exchange.bytes = None
+        token = CALL.set(exchange)
+        status = Status.OK
+        try:
+            if needs_token:
+                assert guard is not None
+                metadata: Any = stream.metadata or {}
+                if not guard.allows(metadata.get("authorization")):
+                    raise GRPCError(Status.UNAUTHENTICATED, UNAUTHORIZED)
+            await func(stream)
+        except GRPCError as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = Status.CANCELLED
+            raise
+        except Exception:
+            status = Status.INTERNAL
+            raise
+        finally:
+            CALL.reset(token)
+            exchange.status = status.name
+            outcome = None if status is Status.CANCELLED else HTTP_OF.get(status, 500)
+            recorder.finish(exchange, outcome)
+
+    return Handler(call, handler.cardinality, handler.request_type, handler.reply_type)
+
+
+def call_exchange() -> Exchange | None:
+    """The exchange of the call this task serves (None outside a wrapped call)."""
+    return CALL.get()
+
+
+__all__ = ["CALL", "HTTP_OF", "call_exchange", "guarded"]
