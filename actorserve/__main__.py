@@ -38,6 +38,7 @@ from .settings import (
     Settings,
     SettingsError,
 )
+from .transport.access import ACCESS_LOGGER, AccessHandler
 from .version import __version__
 
 log = logging.getLogger("actorserve")
@@ -229,9 +230,16 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
 
 
 def _configure_logging(level: str, log_format: str = "text") -> None:
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(formatter)
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
+    # access lines: written a batch at a time, in the same format (transport/access.py)
+    access = AccessHandler(sys.stderr, log_format)
+    access.setFormatter(formatter)
+    access_logger = logging.getLogger(ACCESS_LOGGER)
+    access_logger.handlers[:] = [access]
+    access_logger.propagate = False
     # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
     logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
 

@@ -39,8 +39,9 @@ from .api import EndReason
 #: The variable naming the multiprocess folder (prometheus-client's own).
 MULTIPROC_VAR: Final = "PROMETHEUS_MULTIPROC_DIR"
 
-#: ``Content-Type`` of the exposition.
-CONTENT_TYPE: Final = prometheus_client.CONTENT_TYPE_LATEST
+#: ``Content-Type`` of the exposition: the text format 0.0.4, which every Prometheus reads
+#: (prometheus-client 0.22+ calls 1.0.0 its latest).
+CONTENT_TYPE: Final[str] = getattr(prometheus_client, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST)
 
 #: seconds: from half a millisecond (a unary identity call) to a minute (a long stream).
 DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

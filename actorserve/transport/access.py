@@ -3,18 +3,23 @@
 A finished request hands its fields (a tuple) to :meth:`AccessLog.add`, which only
 appends to a bounded deque (no formatting, no I/O, no lock). :meth:`AccessLog.run`, a
 task in the transports' nursery, takes whatever has gathered every ``FLUSH_SECONDS`` and
-formats and emits it in a worker thread, through the logger ``actorserve.access`` (so the
-server's log format applies: ``--log-format json`` makes each line a JSON object with the
-fields as keys). A line that finds the deque full is dropped and counted; the next flush
-says how many.
+formats and emits it in a worker thread, through the logger ``actorserve.access``: one
+log record per line (each with the time of its request), so an embedder's logging setup
+applies. The command line installs :class:`AccessHandler` on that logger instead, which
+formats a whole batch itself (text, or JSON with ``--log-format json``) and writes it in
+one write: a record per line costs ~18 us of the logging module, a line here ~3 us.
+A line that finds the deque full is dropped and counted; the next flush says how many.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
+import time
 from collections import deque
-from typing import Final
+from typing import Final, TextIO
 
+import orjson
 import trio
 
 #: the logger every access line goes to
@@ -30,18 +35,19 @@ FLUSH_SECONDS: Final = 0.1
 #: lines waiting for a flush at most; more are dropped (and counted)
 MAX_WAITING: Final = 65536
 
-Line = tuple[str, str, str, int | str, int | None, float, str | None, str | None, str | None]
+#: the time of the request (``time.time()``), then the :data:`FIELDS`
+Line = tuple[float, str, str, str, int | str, int | None, float, str | None, str | None, str | None]
 
 log = logging.getLogger(ACCESS_LOGGER)
 
 
 def fields_of(line: Line) -> dict[str, object]:
-    return dict(zip(FIELDS, line, strict=True))
+    return dict(zip(FIELDS, line[1:], strict=True))
 
 
 def text_of(line: Line) -> str:
     """``rest POST /v2/models/m/infer status=200 bytes=84 duration_ms=1.234 model=m ...``"""
-    transport, method, route, status, size, duration, model, version, sequence = line
+    _, transport, method, route, status, size, duration, model, version, sequence = line
     return (
         f"{transport} {method} {route} status={status} bytes={'-' if size is None else size} "
         f"duration_ms={duration:.3f} model={model or '-'} version={version or '-'} sequence_id={sequence or '-'}"
@@ -87,10 +93,56 @@ class AccessLog:
 def _emit(batch: list[Line], dropped: int) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
-    for line in batch:
-        log.info("%s", text_of(line), extra={"access": fields_of(line)})
+    batched = [h for h in log.handlers if isinstance(h, AccessHandler)]
+    if batched and not log.propagate:
+        for handler in batched:
+            handler.write_batch(batch)
+    else:
+        for line in batch:
+            record = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (text_of(line),), None,
+                                    extra={"access": fields_of(line)})  # fmt: skip
+            record.created, record.msecs = line[0], (line[0] % 1) * 1000
+            log.handle(record)
     if dropped:
         log.warning("access log: %d line(s) dropped (more than %d waited for a flush)", dropped, MAX_WAITING)
 
 
-__all__ = ["ACCESS_LOGGER", "FIELDS", "AccessLog", "Line", "fields_of", "text_of"]
+__all__ = ["ACCESS_LOGGER", "FIELDS", "AccessHandler", "AccessLog", "Line", "fields_of", "text_of"]
+
+
+class AccessHandler(logging.StreamHandler[TextIO]):
+    """The command line's handler of ``actorserve.access`` (installed with
+    ``propagate = False``): a batch of lines is formatted here and written at once, in
+    the same shape as the other log lines (text, or ``json``: one object a line with the
+    fields as keys). A record logged the usual way (the dropped-lines warning) is
+    formatted by the handler's formatter as any other."""
+
+    def __init__(self, stream: TextIO, log_format: str = "text") -> None:
+        super().__init__(stream)
+        self.json = log_format == "json"
+        self._second = -1
+        self._stamp = ""
+
+    def _time(self, when: float) -> str:
+        """The line's time as the other lines show it (cached per second)."""
+        second = int(when)
+        if second != self._second:
+            self._second = second
+            if self.json:
+                self._stamp = datetime.datetime.fromtimestamp(second, datetime.UTC).isoformat()[:19]
+            else:
+                self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        millis = int((when - second) * 1000)
+        return f"{self._stamp}.{millis:03d}+00:00" if self.json else f"{self._stamp},{millis:03d}"
+
+    def format_line(self, line: Line) -> str:
+        if self.json:
+            head = {"time": self._time(line[0]), "level": "INFO", "logger": ACCESS_LOGGER, "message": text_of(line)}
+            return orjson.dumps({**head, **fields_of(line)}).decode()
+        return f"{self._time(line[0])} INFO {ACCESS_LOGGER}: {text_of(line)}"
+
+    def write_batch(self, batch: list[Line]) -> None:
+        text = "".join([self.format_line(line) + "\n" for line in batch])
+        with self.lock:  # type: ignore[union-attr]
+            self.stream.write(text)
+            self.flush()

@@ -13,6 +13,8 @@ version was chosen under the version it asked for, or ``""``.
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from ..metrics import Metrics
@@ -130,6 +132,7 @@ class Recorder:
         if self.access is not None:
             self.access.add(
                 (
+                    time.time(),
                     exchange.transport,
                     exchange.method,
                     exchange.route,

@@ -20,7 +20,7 @@ from ...api import EngineAPI
 from ...metrics import CONTENT_TYPE, Metrics
 from ...settings import Settings
 from ..access import AccessLog
-from ..auth import CHALLENGE, UNAUTHORIZED, Guard
+from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
@@ -99,6 +99,8 @@ class RestApp:
                 if match is not None:
                     exchange.model_request(match[1], match[2])
                     scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
+                elif path.startswith(MANAGEMENT_PREFIX):  # for the access line
+                    exchange.model = path[len(MANAGEMENT_PREFIX) :].split("/", 1)[0]
                 await self.quart(scope, receive, tracked)  # type: ignore[arg-type]
         finally:
             self.recorder.finish(exchange, exchange.outcome())

@@ -1,0 +1,75 @@
+"""``GET /v2/docs/dataplane.json``: a valid OpenAPI 3.1 document that lists exactly the
+routes the REST app serves (the playground's page and files aside), so the two cannot
+drift apart."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+
+from actorserve import open_engine
+from actorserve.engine import Engine
+from actorserve.settings import Settings
+from actorserve.transport.rest import create_app
+from actorserve.transport.rest.app import _RAW_METHODS
+from actorserve.transport.rest.openapi import DOCUMENT_PATH, openapi_document
+
+HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    async with open_engine(Settings(models=(), http_port=0, grpc_port=None)) as engine:
+        yield engine
+
+
+def documented() -> set[tuple[str, str]]:
+    paths = openapi_document()["paths"]
+    return {(method.upper(), path) for path, item in paths.items() for method in item if method in HTTP_METHODS}
+
+
+def served(engine: Engine) -> set[tuple[str, str]]:
+    """(method, path template) of every route the app registers: Quart's rules and the
+    raw-ASGI routes (each under /versions/{version}/ too), and /metrics."""
+    app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
+    routes: set[tuple[str, str]] = {("GET", "/metrics")}
+    for rule in app.quart.url_map.iter_rules():
+        if rule.endpoint.startswith("playground:") or rule.endpoint == "static":
+            continue
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+        routes |= {(method, path) for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}
+    for op, methods in _RAW_METHODS.items():
+        for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            routes |= {(method, f"{prefix}/{op}") for method in methods}
+    return routes
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    document = openapi_document()
+    assert document["openapi"] == "3.1.0"
+    validate(document)
+
+
+async def test_every_route_served_is_documented_and_nothing_else(engine: Engine) -> None:
+    assert served(engine) - documented() == set()
+    assert documented() - served(engine) == set()
+
+
+def test_management_routes_say_they_need_a_token() -> None:
+    paths = openapi_document()["paths"]
+    secured = {path for path, item in paths.items() for op in item.values()
+               if isinstance(op, dict) and op.get("security")}  # fmt: skip
+    assert secured == {"/v2/repository/models/{name}/load", "/v2/repository/models/{name}/unload"}
+
+
+async def test_the_server_serves_the_document(engine: Engine) -> None:
+    app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        reply = await client.get(DOCUMENT_PATH)
+    assert reply.status_code == 200
+    assert reply.json() == openapi_document()
