@@ -79,7 +79,9 @@ class Exchange:
             return None
         if self.stream_error is not None:
             return self.stream_error
-        return self.status if isinstance(self.status, int) else None
+        if not isinstance(self.status, int):
+            return None
+        return self.status or 500  # nothing was sent: the server failed to answer
 
     def answered(self, version: str | None, sequence_id: object = None) -> None:
         """A response named the version that served it and its sequence."""
