@@ -168,3 +168,31 @@ async def test_metrics_route_allows_only_get(metrics_server: Server) -> None:
     async with httpx.AsyncClient(base_url=str(metrics_server.http_url), timeout=TIMEOUT) as client:
         reply = await client.post("/metrics")
     assert (reply.status_code, reply.json()) == (405, {"error": "method POST is not allowed on /metrics"})
+
+
+async def test_grpc_stream_requests_are_counted_each(metrics_server: Server) -> None:
+    """Each request of a ModelStreamInfer call is one request: its first response and
+    the gaps between its responses are recorded under transport grpc."""
+    assert metrics_server.grpc_address is not None
+    target = "{}:{}".format(*metrics_server.grpc_address)
+
+    def scenario() -> list[Any]:
+        errors: list[Any] = []
+        with grpcclient.InferenceServerClient(target) as c:
+            c.start_stream(callback=lambda result, error: errors.append(error))
+            for _ in range(2):
+                c.async_stream_infer("counter", [], parameters={"n": 4})
+            c.async_stream_infer("nope", [])
+            c.stop_stream()
+        return errors
+
+    errors = await trio.to_thread.run_sync(scenario)
+    assert sorted(str(e.message()) if e is not None else "" for e in errors) == [""] * 8 + ["model 'nope' is not loaded"]
+    async with httpx.AsyncClient(base_url=str(metrics_server.http_url), timeout=TIMEOUT) as client:
+        s = parse(await scrape(client))
+    grpc = {"model": "counter", "version": "1", "transport": "grpc"}
+    assert value(s, "actorserve_requests_total", outcome="success", **grpc) == 2
+    assert value(s, "actorserve_time_to_first_response_seconds_count", **grpc) == 2
+    assert value(s, "actorserve_time_between_responses_seconds_count", **grpc) == 6
+    assert value(s, "actorserve_request_duration_seconds_count", **grpc) == 2
+    assert value(s, "actorserve_requests_total", model="", version="", transport="grpc", outcome="invalid") == 1
