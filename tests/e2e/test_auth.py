@@ -63,6 +63,8 @@ async def test_management_routes_refuse_a_missing_or_wrong_token(launch: Launch,
         ):
             assert no_auth_header(await client.post(path, headers=headers)) == UNAUTHORIZED, path
         assert (await client.get("/v2/models/identity/ready")).status_code == 200  # nothing was unloaded
+        preflight = await client.options("/v2/repository/models/identity/load")  # a CORS preflight passes auth
+        assert preflight.status_code == 405
 
 
 async def test_management_routes_accept_the_right_token(launch: Launch) -> None:
