@@ -107,7 +107,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
     "token_file": (
-        click.STRING,
+        click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
         "is generated into a new file whose path is logged",
     ),
