@@ -30,6 +30,7 @@ from .repository import ModelRepository
 from .server import Server, serve
 from .settings import (
     GRPC_STREAM_DIALECTS,
+    HTTP_PARSERS,
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
     BadSetting,
@@ -79,6 +80,11 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
+    "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
+    "http_parser": (
+        click.Choice(HTTP_PARSERS),
+        "HTTP/1.1 implementation: 'httptools' (llhttp, faster) or 'h11' (hypercorn's own)",
+    ),
     "grpc_stream_dialect": (
         click.Choice(GRPC_STREAM_DIALECTS),
         "ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message) "

@@ -36,7 +36,7 @@ from .listeners import BACKLOG, ListenError, Listeners, open_listeners
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .settings import Settings
-from .transport.rest import RestApp, create_app
+from .transport.rest import RestApp, create_app, http1
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,11 @@ async def _serve_http(
     set when it is done."""
     config = HypercornConfig()
     config.graceful_timeout = settings.grace_period
+    config.keep_alive_timeout = settings.keep_alive_timeout
     config.accesslog = None  # no per-request logging on the hot path
     config.errorlog = logging.getLogger("hypercorn.error")
+    http1.install()
+    http1.use_parser(config, settings.http_parser)
     try:
         async with trio.open_nursery() as nursery:
             # hypercorn.trio.serve() without its own binding: worker_serve takes our socket

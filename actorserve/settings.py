@@ -300,6 +300,9 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise BadSetting(attribute.name, "must be 0-65535 or off")
 
 
+HTTP_PARSERS = ("httptools", "h11")
+
+
 def _one_of(*choices: str) -> _Validator:
     """An attrs validator: one of ``choices``."""
     quoted = " or ".join(repr(c) for c in choices) if len(choices) == 2 else ", ".join(choices)
@@ -337,6 +340,10 @@ class Settings:
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
+    #: seconds an idle keep-alive HTTP connection is kept open.
+    keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    #: HTTP/1.1 implementation under hypercorn: "httptools" (llhttp) or "h11" (hypercorn's own).
+    http_parser: str = attrs.field(default="httptools", validator=_one_of(*HTTP_PARSERS))
     #: ModelStreamInfer flavour: "triton" (ModelStreamInferResponse envelope) or "mlserver".
     grpc_stream_dialect: str = attrs.field(default="triton", validator=_one_of(*GRPC_STREAM_DIALECTS))
     #: requests in flight on one ModelStreamInfer call before the server stops reading it.
