@@ -135,6 +135,16 @@ class Supervisor:
             with trio.move_on_at(self._reaper_target):
                 await self._reaper_wake.wait()
 
+    def pinned(self, replica: ContinuousBatcher) -> list[SequenceActor]:
+        """The open sequences whose requests ``replica`` steps."""
+        return [actor for actor in self._actors.values() if actor.replica is replica]
+
+    def end_pinned(self, replica: ContinuousBatcher, reason: EndReason, *, graceful: bool) -> None:
+        """End the sequences pinned to ``replica`` (being removed) with ``reason``;
+        ``graceful``: their running requests may finish (see :meth:`SequenceActor.stop`)."""
+        for actor in self.pinned(replica):
+            actor.stop(reason, graceful=graceful)
+
     def end_all(self, reason: EndReason) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
         self._closing = True
