@@ -94,6 +94,15 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         "front processes serving REST and gRPC beside one engine process (0: everything in "
         "one process; see docs/architecture.md)",
     ),
+    "cors_allow_origin": (
+        click.STRING,
+        "browser origin allowed to call the REST API (CORS); repeat it or give a comma list; * allows any",
+    ),
+    "poll_repository": (
+        click.FLOAT,
+        "seconds between looks at the model folders for added, changed or removed models "
+        "(0: off; load and unload on request only)",
+    ),
 }
 
 
@@ -118,13 +127,15 @@ def _settings_options(command: F) -> F:
     for field in reversed(fields):
         kind, help_text = _SETTINGS_OPTIONS[field.name]
         default = field.default
+        multiple = isinstance(default, tuple)  # a list setting: the option repeats
         command = click.option(
             "--" + field.name.replace("_", "-"),
             field.name,
             cls=_Option,
             type=kind,
             default=default,
-            show_default="off" if default is None else True,
+            multiple=multiple,
+            show_default="off" if default is None else "none" if multiple else True,
             metavar=_metavar(kind),
             show_envvar=True,
             help=help_text,

@@ -49,6 +49,8 @@ class ModelDescription:
     #: requests waiting in open sequences' mailboxes behind a running one
     queued: int = 0
     replicas: tuple[ReplicaDescription, ...] = ()
+    #: every request must belong to a sequence (the model keeps per-sequence state)
+    requires_sequence: bool = False
 
 
 @attrs.frozen(slots=True)

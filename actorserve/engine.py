@@ -36,6 +36,7 @@ from .api import (
 from .catalog import UNLOADED, Catalog, version_key
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
 from .model import BatchModel, Model
+from .polling import poll_repository
 from .repository import ModelRepository, override_settings
 from .settings import ModelSettings, Settings, SettingsError
 from .types import InferenceRequest, InferenceResponse
@@ -371,6 +372,8 @@ async def open_engine(
             try:
                 for model_settings in settings.models:
                     await engine.load(model_settings)
+                if settings.poll_repository > 0 and engine.repository.folders:
+                    await nursery.start(poll_repository, engine, engine.repository, settings.poll_repository)
                 yield engine
             finally:
                 with trio.CancelScope(shield=True):

@@ -77,7 +77,10 @@ def test_docs_rows_give_each_option_its_variable_and_default() -> None:
         flag = param.opts[0]
         (row,) = [r for r in rows if r.startswith(f"| `{flag}` |")]
         assert f"`ACTORSERVE_{param.name.upper()}`" in row
-        default = "each model's `workers`" if param.default is None else f"`{param.default}`"
+        if param.default is None:
+            default = "each model's `workers`"
+        else:
+            default = "none" if param.multiple else f"`{param.default}`"
         assert default in row, (flag, row)
 
 

@@ -61,6 +61,7 @@ def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]
         inflight=host.inflight,
         queued=sequences.queued if sequences is not None else 0,
         replicas=tuple(replicas),
+        requires_sequence=bool(getattr(host.model_class, "requires_sequence", False)),
     )
 
 

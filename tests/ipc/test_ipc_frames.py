@@ -20,11 +20,11 @@ from actorserve.api import (
     Duration,
     InferenceStatistics,
     ModelDescription,
-    ReplicaDescription,
     ModelInfo,
     ModelMetadata,
     ModelState,
     ModelStatistics,
+    ReplicaDescription,
     RepositoryEntry,
     TensorMetadata,
 )
