@@ -41,7 +41,7 @@ MANAGEMENT_ROUTES: Final = (
 )
 
 def description_json(description: ModelDescription) -> dict[str, Any]:
-    return attrs.asdict(description, retain_collection_types=False)
+    return attrs.asdict(description)  # tuples: JSON arrays
 
 
 class ManagementViews:
