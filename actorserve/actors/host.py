@@ -254,7 +254,12 @@ class ModelHost:
     # -- routing -----------------------------------------------------------------------
 
     def _replica_for_sequence(self) -> ContinuousBatcher | None:
-        return least_loaded(self.batchers) if self.batchers else None
+        """The replica serving the fewest open sequences (then the least loaded): a
+        sequence stays on its replica for its whole life, so spread them."""
+        supervisor = self.supervisor
+        if not self.batchers or supervisor is None:
+            return least_loaded(self.batchers) if self.batchers else None
+        return min(self.batchers, key=lambda b: (supervisor.pinned_count(b), b.load))
 
     def _enter(self) -> PlainRunner | BatchedRunner:
         if self.state is not ModelState.READY:

@@ -30,7 +30,7 @@ def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]
     replicas: list[ReplicaDescription] = []
     for index, batcher in enumerate(host.batchers):
         stats = batcher.statistics()
-        pinned = len(supervisor.pinned(batcher)) if supervisor is not None else 0
+        pinned = supervisor.pinned_count(batcher) if supervisor is not None else 0
         replicas.append(ReplicaDescription(index, stats.waiting, stats.running, pinned))
     runner = host.runner
     if isinstance(runner, PlainRunner):
