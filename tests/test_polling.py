@@ -58,7 +58,9 @@ async def test_added_changed_removed_and_broken_folders(tmp_path: Path) -> None:
 
         write_model(tmp_path, "late", {"name": "late", "implementation": IDENTITY, "max_pending": 7})
         with trio.fail_after(10):
-            while (await engine.describe("late")).max_pending != 7:
+            while True:  # reloaded with the new settings
+                if (await engine.describe("late")).max_pending == 7:
+                    break
                 await trio.sleep(INTERVAL / 2)
 
         write_model(tmp_path, "broken", "{not json")
