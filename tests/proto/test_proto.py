@@ -446,3 +446,25 @@ def test_unary_messages_both_ways() -> None:
         theirs = pb_cls.FromString(bytes(ours))
         assert_same(ours, theirs)
         assert_same(type(ours).parse(theirs.SerializeToString()), theirs)
+
+
+def test_management_service_serves_every_rpc_of_its_proto() -> None:
+    """``actorserve.v1.Management``: the handlers we register are the generated service's
+    routes, with its message types (management.proto is ours: no Triton reference)."""
+    from actorserve.proto.actorserve import v1
+    from actorserve.transport.grpc.management import ManagementService
+
+    class NoCalls:
+        def _tracked(self, func: Any) -> Any:
+            return func
+
+    generated = v1.ManagementBase().__mapping__()
+    ours = ManagementService(None, NoCalls()).__mapping__()  # type: ignore[arg-type]
+    assert sorted(ours) == sorted(generated) == [
+        "/actorserve.v1.Management/DescribeModel",
+        "/actorserve.v1.Management/SetDefaultVersion",
+        "/actorserve.v1.Management/SetWorkers",
+    ]
+    for route, handler in ours.items():
+        assert handler.cardinality == generated[route].cardinality == grpclib.const.Cardinality.UNARY_UNARY
+        assert (handler.request_type, handler.reply_type) == (generated[route].request_type, generated[route].reply_type)

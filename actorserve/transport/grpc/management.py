@@ -5,8 +5,8 @@ model, set its workers, set its default version), typed against
 
 :meth:`ManagementService.__mapping__` holds every management RPC, and only them: the
 one place to guard management over gRPC (an auth check wraps ``guard``). The OIP's own
-repository RPCs (RepositoryModelLoad / Unload) live in ``GRPCInferenceService``; its
-``guarded`` set names them for the same check.
+repository RPCs (RepositoryModelLoad / Unload) live in ``GRPCInferenceService``;
+``service.MANAGEMENT_METHODS`` names them for the same check.
 """
 
 from __future__ import annotations

@@ -68,6 +68,10 @@ SERVICE: Final = "/inference.GRPCInferenceService/"
 #: What ServerMetadata lists: the same as REST's ``GET /v2``.
 EXTENSIONS: Final = ("binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming")
 
+#: The RPCs of this service that manage models (the auth seam: with
+#: ``actorserve.v1.Management``, see .management, these need a management token).
+MANAGEMENT_METHODS: Final = ("RepositoryModelLoad", "RepositoryModelUnload")
+
 #: Metadata header with which a Triton client asks for a gRPC status instead of an
 #: in-band ``error_message`` on ModelStreamInfer.
 TRITON_GRPC_ERROR: Final = "triton_grpc_error"
@@ -308,4 +312,4 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
     return [ModelMetadataResponseTensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in specs]
 
 
-__all__ = ["EXTENSIONS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+__all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
