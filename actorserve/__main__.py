@@ -214,7 +214,17 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
     folders = tuple(Path(folder) for folder in models_dirs if folder)
     repository = ModelRepository(folders, workers)
     try:
-        models = repository.discover() if folders else repository.apply_overrides(builtin_models())
+        if not folders:
+            models = repository.apply_overrides(builtin_models())
+        elif settings.poll_repository > 0:  # watched: a broken folder waits for its fix
+            missing = [folder for folder in folders if not folder.is_dir()]
+            if missing:
+                raise SettingsError(f"{missing[0]}: not a folder")
+            models, problems = repository.scan()
+            for problem in problems.values():
+                log.warning("not loaded (loads once fixed): %s", problem)
+        else:
+            models = repository.discover()
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)
