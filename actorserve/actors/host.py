@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
-from ..errors import BadInput, ModelNotReady, ShuttingDown
+from ..errors import BadInput, ModelFailed, ModelNotReady, ShuttingDown
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -195,7 +195,10 @@ class ModelHost:
             if self.state is not ModelState.READY:
                 raise ModelNotReady(f"model {self.name!r} version {self.version!r} is {self.state.lower()}")
             while len(self.replicas) < workers:
-                await self._add_replica()
+                try:
+                    await self._add_replica()
+                except Exception as exc:  # the model's own load failed: say so, keep serving
+                    raise ModelFailed.wrap(self.name, exc, "to load a new replica") from None
             if isinstance(self._runner, PlainRunner):
                 self._runner.resize(workers)
                 await self._retire_plain(workers, grace)

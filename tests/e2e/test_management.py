@@ -17,7 +17,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from httpx_sse import aconnect_sse
 
-from actorserve import ModelSettings
+from actorserve import InferenceRequest, InferenceResponse, Model, ModelSettings
 from actorserve.models.identity import IdentityModel
 from actorserve.proto.actorserve.v1 import (
     DescribeModelRequest,
@@ -232,3 +232,30 @@ async def test_scaling_a_plain_model_keeps_serving(launch: Launch, workers: int)
             for target in (3, workers, 1):
                 await client.post("/v2/repository/models/identity/workers", json={"workers": target})
     assert (await server.engine.describe("identity")).workers == 1
+
+
+class OneReplicaOnly(Model):
+    """Loads once; every further replica fails to load (a GPU that is full, say)."""
+
+    loaded = 0
+
+    async def load(self) -> None:
+        if OneReplicaOnly.loaded:
+            raise MemoryError("no room for another replica")
+        OneReplicaOnly.loaded += 1
+
+    async def predict(self, request: InferenceRequest) -> InferenceResponse:
+        return self.response(request, [])
+
+
+async def test_a_replica_that_fails_to_load_is_a_clear_error_and_the_model_keeps_serving(launch: Launch) -> None:
+    server = await launch()
+    await server.engine.load(ModelSettings(name="single", implementation=OneReplicaOnly))
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        failed = await client.post("/v2/repository/models/single/workers", json={"workers": 2})
+        assert (failed.status_code, failed.json()) == (500, {
+            "error": "model 'single' failed to load a new replica: MemoryError: no room for another replica"
+        })  # fmt: skip
+        described = (await client.get("/v2/repository/models/single")).json()
+        assert (described["state"], described["workers"], len(described["replicas"])) == ("READY", 1, 1)
+        assert (await client.post("/v2/models/single/infer", json={"inputs": []})).status_code == 200
