@@ -208,23 +208,20 @@ def _record_to_plain(record: Any) -> Plain:
 
 
 def _scalars(cls: type, plain: Plain, what: str, nested: dict[str, Callable[[Plain], Any]]) -> Any:
-    """``cls`` from its plain list: scalar fields checked against their default's type,
-    the fields in ``nested`` decoded by their function."""
+    """``cls`` from its plain list: each scalar field checked by its annotation
+    (``str``, ``int``, ``bool``, ``float``), the fields in ``nested`` by their function."""
     fields = attrs.fields(cls)
     values = {}
     for field, value in zip(fields, _fields(plain, len(fields), what), strict=True):
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
         if field.name in nested:
             values[field.name] = nested[field.name](value)
-        elif isinstance(field.default, bool):
-            values[field.name] = _bool(value)
-        elif isinstance(field.default, float):
+        elif kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise WireError(f"malformed {what}: {field.name}")
+                raise WireError(f"malformed {what}: {field.name} is not a number")
             values[field.name] = float(value)
-        elif isinstance(field.default, str):
-            values[field.name] = _str(value)
-        else:  # int fields, with or without a default
-            values[field.name] = _str(value) if field.name in ("name", "version", "state") else _int(value)
+        else:
+            values[field.name] = {"str": _str, "int": _int, "bool": _bool}[kind](value)
     return cls(**values)
 
 
