@@ -189,6 +189,17 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 )
 @_settings_options
 @click.option(
+    "--model-repository",
+    "model_repository",
+    cls=_Option,
+    type=click.Path(),
+    multiple=True,
+    default=(),
+    show_default="none",
+    show_envvar=True,
+    help="a model folder, as Triton's flag names it (repeatable; the same as a MODELS_DIR)",
+)
+@click.option(
     "--workers",
     cls=_Option,
     type=click.INT,
@@ -203,7 +214,10 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
     __version__, "--version", prog_name="actorserve", message="%(prog)s %(version)s", allow_from_autoenv=False
 )
 @click.pass_context
-def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None, **values: Any) -> None:
+def cli(
+    ctx: click.Context, /, models_dirs: tuple[str, ...], model_repository: tuple[str, ...], workers: int | None,
+    **values: Any,
+) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values)
@@ -211,7 +225,7 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     _configure_logging(settings.log_level)
-    folders = tuple(Path(folder) for folder in models_dirs if folder)
+    folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
     repository = ModelRepository(folders, workers)
     try:
         if not folders:

@@ -158,6 +158,10 @@ def test_model_folders_come_from_the_variable_separated_by_pathsep(
     result = invoke(ACTORSERVE_MODEL_FOLDERS=folders)
     assert result.exit_code == 0, result.output
     assert served[0].folders == (tmp_path / "a", tmp_path / "b")
+    result = invoke("--model-repository", str(tmp_path / "a"), str(tmp_path / "b"))  # Triton's flag too
+    assert (result.exit_code, served[1].folders) == (0, (tmp_path / "a", tmp_path / "b"))
+    result = invoke(ACTORSERVE_MODEL_REPOSITORY=folders)
+    assert (result.exit_code, served[2].folders) == (0, (tmp_path / "a", tmp_path / "b"))
 
 
 def test_cors_origins_repeat_or_come_as_a_list_and_a_watched_broken_folder_is_a_warning(
