@@ -31,6 +31,7 @@ from .repository import ModelRepository
 from .server import Server, serve
 from .settings import (
     GRPC_STREAM_DIALECTS,
+    HTTP_PARSERS,
     LOG_FORMATS,
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
@@ -86,6 +87,11 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
+    "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
+    "http_parser": (
+        click.Choice(HTTP_PARSERS),
+        "HTTP/1.1 implementation: 'httptools' (llhttp, faster) or 'h11' (hypercorn's own)",
+    ),
     "grpc_stream_dialect": (
         click.Choice(GRPC_STREAM_DIALECTS),
         "ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message) "
@@ -100,6 +106,15 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         click.INT,
         "front processes serving REST and gRPC beside one engine process (0: everything in "
         "one process; see docs/architecture.md)",
+    ),
+    "cors_allow_origin": (
+        click.STRING,
+        "browser origin allowed to call the REST API (CORS); repeat it or give a comma list; * allows any",
+    ),
+    "poll_repository": (
+        click.FLOAT,
+        "seconds between looks at the model folders for added, changed or removed models "
+        "(0: off; load and unload on request only)",
     ),
     "log_format": (click.Choice(LOG_FORMATS), "log line format: 'text', or 'json' (one JSON object a line)"),
     "access_log": (click.BOOL, "log one structured line per request (logger actorserve.access; docs/logging.md)"),
@@ -136,6 +151,7 @@ def _settings_options(command: F) -> F:
         kind, help_text = _SETTINGS_OPTIONS[field.name]
         default = field.default
         flag = kind is click.BOOL
+        multiple = isinstance(default, tuple)  # a list setting: the option repeats
         command = click.option(
             "--" + field.name.replace("_", "-"),
             field.name,
@@ -143,7 +159,8 @@ def _settings_options(command: F) -> F:
             type=kind,
             is_flag=flag,
             default=default,
-            show_default=False if flag else "off" if default is None else True,
+            multiple=multiple,
+            show_default=False if flag else "off" if default is None else "none" if multiple else True,
             metavar=None if flag else _metavar(kind),
             show_envvar=True,
             help=help_text,
@@ -197,6 +214,17 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 )
 @_settings_options
 @click.option(
+    "--model-repository",
+    "model_repository",
+    cls=_Option,
+    type=click.Path(),
+    multiple=True,
+    default=(),
+    show_default="none",
+    show_envvar=True,
+    help="a model folder, as Triton's flag names it (repeatable; the same as a MODELS_DIR)",
+)
+@click.option(
     "--workers",
     cls=_Option,
     type=click.INT,
@@ -211,7 +239,10 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
     __version__, "--version", prog_name="actorserve", message="%(prog)s %(version)s", allow_from_autoenv=False
 )
 @click.pass_context
-def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None, **values: Any) -> None:
+def cli(
+    ctx: click.Context, /, models_dirs: tuple[str, ...], model_repository: tuple[str, ...], workers: int | None,
+    **values: Any,
+) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=os.environ.get(TOKEN_VARIABLE) or None)
@@ -219,10 +250,20 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     _configure_logging(settings.log_level, settings.log_format)
-    folders = tuple(Path(folder) for folder in models_dirs if folder)
+    folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
     repository = ModelRepository(folders, workers)
     try:
-        models = repository.discover() if folders else repository.apply_overrides(builtin_models())
+        if not folders:
+            models = repository.apply_overrides(builtin_models())
+        elif settings.poll_repository > 0:  # watched: a broken folder waits for its fix
+            missing = [folder for folder in folders if not folder.is_dir()]
+            if missing:
+                raise SettingsError(f"{missing[0]}: not a folder")
+            models, problems = repository.scan()
+            for problem in problems.values():
+                log.warning("not loaded (loads once fixed): %s", problem)
+        else:
+            models = repository.discover()
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)
@@ -233,15 +274,16 @@ def _configure_logging(level: str, log_format: str = "text") -> None:
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    ours = not logging.getLogger().handlers  # else basicConfig changes nothing: neither do we
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
-    # access lines: written a batch at a time, in the same format (transport/access.py)
-    access = AccessHandler(sys.stderr, log_format)
-    access.setFormatter(formatter)
-    access_logger = logging.getLogger(ACCESS_LOGGER)
-    access_logger.handlers[:] = [access]
-    access_logger.propagate = False
     # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
     logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
+    if ours:  # access lines: written a batch at a time, in the same format (transport/access.py)
+        access = AccessHandler(sys.stderr, log_format)
+        access.setFormatter(formatter)
+        access_logger = logging.getLogger(ACCESS_LOGGER)
+        access_logger.handlers[:] = [access]
+        access_logger.propagate = False
 
 
 def _error(message: str) -> None:

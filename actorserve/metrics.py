@@ -22,10 +22,9 @@ see ``docs/metrics.md`` for the measurement); nothing here does I/O on the reque
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final
 
 import attrs
 import prometheus_client
@@ -80,11 +79,6 @@ def multiprocess_dir() -> Path | None:
     return Path(folder) if folder else None
 
 
-class _Queued(Protocol):
-    @property
-    def queued_at(self) -> float: ...
-
-
 @attrs.frozen(slots=True)
 class ModelMetrics:
     """The engine-side series of one model version, labels already resolved (cheap to
@@ -101,12 +95,6 @@ class ModelMetrics:
     def step(self, items: int, seconds: float) -> None:
         self.batch_size.observe(items)
         self.step_duration.observe(seconds)
-
-    def admitted(self, items: Iterable[_Queued]) -> None:
-        """Items entered a batch: each one's queue time (any thread)."""
-        now = time.perf_counter()
-        for item in items:
-            self.queue_time.observe(now - item.queued_at)
 
     def reject(self, reason: str) -> None:
         counter = self.rejected.get(reason)

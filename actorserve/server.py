@@ -41,7 +41,7 @@ from .repository import ModelRepository
 from .settings import Settings, SettingsError
 from .transport.access import AccessLog
 from .transport.auth import Guard
-from .transport.rest import RestApp, create_app
+from .transport.rest import RestApp, create_app, protocols
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +207,11 @@ async def _serve_http(
     set when it is done."""
     config = HypercornConfig()
     config.graceful_timeout = settings.grace_period
+    config.keep_alive_timeout = settings.keep_alive_timeout
     config.accesslog = None  # no per-request logging on the hot path
     config.errorlog = logging.getLogger("hypercorn.error")
+    protocols.install()
+    protocols.use_parser(config, settings.http_parser)
     try:
         async with trio.open_nursery() as nursery:
             # hypercorn.trio.serve() without its own binding: worker_serve takes our socket

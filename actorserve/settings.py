@@ -301,6 +301,9 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise BadSetting(attribute.name, "must be 0-65535 or off")
 
 
+HTTP_PARSERS = ("httptools", "h11")
+
+
 def _one_of(*choices: str) -> _Validator:
     """An attrs validator: one of ``choices``."""
     quoted = " or ".join(repr(c) for c in choices) if len(choices) == 2 else ", ".join(choices)
@@ -318,18 +321,26 @@ def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise BadSetting(attribute.name, "must be true or false")
 
 
-def _optional_text(what: str) -> _Validator:
-    """An attrs validator: None or a non-empty string (``what`` names it in the error)."""
-
-    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is not None and (not isinstance(value, str) or not value):
-            raise BadSetting(attribute.name, f"must be {what}")
-
-    return check
+def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BadSetting(attribute.name, "must be a non-empty string")
 
 
 def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
+
+
+def _origins(value: Any) -> Any:
+    """Origins from a comma list or from several values (each may be a comma list)."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)):
+        return value
+    return tuple(o.strip().rstrip("/") for v in values for o in str(v).split(",") if o.strip())
+
+
+def _origin_list(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(o == "*" or o.startswith(("http://", "https://")) for o in value):
+        raise BadSetting(attribute.name, "must be origins like https://app.example.com (or *)")
 
 
 @attrs.frozen
@@ -353,6 +364,10 @@ class Settings:
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
+    #: seconds an idle keep-alive HTTP connection is kept open.
+    keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    #: HTTP/1.1 implementation under hypercorn: "httptools" (llhttp) or "h11" (hypercorn's own).
+    http_parser: str = attrs.field(default="httptools", validator=_one_of(*HTTP_PARSERS))
     #: ModelStreamInfer flavour: "triton" (ModelStreamInferResponse envelope) or "mlserver".
     grpc_stream_dialect: str = attrs.field(default="triton", validator=_one_of(*GRPC_STREAM_DIALECTS))
     #: requests in flight on one ModelStreamInfer call before the server stops reading it.
@@ -360,6 +375,10 @@ class Settings:
     log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
     #: front processes serving REST and gRPC (1: everything in one process).
     api_workers: int = attrs.field(default=2, validator=_at_least(0))
+    #: browser origins allowed to call the REST API (CORS); "*" allows any.
+    cors_allow_origin: tuple[str, ...] = attrs.field(default=(), converter=_origins, validator=_origin_list)
+    #: seconds between looks at the model folders for added, changed or removed models (0: off).
+    poll_repository: float = attrs.field(default=0.0, validator=_seconds)
     #: "text" or "json" (one JSON object per log line, access lines with their fields).
     log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
     #: one structured line per request on the logger ``actorserve.access``.
@@ -371,9 +390,9 @@ class Settings:
     #: ``GET /metrics`` needs a token too.
     auth_metrics: bool = attrs.field(default=False, validator=_bool)
     #: a file of bearer tokens, one a line (none and auth on: one is generated).
-    token_file: str | None = attrs.field(default=None, validator=_optional_text("a file path"))
+    token_file: str | None = attrs.field(default=None, validator=_optional_text)
     #: a bearer token (the CLI reads it from ACTORSERVE_TOKEN only, never a flag).
-    token: str | None = attrs.field(default=None, repr=False, validator=_optional_text("a non-empty token"))
+    token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

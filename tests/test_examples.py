@@ -11,6 +11,7 @@ expected failure, and only then.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -41,6 +42,8 @@ class RunningServer:
     http_url: str
     grpc_target: str | None
     log: list[str]
+    #: the management token the server generated (examples read it from ACTORSERVE_TOKEN)
+    token: str
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "api-workers-2"])
@@ -54,7 +57,9 @@ def running_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     try:
         http = server.wait_for(r"REST listening on (http://\S+)", STARTUP_TIMEOUT)
         grpc = re.search(r"gRPC listening on (\S+:\d+)", server.text())
-        yield RunningServer(server.process, http[1], grpc[1] if grpc else None, server.log)
+        token_file = server.wait_for(r"management token generated: .* token in (\S+)")[1]
+        token = Path(token_file).read_text().strip()
+        yield RunningServer(server.process, http[1], grpc[1] if grpc else None, server.log, token)
     finally:
         server.stop()
 
@@ -68,7 +73,8 @@ def test_example_runs(running_server: RunningServer, example: Path) -> None:
     args = [sys.executable, str(example), "--http", running_server.http_url]
     if running_server.grpc_target is not None:
         args += ["--grpc", running_server.grpc_target]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT, cwd=ROOT)
+    env = {**os.environ, "ACTORSERVE_TOKEN": running_server.token}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT, cwd=ROOT, env=env)
     if result.returncode != 0:
         missing = grpc_import_error()
         if missing is not None and _uses_grpc(example.read_text()):

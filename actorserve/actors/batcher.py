@@ -16,6 +16,7 @@ Two drivers, chosen by :attr:`BatchModel.step_in_thread`:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,8 +24,8 @@ import attrs
 import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
-from ..metrics import ModelMetrics
 from ..model import BatchModel, StepOutput
+from .counters import StepCounters
 from .scheduler import Scheduler
 from .steploop import StepLoop, StepReport, run_step
 from .workitem import WorkItem
@@ -50,7 +51,7 @@ class ContinuousBatcher:
     ``on_step(batch)`` is called before each step: on the worker thread when the model
     steps in a thread, else on the trio thread. ``model.on_request_cancelled`` is always
     called on the trio thread, once per cancelled item, after the item left the batch.
-    ``metrics`` gets queue times (at admission) and step sizes and times."""
+    """
 
     def __init__(
         self,
@@ -61,20 +62,17 @@ class ContinuousBatcher:
         max_pending: int = 1024,
         name: str = "batcher",
         on_step: Callable[[list[WorkItem]], None] | None = None,
-        metrics: ModelMetrics | None = None,
+        counters: StepCounters | None = None,  # default: new ones (the host's record metrics too)
     ) -> None:
         self.model = model
-        self.metrics = metrics
         self.name = name
         self.max_batch_time = max_batch_time
         self.max_pending = max_pending
-        on_admit = metrics.admitted if metrics is not None else None
-        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size, on_admit)  # inline only
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)  # inline only
         self._wakeup = trio.Event()
         self._closed = False
         self._on_step = on_step
-        self.steps = 0
-        self.items_stepped = 0
+        self.counters = counters if counters is not None else StepCounters()
         # With a step loop, the trio side mirrors the thread's schedule from its reports.
         self._threaded = model.step_in_thread
         self._loop: StepLoop | None = None
@@ -96,12 +94,10 @@ class ContinuousBatcher:
 
     def statistics(self) -> BatcherStatistics:
         if self._threaded:
-            return BatcherStatistics(
-                len(self._held) - self._running, self._running, self.steps, self.items_stepped
-            )
-        return BatcherStatistics(
-            self._scheduler.waiting, self._scheduler.running, self.steps, self.items_stepped
-        )
+            waiting, running = len(self._held) - self._running, self._running
+        else:
+            waiting, running = self._scheduler.waiting, self._scheduler.running
+        return BatcherStatistics(waiting, running, self.counters.steps, self.counters.items_stepped)
 
     def submit_nowait(self, item: WorkItem) -> None:
         if self._closed:
@@ -112,6 +108,7 @@ class ContinuousBatcher:
         if waiting >= self.max_pending:
             raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot", "max_pending")
         item.batcher = self
+        item.submitted_at = trio.current_time()
         if self._threaded:
             self._held.add(item)
             self._hand(item)
@@ -182,7 +179,6 @@ class ContinuousBatcher:
             exited=self._on_thread_exit,
             name=self.name,
             on_step=self._on_step,
-            metrics=self.metrics,
         )
         self._loop = loop
         loop.start()
@@ -229,12 +225,12 @@ class ContinuousBatcher:
         for item in report.admitted:
             item.admitted = True
             self._running += 1
+        self.counters.admitted(report.admitted)
         for item in report.left:
             self._release(item)
         if report.outputs is not None:
             if not isinstance(report.outputs, BaseException):
-                self.steps += 1
-                self.items_stepped += len(report.batch)
+                self.counters.stepped(len(report.batch), report.step_ns)
             self._deliver(report.batch, report.outputs)
         for item in report.dropped:
             self._tell_cancelled(item)
@@ -315,7 +311,11 @@ class ContinuousBatcher:
     def _refill(self) -> None:
         """Drop cancelled items, then admit; repeat while admitted items were cancelled."""
         self._sweep_cancelled()
-        while any(item.cancelled for item in self._scheduler.admit()):
+        while True:
+            admitted = self._scheduler.admit()
+            self.counters.admitted(admitted)
+            if not any(item.cancelled for item in admitted):
+                return
             self._sweep_cancelled()
 
     def _sits_out(self, item: WorkItem) -> bool:
@@ -333,10 +333,10 @@ class ContinuousBatcher:
 
     def _step_inline(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
         """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
-        outputs = run_step(self.model, batch, self.name, self.metrics)
+        started = time.perf_counter_ns()
+        outputs = run_step(self.model, batch, self.name)
         if not isinstance(outputs, BaseException):
-            self.steps += 1
-            self.items_stepped += len(batch)
+            self.counters.stepped(len(batch), time.perf_counter_ns() - started)
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:

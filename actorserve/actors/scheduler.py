@@ -15,21 +15,17 @@ The :class:`Scheduler` knows work only by key. Work is *submitted* (waiting), *a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container, Hashable
+from collections.abc import Container, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
 class Scheduler(Generic[K]):
-    """``on_admit(keys)``, if given, is called with the keys each :meth:`admit` admits
-    (the metrics' queue time)."""
-
-    def __init__(self, max_batch_size: int, on_admit: Callable[[list[K]], None] | None = None) -> None:
+    def __init__(self, max_batch_size: int) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.max_batch_size = max_batch_size
-        self._on_admit = on_admit
         self._waiting: deque[tuple[K, Hashable | None]] = deque()
         self._running: dict[K, Hashable | None] = {}
         self._busy: set[Hashable] = set()
@@ -73,8 +69,6 @@ class Scheduler(Generic[K]):
                 self._busy.add(sequence)
             admitted.append(key)
         self._waiting.extendleft(reversed(held))
-        if self._on_admit is not None and admitted:
-            self._on_admit(admitted)
         return admitted
 
     def plan(self, paused: Container[K] = ()) -> list[K]:

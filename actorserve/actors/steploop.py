@@ -34,7 +34,6 @@ import attrs
 import trio
 
 from ..errors import ModelFailed
-from ..metrics import ModelMetrics
 from ..model import BatchModel, StepOutput
 from .scheduler import Scheduler
 
@@ -49,21 +48,14 @@ log = logging.getLogger(__name__)
 MAX_AHEAD = 1
 
 
-def run_step(
-    model: BatchModel[Any, Any], batch: list[WorkItem], name: str, metrics: ModelMetrics | None = None
-) -> list[StepOutput] | BaseException:
+def run_step(model: BatchModel[Any, Any], batch: list[WorkItem], name: str) -> list[StepOutput] | BaseException:
     """``model.step`` for ``batch``: its outputs, or the exception it raised, or
-    :class:`ModelFailed` when it did not return one output per item (logged). The
-    step's size and time go to ``metrics`` (from whichever thread steps)."""
-    began = time.perf_counter()
+    :class:`ModelFailed` when it did not return one output per item (logged)."""
     try:
         outputs = model.step([item.work for item in batch])
     except Exception as exc:
         log.exception("%s: step of %d items failed", name, len(batch))
         return exc
-    finally:
-        if metrics is not None:
-            metrics.step(len(batch), time.perf_counter() - began)
     if not isinstance(outputs, list) or len(outputs) != len(batch):
         count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
         error = ModelFailed(f"{model.name}: step returned {count} outputs for {len(batch)} items")
@@ -88,6 +80,8 @@ class StepReport:
     dropped: list[WorkItem]
     #: submissions taken so far, when nothing was scheduled after this round
     idle_after: int | None
+    #: how long the step took (0: no step)
+    step_ns: int = 0
 
 
 class StepLoop:
@@ -108,17 +102,14 @@ class StepLoop:
         exited: Callable[[BaseException | None], None],
         name: str,
         on_step: Callable[[list[WorkItem]], None] | None = None,
-        metrics: ModelMetrics | None = None,
     ) -> None:
         self.model = model
         self.name = name
-        self._metrics = metrics
         self._report = report
         self._exited = exited
         self._on_step = on_step
         self._token = trio.lowlevel.current_trio_token()
-        on_admit = metrics.admitted if metrics is not None else None
-        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size, on_admit)  # thread-owned
+        self._scheduler: Scheduler[WorkItem] = Scheduler(max_batch_size)  # thread-owned
         self._cond = threading.Condition(threading.Lock())
         # -- guarded by _cond --
         self._submitted: deque[WorkItem] = deque()
@@ -201,11 +192,14 @@ class StepLoop:
                     self._cond.wait()
                 self._posted += 1
             outputs: list[StepOutput] | BaseException | None = None
+            step_ns = 0
             if batch:
+                started = time.perf_counter_ns()
                 outputs = self._step(batch)
+                step_ns = time.perf_counter_ns() - started
                 left.extend(self._settle(batch, outputs))
             idle_after = self._taken if not len(self._scheduler) else None
-            report = StepReport(batch or [], outputs, admitted, left, dropped, idle_after)
+            report = StepReport(batch or [], outputs, admitted, left, dropped, idle_after, step_ns)
             try:
                 self._token.run_sync_soon(self._report, report)
             except trio.RunFinishedError:
@@ -245,7 +239,7 @@ class StepLoop:
             except Exception as exc:
                 log.exception("%s: on_step raised", self.name)
                 return exc
-        return run_step(self.model, batch, self.name, self._metrics)
+        return run_step(self.model, batch, self.name)
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> list[WorkItem]:
         """Items that are done or failed leave the schedule (their slots are refilled by

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 import attrs
@@ -45,8 +44,7 @@ class WorkItem:
     produced: int = 0
     consumed: int = 0
     admitted: bool = False  # the event loop learnt that the item is in the batch
-    #: when the engine accepted it (``time.perf_counter``; the metrics' queue time)
-    queued_at: float = attrs.field(factory=time.perf_counter)
+    submitted_at: float = 0.0  # trio.current_time() at submit (for queue statistics)
     done: trio.Event = attrs.field(factory=trio.Event)
 
     def cancel(self, error: BaseException | None = None) -> None:

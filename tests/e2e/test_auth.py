@@ -18,9 +18,18 @@ import pytest
 import trio
 import tritonclient.grpc as grpcclient
 from e2e.conftest import TIMEOUT, Launch, rest_settings
+from e2e.grpc_fixtures import in_asyncio
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
 from tritonclient.utils import InferenceServerException
 
 from actorserve.auth import read_tokens
+from actorserve.proto.actorserve.v1 import (
+    DescribeModelRequest,
+    ManagementStub,
+    SetDefaultVersionRequest,
+    SetWorkersRequest,
+)
 from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
@@ -247,3 +256,59 @@ async def test_a_generated_token_is_in_a_private_file_that_goes_away(caplog: pyt
             assert (await client.post("/v2/repository/models/identity/unload", headers=headers)).status_code == 200
         server.shutdown()
     assert not await path.exists() and not await path.parent.exists()
+
+
+# -- the management API beyond the OIP (docs/management.md) -----------------------------------
+
+
+async def test_every_management_route_of_the_repository_api(launch: Launch) -> None:
+    server = await secured(launch)
+    routes = [
+        ("GET", "/v2/repository/models/identity", None),
+        ("GET", "/v2/repository/models/identity/versions/1", None),
+        ("POST", "/v2/repository/models/identity/workers", {"workers": 1}),
+        ("POST", "/v2/repository/models/identity/versions/1/workers", {"workers": 1}),
+        ("POST", "/v2/repository/models/identity/default_version", {"version": "1"}),
+        ("POST", "/v2/repository/models/identity/unload", None),
+        ("POST", "/v2/repository/models/identity/load", None),
+    ]
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        for method, path, body in routes:
+            for headers in ({}, WRONG):
+                reply = await client.request(method, path, json=body, headers=headers)
+                assert no_auth_header(reply) == UNAUTHORIZED, (path, headers)
+            reply = await client.request(method, path, json=body, headers=RIGHT)
+            assert reply.status_code == 200, (path, reply.text)
+        # Triton's config and statistics are metadata: open
+        for path in ("/v2/models/identity/config", "/v2/models/identity/stats", "/v2/models/stats"):
+            assert (await client.get(path)).status_code == 200, path
+
+
+async def test_every_rpc_of_the_management_service(launch: Launch) -> None:
+    server = await secured(launch)
+    assert server.grpc_address is not None
+    host, port = server.grpc_address
+
+    async def calls(metadata: dict[str, str] | None) -> list[str]:
+        channel = Channel(host, port)
+        try:
+            stub = ManagementStub(channel)
+            requests = [
+                (stub.describe_model, DescribeModelRequest(name="identity")),
+                (stub.set_workers, SetWorkersRequest(name="identity", workers=1)),
+                (stub.set_default_version, SetDefaultVersionRequest(name="identity", version="1")),
+            ]
+            out = []
+            for call, request in requests:
+                try:
+                    await call(request, metadata=metadata)
+                    out.append("OK")
+                except GRPCError as exc:
+                    out.append(f"{exc.status.name} {exc.message}")
+            return out
+        finally:
+            channel.close()
+
+    assert await in_asyncio(partial(calls, None)) == ["UNAUTHENTICATED unauthorized"] * 3
+    assert await in_asyncio(partial(calls, {"authorization": "Bearer nope"})) == ["UNAUTHENTICATED unauthorized"] * 3
+    assert await in_asyncio(partial(calls, {"authorization": f"Bearer {TOKEN}"})) == ["OK"] * 3

@@ -24,6 +24,8 @@ from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
+from .cors import Cors
+from .management import ManagementViews, register_management
 from .openapi import DOCUMENT_PATH, openapi_document
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply
@@ -64,11 +66,20 @@ class RestApp:
         self.recorder = recorder
         self.guard = guard if guard is not None and guard.active else None
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
+        self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # type: ignore[arg-type]
             return
+        if self.cors is not None:  # first: a preflight is answered before auth (it has no token)
+            origin, origin_ok = self.cors.allowed(scope)
+            if origin is not None:
+                if self.cors.is_preflight(scope):
+                    await send_reply(send, self.cors.preflight(scope, origin, origin_ok))
+                    return
+                if origin_ok:
+                    send = self.cors.wrap(send, origin)
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
 
@@ -128,6 +139,8 @@ _QUART_MODEL_ROUTES: Final = (
     ("", "model_metadata", ("GET",)),
     ("/ready", "model_ready", ("GET",)),
     ("/infer", "infer", ("POST",)),  # reached only when the raw path is off
+    ("/config", "model_config", ("GET",)),
+    ("/stats", "model_stats", ("GET",)),
 )
 
 
@@ -158,8 +171,10 @@ def create_app(
     route("/v2", "server_metadata", ("GET",))
     app.add_url_rule("/v2/", "server_metadata_slash", views.server_metadata, methods=["GET"])
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
-    route("/v2/repository/models/<name>/load", "load", ("POST",))
-    route("/v2/repository/models/<name>/unload", "unload", ("POST",))
+    route("/v2/models/stats", "model_stats", ("GET",))  # every model's (Triton)
+    # Management (load, unload, workers, default version, describe): one place, see
+    # management.py; the token check (transport/auth.py) covers them by their prefix.
+    register_management(app, ManagementViews(engine, settings))
     document = openapi_document()
 
     async def dataplane_document() -> Response:

@@ -71,6 +71,8 @@ def _model_paths() -> Json:
     ops: dict[str, Json] = {
         "": {"get": _op("Model metadata", _ok(_ref("ModelMetadata")))},
         "/ready": {"get": _op("Model readiness", _ok(_ref("ModelReady")))},
+        "/config": {"get": _op("Triton's model configuration (inputs, outputs, batching, instances)", _ok(_ref("Object")))},
+        "/stats": {"get": _op("Triton's inference statistics of the model", _ok(_ref("Object")))},
         "/infer": {
             "post": _op(
                 "Inference", _ok(_ref("InferenceResponse")), body=_INFER_BODY,
@@ -228,6 +230,9 @@ def _schemas() -> Json:
         },
         "RepositoryRequest": {"type": "object", "properties": {"parameters": _ref("Parameters")}},
         "Empty": {"type": "object"},
+        "Object": {"type": "object", "additionalProperties": True},
+        "Workers": {"type": "object", "required": ["workers"], "properties": {"workers": {"type": "integer"}}},
+        "DefaultVersion": {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}},
     }
 
 
@@ -244,6 +249,31 @@ def openapi_document() -> Json:
         "/v2/repository/index": {
             "get": _op("Every model version and its state", _ok(_ref("RepositoryIndex"))),
             "post": {**_op("Every model version and its state", _ok(_ref("RepositoryIndex"))), "requestBody": index_body},
+        },
+        "/v2/models/stats": {"get": _op("Triton's inference statistics of every model", _ok(_ref("Object")))},
+        "/v2/repository/models/{name}": {
+            "parameters": [_NAME],
+            "get": _op("Describe a model: workers, batching, sequences, queue depths, state", _ok(_ref("Object")),
+                       secured=True),
+        },
+        "/v2/repository/models/{name}/versions/{version}": {
+            "parameters": [_NAME, _VERSION],
+            "get": _op("Describe a model version", _ok(_ref("Object")), secured=True),
+        },
+        "/v2/repository/models/{name}/workers": {
+            "parameters": [_NAME],
+            "post": _op("Set the number of workers (replicas) at run time", _ok(_ref("Object")),
+                        body=_json(_ref("Workers")), secured=True),
+        },
+        "/v2/repository/models/{name}/versions/{version}/workers": {
+            "parameters": [_NAME, _VERSION],
+            "post": _op("Set the number of workers of one version", _ok(_ref("Object")),
+                        body=_json(_ref("Workers")), secured=True),
+        },
+        "/v2/repository/models/{name}/default_version": {
+            "parameters": [_NAME],
+            "post": _op("Set the version served when a request names none", _ok(_ref("Object")),
+                        body=_json(_ref("DefaultVersion")), secured=True),
         },
         "/v2/repository/models/{name}/load": {
             "parameters": [_NAME],
