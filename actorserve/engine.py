@@ -34,6 +34,7 @@ from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, Shuttin
 from .model import BatchModel, Model
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
+from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
@@ -54,7 +55,17 @@ def _info(host: ModelHost) -> ModelInfo:
         stream_input=bool(host.model_class.stream_input),
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+        text_generation=_text_generation(host),
     )
+
+
+def _text_generation(host: ModelHost) -> TextGeneration | None:
+    """The model class's declaration with its settings' ``text_generation`` block over it."""
+    declared = host.model_class.text_generation
+    block = host.settings.text_generation
+    if block is None:
+        return declared
+    return (declared or TextGeneration()).with_settings(block)
 
 
 class Engine:

@@ -22,6 +22,7 @@ from .. import errors
 from ..api import ModelInfo, ModelMetadata, ModelState, ModelStatistics, RepositoryEntry, TensorMetadata
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..settings import SettingsError
+from ..textgen import TextGeneration
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 
 Plain = Any  # a msgpack-able value; kept loose on purpose (decoders check shapes)
@@ -126,13 +127,18 @@ def response_from_plain(plain: Plain) -> InferenceResponse:
 
 def _info_to_plain(info: ModelInfo) -> Plain:
     return [info.name, info.version, str(info.state), info.batched, info.stream_input,
-            info.workers, info.max_batch_size, info.reason]  # fmt: skip
+            info.workers, info.max_batch_size, info.reason,
+            None if info.text_generation is None else info.text_generation.to_plain()]  # fmt: skip
 
 
 def _info_from_plain(plain: Plain) -> ModelInfo:
-    name, version, state, batched, stream_input, workers, max_batch_size, reason = _fields(plain, 8, "model info")
+    name, version, state, batched, stream_input, workers, max_batch_size, reason, text = _fields(plain, 9, "model info")
+    try:
+        text_generation = None if text is None else TextGeneration.from_plain(text)
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"bad text_generation in model info: {exc}") from None
     return ModelInfo(_str(name), _str(version), _state(state), _bool(batched), _bool(stream_input),
-                     _int(workers), _int(max_batch_size), _str(reason))  # fmt: skip
+                     _int(workers), _int(max_batch_size), _str(reason), text_generation)  # fmt: skip
 
 
 def _spec_to_plain(spec: TensorMetadata) -> Plain:

@@ -9,6 +9,7 @@ import torch
 
 from ...errors import BadInput
 from ...model import int_parameter
+from ...textgen import longest_stop_prefix
 from ...types import InferenceRequest
 from .network import TextLMCore
 
@@ -18,6 +19,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 DRAW_BLOCK = 64
 _U64 = (1 << 64) - 1
+
+__all__ = ["Generation", "TextState", "longest_stop_prefix", "request_seed", "sample_rows", "stop_strings"]
 
 
 class TextState:
@@ -191,15 +194,3 @@ def request_seed(request: InferenceRequest) -> int:
     if request.parameters.get("seed") is None:
         return secrets.randbits(64)
     return int_parameter(request, "seed", 0) & _U64
-
-
-def longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of a stop
-    string (those characters are held back)."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best

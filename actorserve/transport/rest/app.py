@@ -1,5 +1,6 @@
 """The ASGI application handed to hypercorn: the raw paths of :mod:`.asgi` first
-(``infer``, ``generate`` and every stream), Quart (:mod:`.views`) for the rest.
+(``infer``, ``generate`` and every stream), the OpenAI API under ``/v1/``
+(:mod:`actorserve.transport.openai`), Quart (:mod:`.views`) for the rest.
 
 Every error a client sees is ``{"error": "<message>"}`` JSON with a meaningful status,
 including unknown routes (404), wrong methods (405) and oversized bodies (413).
@@ -17,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI
 from ...settings import Settings
+from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .views import RestViews, http_error_reply, response
@@ -47,9 +49,13 @@ class RestApp:
         self.quart = quart
         self.fast_path = fast_path
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes)
+        self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "http":
+            if scope["path"].startswith("/v1/"):
+                await self.openai(scope, receive, send)
+                return
             match = _MODEL_OP.fullmatch(scope["path"])
             if match is not None and (self.fast_path or match[3] != "infer"):
                 op = match[3]
