@@ -57,7 +57,14 @@ class SequenceConflict(ActorServeError):
 
 
 class Overloaded(ActorServeError):
-    """A bounded resource is full (mailbox, pending queue, sequence limit)."""
+    """A bounded resource is full (mailbox, pending queue, sequence limit).
+
+    ``retry_after``: seconds a client should wait, when known (an upstream's
+    ``Retry-After``); the transports tell the client (REST: the ``Retry-After`` header)."""
+
+    def __init__(self, *args: object, retry_after: int | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 class ModelFailed(ActorServeError):
