@@ -148,14 +148,16 @@ def text_request(
     return InferenceRequest(inputs=[text_tensor(spec.input, prompt)], id=request_id, parameters=parameters)
 
 
+def element_text(value: object) -> str:
+    """One BYTES element as text (UTF-8, undecodable bytes replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def response_text(response: InferenceResponse, output: str) -> str:
     """The text of ``output`` in one response ("" when absent)."""
     for tensor in response.outputs:
         if tensor.name == output:
-            return "".join(
-                v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-                for v in tensor.data.reshape(-1)
-            )
+            return "".join(element_text(v) for v in tensor.data.reshape(-1))
     return ""
 
 

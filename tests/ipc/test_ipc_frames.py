@@ -53,6 +53,7 @@ from actorserve.ipc.values import (
     error_to_plain,
 )
 from actorserve.settings import SettingsError
+from actorserve.textgen import TextGeneration
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 LIMIT = 1 << 20
@@ -136,7 +137,9 @@ def test_frames_split_anywhere_and_many_messages() -> None:
 def test_records_and_results_round_trip() -> None:
     values: dict[str, Any] = {
         "ready": True,
-        "models": [ModelInfo("m", "1", ModelState.READY, True, False, 2, 64), ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x")],
+        "models": [ModelInfo("m", "1", ModelState.READY, True, False, 2, 64), ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x"),
+                   ModelInfo("t", "1", ModelState.READY, True, False, 1, 8, text_generation=TextGeneration(
+                       sampling=("seed",), stop=True, chat_template="{{ x }}", chat_stop=("\n",)))],
         "model_info": ModelInfo("m", "1", ModelState.UNAVAILABLE, False, False, 1),
         "metadata": ModelMetadata("m", ("1", "2"), "p", (TensorMetadata("a", "FP32", (-1, 3)),), (TensorMetadata("b", "BYTES", (1,)),)),
         "repository_index": [RepositoryEntry("m", "1", ModelState.READY), RepositoryEntry("n", "2", ModelState.UNAVAILABLE, "broken")],
@@ -153,7 +156,7 @@ def test_records_and_results_round_trip() -> None:
         assert isinstance(reply, Reply)
         assert from_plain(reply.value) == value
     with pytest.raises(WireError):
-        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, ""])
+        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, "", None])
 
 
 @pytest.mark.parametrize(
