@@ -192,7 +192,7 @@ def _call(
     user = obj.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("'user' must be a string", "user", "invalid_type")
-    stream = _flag(obj.get("stream", False) if obj.get("stream") is not None else False, "stream")
+    stream = _flag(obj.get("stream") or False, "stream")
     include_usage = False
     stream_options = obj.get("stream_options")
     if stream_options is not None:
