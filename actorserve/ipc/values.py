@@ -252,21 +252,32 @@ DOMAIN_ERRORS: Final[dict[str, type[Exception]]] = {
 }
 
 
+#: how an ``Overloaded`` error's ``retry_after`` rides on its kind: ``Overloaded;7``
+_RETRY_AFTER = ";"
+
+
 def error_to_plain(error: BaseException) -> tuple[str, str]:
     """(class name, message). A subclass of a domain error that is not in the table
-    (a model's own ``BadInput`` subclass) travels as its nearest domain ancestor."""
+    (a model's own ``BadInput`` subclass) travels as its nearest domain ancestor; an
+    ``Overloaded`` error's ``retry_after`` travels after its name."""
     if isinstance(error, errors.ActorServeError):
         for cls in type(error).__mro__:
             if DOMAIN_ERRORS.get(cls.__name__) is cls:
+                retry_after = getattr(error, "retry_after", None)
+                if cls is errors.Overloaded and isinstance(retry_after, int):
+                    return f"{cls.__name__}{_RETRY_AFTER}{retry_after}", error.message
                 return cls.__name__, error.message
     return type(error).__name__, str(error)
 
 
 def error_from_plain(kind: str, message: str) -> Exception:
     """The domain error called ``kind``; any other name is an :class:`EngineInternalError`."""
-    cls = DOMAIN_ERRORS.get(kind)
+    name, _, retry_after = kind.partition(_RETRY_AFTER)
+    cls = DOMAIN_ERRORS.get(name)
     if cls is None:
         return EngineInternalError(f"{kind}: {message}" if message else kind)
+    if cls is errors.Overloaded and retry_after.isdigit():
+        return errors.Overloaded(message, retry_after=int(retry_after))
     return cls(message)
 
 

@@ -229,3 +229,12 @@ def test_malformed_frames(data: bytes) -> None:
     decoder.feed(data)
     with pytest.raises(WireError):
         decoder.next_frame()
+
+
+def test_an_overloaded_error_keeps_its_retry_after() -> None:
+    kind, message = error_to_plain(errors.Overloaded("upstream rate limited", retry_after=7))
+    back = error_from_plain(kind, message)
+    assert isinstance(back, errors.Overloaded)
+    assert (back.message, back.retry_after) == ("upstream rate limited", 7)
+    plain = error_from_plain(*error_to_plain(errors.Overloaded("mailbox full")))
+    assert isinstance(plain, errors.Overloaded) and plain.retry_after is None
