@@ -10,7 +10,7 @@ one ``text_output``.
 
 Request parameters (see ``docs/textlm.md``): ``max_tokens`` (default 64, at most the
 model parameter ``max_tokens_limit``, 2048), ``temperature`` (>= 0, default 0.8, 0 is
-greedy), ``top_k`` (>= 0, default 0 = all), ``seed`` (an integer; random when absent) and
+greedy), ``top_k`` (>= 0, default 0 = all), ``top_p`` (0 to 1, default 1 = all), ``seed`` (an integer; random when absent) and
 ``stop`` (a string or a list of strings; generation ends when one is produced and it is
 not included in the output) and ``usage`` (true: the last response also carries
 ``prompt_tokens`` and ``completion_tokens``, counted in characters, the model's tokens).
@@ -62,10 +62,10 @@ class TextModel(BatchModel[TextState, Generation]):
     """The ``text`` model; see the module docstring for its contract."""
 
     request_parameters: ClassVar[frozenset[str] | None] = frozenset(
-        {"max_tokens", "temperature", "top_k", "seed", "stop", "usage"}
+        {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
     )
     text_generation: ClassVar[TextGeneration | None] = TextGeneration(
-        sampling=("temperature", "seed"), stop=True, usage=True
+        sampling=("temperature", "top_p", "seed"), stop=True, usage=True
     )
 
     default_max_batch_size: ClassVar[int] = 64
@@ -152,6 +152,7 @@ class TextModel(BatchModel[TextState, Generation]):
         )
         temperature = float_parameter(request, "temperature", DEFAULT_TEMPERATURE, minimum=0.0)
         top_k = int_parameter(request, "top_k", 0, minimum=0)
+        top_p = float_parameter(request, "top_p", 1.0, minimum=0.0, maximum=1.0)
         stop = stop_strings(request)
         seed = request_seed(request)
         bool_parameter(request.parameters.get("usage", False), "usage")
@@ -167,6 +168,7 @@ class TextModel(BatchModel[TextState, Generation]):
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,
+            top_p=top_p,
             seed=seed,
             stop=stop,
         )
@@ -252,11 +254,13 @@ class TextModel(BatchModel[TextState, Generation]):
         tokens: list[int] = []
         if rows:
             both = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
+            top_ps = [w.top_p for w in rows]
             tokens = sample_rows(
                 both.cpu(),  # the one transfer of the step
                 [w.temperature for w in rows],
                 [w.top_k for w in rows],
                 [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],
+                top_ps if any(p < 1.0 for p in top_ps) else None,
             )
         produced = dict(zip(map(id, rows), tokens, strict=True))
         for i, work in enumerate(batch):

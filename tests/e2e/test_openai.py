@@ -57,6 +57,11 @@ async def test_completion_seeds_reproduce_and_usage_counts_characters(sync_clien
     assert single.choices[0].text == first.choices[1].text  # choice 1 of seed 7 is seed 8
     greedy = await in_thread(lambda: create(temperature=0))
     assert (await in_thread(lambda: create(temperature=0))).choices[0].text == greedy.choices[0].text
+    # top_p: 0 keeps only the likeliest character, so any temperature gives the greedy text
+    nucleus = await in_thread(lambda: create(temperature=1.5, top_p=0, seed=5))
+    assert nucleus.choices[0].text == greedy.choices[0].text
+    wide = await in_thread(lambda: create(temperature=1.0, top_p=0.9, seed=7, n=3))
+    assert [c.text for c in wide.choices] != [c.text for c in first.choices]  # the nucleus changed the draws
 
 
 async def test_a_list_of_prompts_gets_n_choices_each(sync_client: openai.OpenAI) -> None:
@@ -189,7 +194,8 @@ async def test_chat_content_parts_and_roles(sync_client: openai.OpenAI) -> None:
         ({"best_of": 3}, "best_of", "unsupported_parameter"),
         ({"frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
         ({"temperature": 3}, "temperature", "invalid_value"),
-        ({"top_p": 0.5}, "top_p", None),  # the text model has no top-p sampling
+        ({"top_p": 0.5, "model": "streamer"}, "top_p", None),  # streamer does not sample
+        ({"top_p": 1.5}, "top_p", "invalid_value"),
         ({"n": 0}, "n", "invalid_value"),
         ({"n": 65}, "n", "invalid_value"),
         ({"stop": ["a"] * 17}, "stop", "invalid_value"),
@@ -210,7 +216,7 @@ async def test_bad_parameters_are_400_in_openai_shape(
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error"
-    if param == "top_p":
+    if param == "top_p" and code is None:
         assert error["message"] == "parameter 'top_p' is not supported by this model"
     else:
         assert (error["param"], error["code"]) == (param, code)

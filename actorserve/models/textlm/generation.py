@@ -11,7 +11,7 @@ from ...errors import BadInput
 from ...model import int_parameter
 from ...textgen import longest_stop_prefix
 from ...types import InferenceRequest
-from .network import TextLMCore
+from .network import TextLMCore, nucleus
 
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
@@ -62,6 +62,7 @@ class Generation:
         "stop",
         "temperature",
         "top_k",
+        "top_p",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class Generation:
         temperature: float,
         top_k: int,
         seed: int,
+        top_p: float = 1.0,
         stop: tuple[str, ...],
     ) -> None:
         self.request = request
@@ -82,6 +84,7 @@ class Generation:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_k = top_k
+        self.top_p = top_p
         self.stop = stop
         self.generator = TextLMCore.make_generator(seed)
         self.feed: list[int] = []  # the state's pending characters + prompt + generated
@@ -129,6 +132,7 @@ def sample_rows(
     temperatures: list[float],
     top_ks: list[int],
     draws: list[float],
+    top_ps: list[float] | None = None,
 ) -> list[int]:
     """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
 
@@ -160,6 +164,10 @@ def sample_rows(
         sub = rows[limited]
         rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
     probs = torch.softmax(rows, dim=1)
+    if top_ps is not None:
+        nucleus_rows = [j for j, i in enumerate(sampled) if top_ps[i] < 1.0]
+        if nucleus_rows:
+            probs[nucleus_rows] = nucleus(probs[nucleus_rows], [top_ps[sampled[j]] for j in nucleus_rows])
     cdf = torch.cumsum(probs, dim=1)
     u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64)
     index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
