@@ -5,17 +5,19 @@ mid-stream (its batch slot is freed), and both process shapes of ``python -m act
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
 import pytest
 import trio
-from conftest import TIMEOUT, leftover_work
+from conftest import TIMEOUT, Launch, leftover_work
 from e2e.openai_fixtures import ai_server, in_thread, sync_client
 from support.servers import start_server
 
+from actorserve import InferenceRequest, InferenceResponse, Model, ModelSettings
 from actorserve.server import Server
+from actorserve.textgen import TextGeneration, text_tensor
 
 __all__ = ["ai_server", "sync_client"]  # fixtures
 
@@ -65,6 +67,9 @@ async def test_sequence_errors_are_those_of_the_oip(sync_client: openai.OpenAI) 
     assert conflict.value.body["code"] == "sequence_conflict"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         await in_thread(lambda: turn(sync_client, "Who?", extra_body={"sequence_id": "never-started"}))
+    with pytest.raises(openai.NotFoundError) as streamed:  # known before the stream starts: a status
+        await in_thread(lambda: turn(sync_client, "Who?", stream=True, extra_body={"sequence_id": "never-started"}))
+    assert streamed.value.body["code"] == "sequence_not_found"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as many:
         await in_thread(lambda: turn(sync_client, "Two.", n=2, extra_body={"sequence_id": "chat-7"}))
     assert many.value.body["param"] == "n"  # type: ignore[index]
@@ -101,6 +106,32 @@ async def test_a_client_that_disconnects_mid_stream_frees_its_slot(
     assert await leftover_work(ai_server.engine) == {}
     after = await ai_server.engine.statistics("text")
     assert after.steps - stats.steps < 2048  # it left long before max_tokens
+
+
+class BreakingText(Model):
+    """A text generator that streams two pieces, then fails (a model bug)."""
+
+    text_generation = TextGeneration()
+
+    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        async for request in requests:
+            for piece in ("tw", "o"):
+                yield self.response(request, [text_tensor("text_output", piece)])
+            raise RuntimeError("the generator broke")
+
+
+async def test_an_error_mid_stream_is_the_last_chunk(launch: Launch) -> None:
+    server = await launch(models=(ModelSettings(name="breaking", implementation=BreakingText),))
+    client = openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    stream = await client.completions.create(model="breaking", prompt="x", stream=True)
+    texts: list[str] = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            texts.append(chunk.choices[0].text)
+    assert "".join(texts) == "two"
+    assert "model 'breaking' failed: RuntimeError: the generator broke" in caught.value.message
+    with pytest.raises(openai.InternalServerError):  # unary: the status says it
+        await client.completions.create(model="breaking", prompt="x")
 
 
 @pytest.fixture(params=[0, 2], ids=["api-workers-0", "api-workers-2"])

@@ -174,8 +174,8 @@ class OpenAIRoutes:
                 if not started:
                     failed = next((e.error for e in events if e.error is not None), None)
                     if failed is not None:
+                        await _send_error(send, failed)  # before cancelling: that would cancel the send
                         nursery.cancel_scope.cancel()
-                        await _send_error(send, failed)
                         return
                     sequence_id = events[0].run.sequence_id
                     if sequence_id is not None:
