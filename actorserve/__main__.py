@@ -100,6 +100,15 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         "front processes serving REST and gRPC beside one engine process (0: everything in "
         "one process; see docs/architecture.md)",
     ),
+    "cors_allow_origin": (
+        click.STRING,
+        "browser origin allowed to call the REST API (CORS); repeat it or give a comma list; * allows any",
+    ),
+    "poll_repository": (
+        click.FLOAT,
+        "seconds between looks at the model folders for added, changed or removed models "
+        "(0: off; load and unload on request only)",
+    ),
 }
 
 
@@ -124,13 +133,15 @@ def _settings_options(command: F) -> F:
     for field in reversed(fields):
         kind, help_text = _SETTINGS_OPTIONS[field.name]
         default = field.default
+        multiple = isinstance(default, tuple)  # a list setting: the option repeats
         command = click.option(
             "--" + field.name.replace("_", "-"),
             field.name,
             cls=_Option,
             type=kind,
             default=default,
-            show_default="off" if default is None else True,
+            multiple=multiple,
+            show_default="off" if default is None else "none" if multiple else True,
             metavar=_metavar(kind),
             show_envvar=True,
             help=help_text,
@@ -184,6 +195,17 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 )
 @_settings_options
 @click.option(
+    "--model-repository",
+    "model_repository",
+    cls=_Option,
+    type=click.Path(),
+    multiple=True,
+    default=(),
+    show_default="none",
+    show_envvar=True,
+    help="a model folder, as Triton's flag names it (repeatable; the same as a MODELS_DIR)",
+)
+@click.option(
     "--workers",
     cls=_Option,
     type=click.INT,
@@ -198,7 +220,10 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
     __version__, "--version", prog_name="actorserve", message="%(prog)s %(version)s", allow_from_autoenv=False
 )
 @click.pass_context
-def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None, **values: Any) -> None:
+def cli(
+    ctx: click.Context, /, models_dirs: tuple[str, ...], model_repository: tuple[str, ...], workers: int | None,
+    **values: Any,
+) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values)
@@ -206,10 +231,20 @@ def cli(ctx: click.Context, /, models_dirs: tuple[str, ...], workers: int | None
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     _configure_logging(settings.log_level)
-    folders = tuple(Path(folder) for folder in models_dirs if folder)
+    folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
     repository = ModelRepository(folders, workers)
     try:
-        models = repository.discover() if folders else repository.apply_overrides(builtin_models())
+        if not folders:
+            models = repository.apply_overrides(builtin_models())
+        elif settings.poll_repository > 0:  # watched: a broken folder waits for its fix
+            missing = [folder for folder in folders if not folder.is_dir()]
+            if missing:
+                raise SettingsError(f"{missing[0]}: not a folder")
+            models, problems = repository.scan()
+            for problem in problems.values():
+                log.warning("not loaded (loads once fixed): %s", problem)
+        else:
+            models = repository.discover()
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)

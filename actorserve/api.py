@@ -18,6 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from .descriptions import (
+    BatchStatistics,
+    Duration,
+    InferenceStatistics,
+    ModelDescription,
+    ReplicaDescription,
+)
 from .errors import BadInput
 from .textgen import TextGeneration
 from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
@@ -263,14 +270,38 @@ class EngineAPI(Protocol):
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics: ...
 
-    async def load_from_repository(self, name: str) -> None:
+    async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
         """(Re)load every version of model ``name`` from the model repository, importing
-        its code afresh; :class:`ModelNotFound` or :class:`BadInput` say why not."""
+        its code afresh; ``config``: model-settings.json fields in place of the folder's
+        (a load request's ``parameters.config``). :class:`ModelNotFound` or
+        :class:`BadInput` say why not; the repository index keeps the reason."""
         ...
 
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         """Unload a model (every version, or one); in-flight requests get ``grace``
         seconds (default: the server's grace period); its sequences end ``shutdown``."""
+        ...
+
+    # -- management beyond the OIP (docs/management.md) --
+
+    async def set_workers(
+        self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
+    ) -> None:
+        """Scale a model version to ``workers`` replicas; removed replicas' in-flight
+        requests get ``grace`` seconds and their sequences end ``shutdown``."""
+        ...
+
+    async def set_default_version(self, name: str, version: str) -> None:
+        """Serve ``version`` of ``name`` when a request names no version."""
+        ...
+
+    async def describe(self, name: str, version: str | None = None) -> ModelDescription:
+        """Workers, batch settings, open sequences, queue depths and state of a version."""
+        ...
+
+    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
+        """Triton's statistics of one version, every version of ``name``, or (``name``
+        empty) every loaded version."""
         ...
 
     async def infer(
@@ -298,6 +329,11 @@ class EngineAPI(Protocol):
 
 __all__ = [
     "SEQUENCE_PARAMETERS",
+    "BatchStatistics",
+    "Duration",
+    "InferenceStatistics",
+    "ModelDescription",
+    "ReplicaDescription",
     "EndReason",
     "EngineAPI",
     "ModelInfo",

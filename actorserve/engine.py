@@ -12,7 +12,7 @@ embeds actorserve::
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -20,8 +20,11 @@ import trio
 
 from .actors.host import ModelHost
 from .actors.inflight import Inflight
+from .actors.reports import describe, inference_statistics
 from .api import (
     EngineAPI,
+    InferenceStatistics,
+    ModelDescription,
     ModelInfo,
     ModelMetadata,
     ModelState,
@@ -30,19 +33,17 @@ from .api import (
     ResponseIterator,
     TensorMetadata,
 )
+from .catalog import UNLOADED, Catalog, version_key
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
 from .model import BatchModel, Model
-from .repository import ModelRepository
+from .polling import poll_repository
+from .repository import ModelRepository, override_settings
 from .settings import ModelSettings, Settings, SettingsError
 from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
 log = logging.getLogger(__name__)
-
-
-def _version_key(version: str) -> tuple[int, int | str]:
-    return (0, int(version)) if version.isdigit() else (1, version)
 
 
 def _info(host: ModelHost) -> ModelInfo:
@@ -55,6 +56,7 @@ def _info(host: ModelHost) -> ModelInfo:
         stream_input=bool(host.model_class.stream_input),
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+        reason=host.reason,
         text_generation=_text_generation(host),
     )
 
@@ -75,6 +77,8 @@ class Engine:
     def __init__(self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None) -> None:
         self.settings = settings
         self.repository = repository or ModelRepository()
+        #: why versions that are not served are not (the repository index shows it)
+        self.catalog = Catalog()
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
         self._default_version: dict[str, str] = {}
@@ -94,7 +98,11 @@ class Engine:
         ``load`` fails."""
         if self._closing:
             raise ShuttingDown("the engine is shutting down")
-        model_class = self.repository.implementation(settings)
+        try:
+            model_class = self.repository.implementation(settings)
+        except SettingsError as exc:
+            self.catalog.failed(settings.name, settings.version, str(exc))
+            raise
         contract = RequestContract.of(settings, model_class)
         host = ModelHost(settings, model_class, inflight=self._inflight)
         if contract is not None:
@@ -106,7 +114,10 @@ class Engine:
             await self._nursery.start(self._run_host, host)
         except Exception as exc:
             log.exception("loading model %r failed", settings.name)
-            raise ModelFailed(f"loading model {settings.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            failure = ModelFailed(f"loading model {settings.name!r} failed: {type(exc).__name__}: {exc}")
+            self.catalog.failed(settings.name, settings.version, failure.message)
+            raise failure from exc
+        self.catalog.served(settings.name, settings.version)
         old = self._hosts.setdefault(settings.name, {}).get(settings.version)
         self._hosts[settings.name][settings.version] = host
         if old is not None and old is not host:
@@ -143,8 +154,10 @@ class Engine:
             raise ModelNotFound(f"model {name!r} has no version {version!r}")
         for host in hosts:
             await host.drain(grace)
+            host.reason = UNLOADED
             host.stop()
             versions.pop(host.version, None)
+            self.catalog.failed(host.name, host.version, UNLOADED)
         if not versions:
             self._hosts.pop(name, None)
             self._default_version.pop(name, None)
@@ -158,7 +171,7 @@ class Engine:
         if not versions:
             raise ModelNotFound(f"model {name!r} is not loaded")
         if version is None or version == "":
-            version = self._default_version.get(name) or max(versions, key=_version_key)
+            version = self._default_version.get(name) or max(versions, key=version_key)
         host = versions.get(version)
         if host is None:
             raise ModelNotFound(f"model {name!r} has no version {version!r}")
@@ -231,24 +244,33 @@ class Engine:
         any_datatype = frozenset(s.name for s in specs if s.any_datatype)
         return ModelMetadata(
             name=str(meta.get("name", host.name)),
-            versions=tuple(sorted(self._hosts[host.name], key=_version_key)),
+            versions=self._versions(host.name),
             platform=str(meta.get("platform", "")),
             inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
             outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
         )
 
+    def _versions(self, name: str) -> tuple[str, ...]:
+        return tuple(sorted(self._hosts.get(name, ()), key=version_key))
+
     async def repository_index(self) -> list[RepositoryEntry]:
-        return [
-            RepositoryEntry(h.name, h.version, h.state, "")
-            for h in sorted(self.hosts(), key=lambda h: (h.name, _version_key(h.version)))
-        ]
+        scanned = await trio.to_thread.run_sync(self.repository.scan) if self.repository.folders else None
+        loaded = [RepositoryEntry(h.name, h.version, h.state, h.reason) for h in self.hosts()]
+        return self.catalog.index(loaded, scanned)
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
         return self.host(name, version).statistics()
 
-    async def load_from_repository(self, name: str) -> None:
-        for model_settings in self.repository.find(name, known=self.settings.models):
+    async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
+        try:
+            found = self.repository.find(name, known=self.settings.models)
+        except BadInput as exc:  # the model's own settings file is broken
+            self.catalog.failed(name, "", exc.message)
+            raise
+        for model_settings in found:
             try:
+                if config is not None:
+                    model_settings = override_settings(model_settings, config)
                 await self.load(model_settings)
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
@@ -256,6 +278,30 @@ class Engine:
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)
         self._default_version[name] = version
+        log.info("model %s: default version is now %s", name, version)
+
+    async def set_workers(
+        self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
+    ) -> None:
+        host = self.host(name, version)
+        before = host.settings.workers
+        await host.set_workers(workers, self.settings.grace_period if grace is None else grace)
+        log.info("model %s version %s: workers %d -> %d", host.name, host.version, before, workers)
+
+    async def describe(self, name: str, version: str | None = None) -> ModelDescription:
+        host = self.host(name, version)
+        default = self._default_version.get(host.name) or max(self._hosts[host.name], key=version_key)
+        return describe(host, default_version=default, versions=self._versions(host.name))
+
+    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
+        if not name:
+            hosts = sorted(self.hosts(), key=lambda h: (h.name, version_key(h.version)))
+        elif version:
+            hosts = [self.host(name, version)]
+        else:
+            self.host(name)  # ModelNotFound
+            hosts = [self._hosts[name][v] for v in self._versions(name)]
+        return [inference_statistics(h) for h in hosts]
 
     async def wait_idle(self) -> None:
         """Return once no request is in flight in any model and no item a caller left
@@ -337,6 +383,8 @@ async def open_engine(
             try:
                 for model_settings in settings.models:
                     await engine.load(model_settings)
+                if settings.poll_repository > 0 and engine.repository.folders:
+                    await nursery.start(poll_repository, engine, engine.repository, settings.poll_repository)
                 yield engine
             finally:
                 with trio.CancelScope(shield=True):

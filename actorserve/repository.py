@@ -26,9 +26,10 @@ import importlib.util
 import itertools
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
+from typing import Any
 
 import attrs
 
@@ -40,6 +41,7 @@ from .settings import (
     SettingsError,
     discover_models,
     load_model_settings,
+    model_settings_from_dict,
 )
 
 
@@ -63,6 +65,19 @@ class ModelRepository:
         if self.workers is None:
             return list(models)
         return [attrs.evolve(m, workers=self.workers) for m in models]
+
+    def scan(self) -> tuple[list[ModelSettings], dict[str, str]]:
+        """Every model in the folders that reads, and why the others do not (the name of
+        the folder holding a broken ``model-settings.json`` -> the readable error)."""
+        models: list[ModelSettings] = []
+        problems: dict[str, str] = {}
+        for folder in self.folders:
+            for path in sorted(Path(folder).rglob(MODEL_SETTINGS_FILE)):
+                try:
+                    models.append(load_model_settings(path))
+                except SettingsError as exc:
+                    problems[path.parent.name] = str(exc)
+        return self.apply_overrides(models), problems
 
     def implementation(self, settings: ModelSettings) -> type[Model]:
         """The model class of ``settings``, its folder's code imported afresh
@@ -93,6 +108,46 @@ class ModelRepository:
                 raise BadInput(str(problem))
             raise ModelNotFound(f"model {name!r} is not in the model repository")
         return self.apply_overrides(found)
+
+
+#: model-settings.json keys a load request's ``parameters.config`` may set
+OVERRIDABLE = frozenset({
+    "parameters", "max_batch_size", "max_batch_time", "workers", "sequence", "reply_buffer",
+    "max_pending", "platform", "inputs", "outputs", "request",
+})  # fmt: skip
+
+
+def override_settings(settings: ModelSettings, config: Mapping[str, Any]) -> ModelSettings:
+    """``settings`` with the model-settings.json fields of ``config`` (a load request's
+    ``parameters.config``, as Triton takes a config override) in place of its own:
+    ``parameters`` and ``sequence`` are merged key by key, the others replaced.
+    :class:`SettingsError` names a field that cannot be set or a bad value."""
+    where = f"model {settings.name!r}: parameters.config"
+    if not isinstance(config, Mapping):
+        raise SettingsError(f"{where}: expected a JSON object of model-settings.json fields")
+    if config.get("name", settings.name) != settings.name:
+        raise SettingsError(f"{where}: 'name' cannot change (got {config.get('name')!r})")
+    unknown = set(config) - OVERRIDABLE - {"name"}
+    if unknown:
+        raise SettingsError(
+            f"{where}: cannot set {', '.join(sorted(unknown))} (settable: {', '.join(sorted(OVERRIDABLE))})"
+        )
+    merged = dict(config)
+    if isinstance(config.get("sequence"), Mapping):
+        merged["sequence"] = {**attrs.asdict(settings.sequence), **config["sequence"]}
+    if isinstance(config.get("parameters"), Mapping):
+        merged["parameters"] = {**settings.parameters, **config["parameters"]}
+    data = {**merged, "name": settings.name, "implementation": settings.implementation}
+    parsed = model_settings_from_dict(data, folder=settings.folder, where=where)
+    changes: dict[str, Any] = {}
+    for key in merged:
+        if key == "request":
+            changes["request_parameters"] = parsed.request_parameters
+        elif key == "parameters":
+            changes.update(parameters=parsed.parameters, version=parsed.version)
+        elif key != "name":
+            changes[key] = getattr(parsed, key)
+    return attrs.evolve(settings, **changes)
 
 
 def resolve_implementation(settings: ModelSettings) -> type[Model]:

@@ -36,7 +36,7 @@ from .listeners import BACKLOG, ListenError, Listeners, open_listeners
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .settings import Settings
-from .transport.rest import RestApp, create_app, http1
+from .transport.rest import RestApp, create_app, protocols
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ async def _serve_http(
     config.keep_alive_timeout = settings.keep_alive_timeout
     config.accesslog = None  # no per-request logging on the hot path
     config.errorlog = logging.getLogger("hypercorn.error")
-    http1.install()
-    http1.use_parser(config, settings.http_parser)
+    protocols.install()
+    protocols.use_parser(config, settings.http_parser)
     try:
         async with trio.open_nursery() as nursery:
             # hypercorn.trio.serve() without its own binding: worker_serve takes our socket

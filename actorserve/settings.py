@@ -330,6 +330,19 @@ def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
 
 
+def _origins(value: Any) -> Any:
+    """Origins from a comma list or from several values (each may be a comma list)."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)):
+        return value
+    return tuple(o.strip().rstrip("/") for v in values for o in str(v).split(",") if o.strip())
+
+
+def _origin_list(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(o == "*" or o.startswith(("http://", "https://")) for o in value):
+        raise BadSetting(attribute.name, "must be origins like https://app.example.com (or *)")
+
+
 @attrs.frozen
 class Settings:
     """Server-wide settings. ``http_port``/``grpc_port`` 0 picks a free port; ``None``
@@ -362,6 +375,10 @@ class Settings:
     log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
     #: front processes serving REST and gRPC (1: everything in one process).
     api_workers: int = attrs.field(default=2, validator=_at_least(0))
+    #: browser origins allowed to call the REST API (CORS); "*" allows any.
+    cors_allow_origin: tuple[str, ...] = attrs.field(default=(), converter=_origins, validator=_origin_list)
+    #: seconds between looks at the model folders for added, changed or removed models (0: off).
+    poll_repository: float = attrs.field(default=0.0, validator=_seconds)
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

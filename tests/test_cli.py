@@ -77,7 +77,10 @@ def test_docs_rows_give_each_option_its_variable_and_default() -> None:
         flag = param.opts[0]
         (row,) = [r for r in rows if r.startswith(f"| `{flag}` |")]
         assert f"`ACTORSERVE_{param.name.upper()}`" in row
-        default = "each model's `workers`" if param.default is None else f"`{param.default}`"
+        if param.default is None:
+            default = "each model's `workers`"
+        else:
+            default = "none" if param.multiple else f"`{param.default}`"
         assert default in row, (flag, row)
 
 
@@ -155,6 +158,40 @@ def test_model_folders_come_from_the_variable_separated_by_pathsep(
     result = invoke(ACTORSERVE_MODEL_FOLDERS=folders)
     assert result.exit_code == 0, result.output
     assert served[0].folders == (tmp_path / "a", tmp_path / "b")
+    result = invoke("--model-repository", str(tmp_path / "a"), str(tmp_path / "b"))  # Triton's flag too
+    assert (result.exit_code, served[1].folders) == (0, (tmp_path / "a", tmp_path / "b"))
+    result = invoke(ACTORSERVE_MODEL_REPOSITORY=folders)
+    assert (result.exit_code, served[2].folders) == (0, (tmp_path / "a", tmp_path / "b"))
+
+
+def test_cors_origins_repeat_or_come_as_a_list_and_a_watched_broken_folder_is_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    served: list[Settings] = []
+
+    def fake_serve(settings: Settings, repository: Any, argv: list[str]) -> int:
+        served.append(settings)
+        return 0
+
+    monkeypatch.setattr(cli_module, "_serve_until_signal", fake_serve)
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "model-settings.json").write_text('{"implementation": "actorserve.models.identity.IdentityModel"}')
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model-settings.json").write_text("{not json")
+    result = invoke(
+        "--cors-allow-origin", "https://a.example,https://b.example/", "--cors-allow-origin", "http://localhost:3000",
+        "--poll-repository", "5", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (settings,) = served
+    assert settings.cors_allow_origin == ("https://a.example", "https://b.example", "http://localhost:3000")
+    assert (settings.poll_repository, [m.name for m in settings.models]) == (5.0, ["good"])
+    assert invoke(str(tmp_path)).exit_code == 2  # not watched: a broken folder stops the start
+    refused = invoke("--cors-allow-origin", "app.example")
+    assert refused.exit_code == 2
+    assert "Invalid value for '--cors-allow-origin': must be origins like https://app.example.com (or *)" in refused.stderr
+    assert invoke(ACTORSERVE_CORS_ALLOW_ORIGIN="https://a.example https://b.example").exit_code == 0
+    assert served[-1].cors_allow_origin == ("https://a.example", "https://b.example")
 
 
 def test_version_and_main_return_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ Two drivers, chosen by :attr:`BatchModel.step_in_thread`:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
 from ..model import BatchModel, StepOutput
+from .counters import StepCounters
 from .scheduler import Scheduler
 from .steploop import StepLoop, StepReport, run_step
 from .workitem import WorkItem
@@ -69,8 +71,7 @@ class ContinuousBatcher:
         self._wakeup = trio.Event()
         self._closed = False
         self._on_step = on_step
-        self.steps = 0
-        self.items_stepped = 0
+        self.counters = StepCounters()
         # With a step loop, the trio side mirrors the thread's schedule from its reports.
         self._threaded = model.step_in_thread
         self._loop: StepLoop | None = None
@@ -92,12 +93,10 @@ class ContinuousBatcher:
 
     def statistics(self) -> BatcherStatistics:
         if self._threaded:
-            return BatcherStatistics(
-                len(self._held) - self._running, self._running, self.steps, self.items_stepped
-            )
-        return BatcherStatistics(
-            self._scheduler.waiting, self._scheduler.running, self.steps, self.items_stepped
-        )
+            waiting, running = len(self._held) - self._running, self._running
+        else:
+            waiting, running = self._scheduler.waiting, self._scheduler.running
+        return BatcherStatistics(waiting, running, self.counters.steps, self.counters.items_stepped)
 
     def submit_nowait(self, item: WorkItem) -> None:
         if self._closed:
@@ -108,6 +107,7 @@ class ContinuousBatcher:
         if waiting >= self.max_pending:
             raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot")
         item.batcher = self
+        item.submitted_at = trio.current_time()
         if self._threaded:
             self._held.add(item)
             self._hand(item)
@@ -224,12 +224,12 @@ class ContinuousBatcher:
         for item in report.admitted:
             item.admitted = True
             self._running += 1
+        self.counters.admitted(report.admitted)
         for item in report.left:
             self._release(item)
         if report.outputs is not None:
             if not isinstance(report.outputs, BaseException):
-                self.steps += 1
-                self.items_stepped += len(report.batch)
+                self.counters.stepped(len(report.batch), report.step_ns)
             self._deliver(report.batch, report.outputs)
         for item in report.dropped:
             self._tell_cancelled(item)
@@ -310,7 +310,11 @@ class ContinuousBatcher:
     def _refill(self) -> None:
         """Drop cancelled items, then admit; repeat while admitted items were cancelled."""
         self._sweep_cancelled()
-        while any(item.cancelled for item in self._scheduler.admit()):
+        while True:
+            admitted = self._scheduler.admit()
+            self.counters.admitted(admitted)
+            if not any(item.cancelled for item in admitted):
+                return
             self._sweep_cancelled()
 
     def _sits_out(self, item: WorkItem) -> bool:
@@ -328,10 +332,10 @@ class ContinuousBatcher:
 
     def _step_inline(self, batch: list[WorkItem]) -> list[StepOutput] | BaseException:
         """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
+        started = time.perf_counter_ns()
         outputs = run_step(self.model, batch, self.name)
         if not isinstance(outputs, BaseException):
-            self.steps += 1
-            self.items_stepped += len(batch)
+            self.counters.stepped(len(batch), time.perf_counter_ns() - started)
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:

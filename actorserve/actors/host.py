@@ -15,19 +15,24 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 
 from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
-from ..errors import ModelNotReady, ShuttingDown
+from ..errors import BadInput, ModelFailed, ModelNotReady, ShuttingDown
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batched import BatchedRunner, least_loaded
 from .batcher import ContinuousBatcher
+from .counters import RequestCounters, StepCounters
 from .inflight import Inflight
 from .plain import PlainRunner
 from .replies import cancelled_response
 from .supervisor import Supervisor
+
+#: seconds between looks at a retiring replica's load (bounded by the grace period)
+RETIRE_POLL = 0.01
 
 
 async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
@@ -56,6 +61,14 @@ class ModelHost:
         self._leftovers = Inflight(inflight)
         self._runner: PlainRunner | BatchedRunner | None = None
         self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._batcher_scopes: dict[ContinuousBatcher, trio.CancelScope] = {}
+        self._scaling = trio.Lock()
+        self.counters = RequestCounters()
+        #: the step counters of replicas removed at run time (statistics keep them)
+        self.retired: list[StepCounters] = []
+        #: why the model is not READY (set by whoever stops it), else ""
+        self.reason = ""
 
     @property
     def name(self) -> str:
@@ -73,6 +86,10 @@ class ModelHost:
     def inflight(self) -> int:
         """Requests accepted and not yet answered."""
         return self._requests.count
+
+    @property
+    def runner(self) -> PlainRunner | BatchedRunner | None:
+        return self._runner
 
     @property
     def model(self) -> Model:
@@ -118,20 +135,9 @@ class ModelHost:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
-                    for i in range(self.settings.workers):
-                        model = self.model_class(self.settings)
-                        await model.load()
-                        self.replicas.append(model)
-                        if isinstance(model, BatchModel):
-                            batcher = ContinuousBatcher(
-                                model,
-                                max_batch_size=model.max_batch_size,
-                                max_batch_time=self.settings.max_batch_time,
-                                max_pending=self.settings.max_pending,
-                                name=f"{self.name}:{self.version} replica {i}",
-                            )
-                            await nursery.start(batcher.run)
-                            self.batchers.append(batcher)
+                    self._nursery = nursery
+                    for _ in range(self.settings.workers):
+                        await self._add_replica()
                     self.supervisor = Supervisor(
                         self.replicas[0],
                         self.settings.sequence,
@@ -147,6 +153,84 @@ class ModelHost:
             self.state = ModelState.UNAVAILABLE
             if isinstance(self._runner, BatchedRunner):
                 self._runner.closed = True
+
+    async def _add_replica(self) -> None:
+        """Load one more replica (and start its batcher) in the host's nursery."""
+        assert self._nursery is not None
+        model = self.model_class(self.settings)
+        await model.load()
+        if isinstance(model, BatchModel):
+            batcher = ContinuousBatcher(
+                model,
+                max_batch_size=model.max_batch_size,
+                max_batch_time=self.settings.max_batch_time,
+                max_pending=self.settings.max_pending,
+                name=f"{self.name}:{self.version} replica {len(self.replicas)}",
+            )
+            scope = self._batcher_scopes[batcher] = trio.CancelScope()
+            await self._nursery.start(self._run_batcher, batcher, scope)
+            self.batchers.append(batcher)
+        self.replicas.append(model)
+
+    async def _run_batcher(
+        self, batcher: ContinuousBatcher, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        try:
+            with scope:
+                await batcher.run(task_status=task_status)
+        finally:
+            self._batcher_scopes.pop(batcher, None)
+
+    async def set_workers(self, workers: int, grace: float) -> None:
+        """Scale to ``workers`` replicas at run time (one change at a time).
+
+        Up: new replicas load and take new requests and new sequences. Down: the last
+        replicas take nothing new; their in-flight requests get ``grace`` seconds, then
+        are cancelled; sequences pinned to them end with reason ``shutdown`` (a running
+        request of theirs may finish within the grace period, their next one is told the
+        sequence was shut down). :class:`BadInput` for fewer than 1."""
+        if workers < 1:
+            raise BadInput(f"workers must be >= 1, got {workers}")
+        async with self._scaling:
+            if self.state is not ModelState.READY:
+                raise ModelNotReady(f"model {self.name!r} version {self.version!r} is {self.state.lower()}")
+            while len(self.replicas) < workers:
+                try:
+                    await self._add_replica()
+                except Exception as exc:  # the model's own load failed: say so, keep serving
+                    raise ModelFailed.wrap(self.name, exc, "to load a new replica") from None
+            if isinstance(self._runner, PlainRunner):
+                self._runner.resize(workers)
+                await self._retire_plain(workers, grace)
+            else:
+                while len(self.batchers) > workers:
+                    await self._retire_batcher(grace)
+            self.settings = attrs.evolve(self.settings, workers=workers)
+
+    async def _retire_batcher(self, grace: float) -> None:
+        assert self.supervisor is not None
+        batcher = self.batchers.pop()  # routes nothing new to it from now on
+        self.replicas.pop()
+        self.supervisor.end_pinned(batcher, EndReason.SHUTDOWN, graceful=True)
+        with trio.move_on_after(grace):
+            # A look at a count that many paths change (no event to wait on), bounded by
+            # the grace period; scaling is rare.
+            while batcher.load:  # noqa: ASYNC110
+                await trio.sleep(RETIRE_POLL)
+        self.supervisor.end_pinned(batcher, EndReason.SHUTDOWN, graceful=False)
+        self.retired.append(batcher.counters)
+        scope = self._batcher_scopes.get(batcher)
+        if scope is not None:
+            scope.cancel()  # the batcher fails what it still holds (ShuttingDown)
+
+    async def _retire_plain(self, workers: int, grace: float) -> None:
+        runner = self._runner
+        assert isinstance(runner, PlainRunner)
+        with trio.move_on_after(grace):
+            while runner.trim() > workers:  # noqa: ASYNC110 (as above)
+                await trio.sleep(RETIRE_POLL)
+        # a replica still busy after the grace period is dropped once its calls return
+        del self.replicas[max(runner.trim(), workers):]
 
     def _make_runner(self, nursery: trio.Nursery, supervisor: Supervisor) -> PlainRunner | BatchedRunner:
         model = self.replicas[0]
@@ -165,13 +249,20 @@ class ModelHost:
         """Refuse new requests and wait up to ``grace`` seconds for in-flight ones."""
         if self.state is ModelState.READY:
             self.state = ModelState.UNLOADING
+        if isinstance(self._runner, PlainRunner):
+            self._runner.trim()
         with trio.move_on_after(grace):
             await self._requests.wait_idle()
 
     # -- routing -----------------------------------------------------------------------
 
     def _replica_for_sequence(self) -> ContinuousBatcher | None:
-        return least_loaded(self.batchers) if self.batchers else None
+        """The replica serving the fewest open sequences (then the least loaded): a
+        sequence stays on its replica for its whole life, so spread them."""
+        supervisor = self.supervisor
+        if not self.batchers or supervisor is None:
+            return least_loaded(self.batchers) if self.batchers else None
+        return min(self.batchers, key=lambda b: (supervisor.pinned_count(b), b.load))
 
     def _enter(self) -> PlainRunner | BatchedRunner:
         if self.state is not ModelState.READY:
@@ -194,6 +285,7 @@ class ModelHost:
         """Responses for one request, as they are produced. Leaving the block (or being
         cancelled) cancels the request; its sequence, if any, stays open."""
         runner = self._enter()
+        started, ok = self.counters.started(), False
         try:
             control = SequenceControl.from_parameters(request.parameters)
             if control.cancel:
@@ -201,18 +293,25 @@ class ModelHost:
             else:
                 async with runner.infer_stream(request, control) as responses:
                     yield responses
+            ok = True
         finally:
+            self.counters.ended(started, ok)
             self._requests.leave()
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request (a stream's responses merged)."""
         runner = self._enter()
+        started, ok = self.counters.started(), False
         try:
             control = SequenceControl.from_parameters(request.parameters)
             if control.cancel:
-                return self._cancel(request, control)
-            return await runner.infer(request, control)
+                response = self._cancel(request, control)
+            else:
+                response = await runner.infer(request, control)
+            ok = True
+            return response
         finally:
+            self.counters.ended(started, ok)
             self._requests.leave()
 
     @asynccontextmanager

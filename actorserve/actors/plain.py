@@ -40,14 +40,31 @@ class PlainRunner:
         self.supervisor = supervisor
         #: requests running per replica (bounded by ``settings.max_pending``)
         self._load = [0] * len(replicas)
+        #: replicas given new requests: the first ``active`` (the others are retiring)
+        self.active = len(replicas)
 
     @property
     def running(self) -> int:
         """Requests running in the model now, over every replica."""
         return sum(self._load)
 
+    def load_of(self, index: int) -> int:
+        return self._load[index] if index < len(self._load) else 0
+
+    def resize(self, active: int) -> None:
+        """Give new requests to the first ``active`` replicas (``replicas`` holds them)."""
+        self.active = active
+        self._load.extend([0] * (len(self.replicas) - len(self._load)))
+
+    def trim(self) -> int:
+        """Forget retired replicas that run nothing any more (from the end); return how
+        many replicas are left (the caller shortens ``replicas`` to that)."""
+        while len(self._load) > self.active and self._load[-1] == 0:
+            self._load.pop()
+        return len(self._load)
+
     def _take_replica(self) -> int:
-        index = min(range(len(self._load)), key=self._load.__getitem__)
+        index = min(range(self.active), key=self._load.__getitem__)
         if self._load[index] >= self.settings.max_pending:
             raise Overloaded(
                 f"model {self.settings.name!r}: {self.settings.max_pending} requests already running (max_pending)"

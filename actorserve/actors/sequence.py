@@ -105,13 +105,14 @@ class SequenceActor:
         :class:`trio.ClosedResourceError` if the sequence is ending."""
         self.mailbox.send_nowait(job)
 
-    def stop(self, reason: EndReason) -> None:
-        """End the sequence now: the running request stops at its next step."""
-        if self.end_reason is not None:
-            return
-        self.end_reason = reason
-        self.mailbox.close()
-        if self.current is not None and not self.current.item.finished:
+    def stop(self, reason: EndReason, *, graceful: bool = False) -> None:
+        """End the sequence now: the running request stops at its next step. With
+        ``graceful`` the running request may finish (queued and later ones are refused
+        with ``reason``); a later plain ``stop`` still stops it."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.mailbox.close()
+        if not graceful and self.current is not None and not self.current.item.finished:
             self.current.item.cancel(self._why())
 
     def _why(self) -> SequenceNotFound:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,8 @@ class StepReport:
     dropped: list[WorkItem]
     #: submissions taken so far, when nothing was scheduled after this round
     idle_after: int | None
+    #: how long the step took (0: no step)
+    step_ns: int = 0
 
 
 class StepLoop:
@@ -189,11 +192,14 @@ class StepLoop:
                     self._cond.wait()
                 self._posted += 1
             outputs: list[StepOutput] | BaseException | None = None
+            step_ns = 0
             if batch:
+                started = time.perf_counter_ns()
                 outputs = self._step(batch)
+                step_ns = time.perf_counter_ns() - started
                 left.extend(self._settle(batch, outputs))
             idle_after = self._taken if not len(self._scheduler) else None
-            report = StepReport(batch or [], outputs, admitted, left, dropped, idle_after)
+            report = StepReport(batch or [], outputs, admitted, left, dropped, idle_after, step_ns)
             try:
                 self._token.run_sync_soon(self._report, report)
             except trio.RunFinishedError:

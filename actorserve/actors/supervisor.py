@@ -65,6 +65,8 @@ class Supervisor:
         self._id_prefix = os.urandom(4).hex()
         self.started = 0
         self.ended_by_reason: dict[str, int] = {}
+        #: open sequences per replica they are pinned to
+        self._pinned: dict[ContinuousBatcher | None, int] = {}
         # Timeouts of every sequence in one heap of (when, n, actor, is_max_duration),
         # served by one reaper task: cheaper than a cancel scope per sequence.
         self._deadlines: list[tuple[float, int, SequenceActor, bool]] = []
@@ -134,6 +136,20 @@ class Supervisor:
             self._reaper_wake = trio.Event()
             with trio.move_on_at(self._reaper_target):
                 await self._reaper_wake.wait()
+
+    def pinned_count(self, replica: ContinuousBatcher) -> int:
+        """How many open sequences ``replica`` serves (for routing new ones)."""
+        return self._pinned.get(replica, 0)
+
+    def pinned(self, replica: ContinuousBatcher) -> list[SequenceActor]:
+        """The open sequences whose requests ``replica`` steps."""
+        return [actor for actor in self._actors.values() if actor.replica is replica]
+
+    def end_pinned(self, replica: ContinuousBatcher, reason: EndReason, *, graceful: bool) -> None:
+        """End the sequences pinned to ``replica`` (being removed) with ``reason``;
+        ``graceful``: their running requests may finish (see :meth:`SequenceActor.stop`)."""
+        for actor in self.pinned(replica):
+            actor.stop(reason, graceful=graceful)
 
     def end_all(self, reason: EndReason) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
@@ -205,6 +221,7 @@ class Supervisor:
             sequence_id, self, self.model, self._pick_replica(), self.settings.max_queue, state
         )
         self._actors[sequence_id] = actor
+        self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
         self._ended.pop(sequence_id, None)
         self.started += 1
         await self._nursery.start(actor.run)
@@ -226,6 +243,7 @@ class Supervisor:
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
+        self._pinned[actor.replica] -= 1
         if self._actors.get(actor.id) is actor:
             del self._actors[actor.id]
         self._ended[actor.id] = reason

@@ -44,6 +44,7 @@ class WorkItem:
     produced: int = 0
     consumed: int = 0
     admitted: bool = False  # the event loop learnt that the item is in the batch
+    submitted_at: float = 0.0  # trio.current_time() at submit (for queue statistics)
     done: trio.Event = attrs.field(factory=trio.Event)
 
     def cancel(self, error: BaseException | None = None) -> None:

@@ -29,6 +29,8 @@ import trio
 
 from ..api import (
     EngineAPI,
+    InferenceStatistics,
+    ModelDescription,
     ModelInfo,
     ModelMetadata,
     ModelStatistics,
@@ -227,14 +229,26 @@ class EngineClient:
         result: ModelStatistics = await self._unary("statistics", {"name": name, "version": version})
         return result
 
-    async def load_from_repository(self, name: str) -> None:
-        await self._unary("load_from_repository", {"name": name})
+    async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
+        await self._unary("load_from_repository", {"name": name, "config": None if config is None else dict(config)})
+
+    async def set_workers(
+        self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
+    ) -> None:
+        await self._unary("set_workers", {"name": name, "workers": workers, "version": version, "grace": grace})
+
+    async def describe(self, name: str, version: str | None = None) -> ModelDescription:
+        result: ModelDescription = await self._unary("describe", {"name": name, "version": version})
+        return result
+
+    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
+        result: list[InferenceStatistics] = await self._unary("inference_statistics", {"name": name, "version": version})
+        return result
 
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         await self._unary("unload", {"name": name, "version": version, "grace": grace})
 
     async def set_default_version(self, name: str, version: str) -> None:
-        """Serve ``version`` when a request names no version (the engine's, if it can)."""
         await self._unary("set_default_version", {"name": name, "version": version})
 
     async def wait_idle(self) -> None:

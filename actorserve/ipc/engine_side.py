@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import attrs
 import trio
@@ -53,11 +53,6 @@ log = logging.getLogger(__name__)
 
 #: bytes read from a front's socket at a time
 RECEIVE_BYTES = 256 * 1024
-
-
-@runtime_checkable
-class _DefaultVersions(Protocol):
-    async def set_default_version(self, name: str, version: str) -> None: ...
 
 
 async def open_unix_listener(path: str | os.PathLike[str], *, backlog: int = 128) -> trio.SocketListener:
@@ -257,14 +252,25 @@ class FrontConnection:
             case "statistics":
                 result = await engine.statistics(_name(name), version)
             case "load_from_repository":
-                await engine.load_from_repository(_name(name))
+                config = args.get("config")
+                if config is not None and not isinstance(config, dict):
+                    raise BadInput(f"{method}: config must be a map")
+                await engine.load_from_repository(_name(name), config)
                 result = None
+            case "set_workers":
+                workers = args.get("workers")
+                if isinstance(workers, bool) or not isinstance(workers, int):
+                    raise BadInput(f"{method}: workers must be an integer")
+                await engine.set_workers(_name(name), workers, version, grace=grace)
+                result = None
+            case "describe":
+                result = await engine.describe(_name(name), version)
+            case "inference_statistics":
+                result = await engine.inference_statistics(name or "", version)
             case "unload":
                 await engine.unload(_name(name), version, grace=grace)
                 result = None
             case "set_default_version":
-                if not isinstance(engine, _DefaultVersions):
-                    raise BadInput("this engine has no default versions to set")
                 await engine.set_default_version(_name(name), _name(version))
                 result = None
             case _:  # "wait_idle"

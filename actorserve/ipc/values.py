@@ -16,10 +16,23 @@ import math
 from collections.abc import Callable
 from typing import Any, Final
 
+import attrs
 import numpy as np
 
 from .. import errors
-from ..api import ModelInfo, ModelMetadata, ModelState, ModelStatistics, RepositoryEntry, TensorMetadata
+from ..api import (
+    BatchStatistics,
+    Duration,
+    InferenceStatistics,
+    ModelDescription,
+    ModelInfo,
+    ModelMetadata,
+    ModelState,
+    ModelStatistics,
+    ReplicaDescription,
+    RepositoryEntry,
+    TensorMetadata,
+)
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..settings import SettingsError
 from ..textgen import TextGeneration
@@ -195,6 +208,54 @@ def _statistics_from_plain(plain: Plain) -> ModelStatistics:
     )
 
 
+def _record_to_plain(record: Any) -> Plain:
+    """A record of :mod:`actorserve.descriptions` as nested lists, in field order."""
+    return attrs.astuple(record)
+
+
+def _scalars(cls: type, plain: Plain, what: str, nested: dict[str, Callable[[Plain], Any]]) -> Any:
+    """``cls`` from its plain list: each scalar field checked by its annotation
+    (``str``, ``int``, ``bool``, ``float``), the fields in ``nested`` by their function."""
+    fields = attrs.fields(cls)
+    values = {}
+    for field, value in zip(fields, _fields(plain, len(fields), what), strict=True):
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+        if field.name in nested:
+            values[field.name] = nested[field.name](value)
+        elif kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise WireError(f"malformed {what}: {field.name} is not a number")
+            values[field.name] = float(value)
+        else:
+            values[field.name] = {"str": _str, "int": _int, "bool": _bool}[kind](value)
+    return cls(**values)
+
+
+def _duration(plain: Plain) -> Duration:
+    return Duration(*(_int(v) for v in _fields(plain, 2, "duration")))
+
+
+def _description_from_plain(plain: Plain) -> ModelDescription:
+    replicas = _list_from(lambda p: _scalars(ReplicaDescription, p, "replica", {}))
+    description: ModelDescription = _scalars(ModelDescription, plain, "model description", {
+        "versions": lambda p: tuple(_str(v) for v in _list(p)),
+        "replicas": lambda p: tuple(replicas(p)),
+    })  # fmt: skip
+    return description
+
+
+def _batch(plain: Plain) -> BatchStatistics:
+    size, compute = _fields(plain, 2, "batch statistics")
+    return BatchStatistics(_int(size), _duration(compute))
+
+
+def _inference_statistics_from_plain(plain: Plain) -> InferenceStatistics:
+    nested: dict[str, Callable[[Plain], Any]] = {d: _duration for d in ("success", "fail", "queue", "compute_infer")}
+    nested["batches"] = lambda p: tuple(_batch(b) for b in _list(p))
+    stats: InferenceStatistics = _scalars(InferenceStatistics, plain, "inference statistics", nested)
+    return stats
+
+
 def _none_to_plain(value: None) -> Plain:
     return None
 
@@ -225,7 +286,12 @@ UNARY_METHODS: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Plain], Ca
     "metadata": (("name", "version"), _metadata_to_plain, _metadata_from_plain),
     "repository_index": ((), _list_of(_entry_to_plain), _list_from(_entry_from_plain)),
     "statistics": (("name", "version"), _statistics_to_plain, _statistics_from_plain),
-    "load_from_repository": (("name",), _none_to_plain, _none_from_plain),
+    "load_from_repository": (("name", "config"), _none_to_plain, _none_from_plain),
+    "set_workers": (("name", "workers", "version", "grace"), _none_to_plain, _none_from_plain),
+    "describe": (("name", "version"), _record_to_plain, _description_from_plain),
+    "inference_statistics": (
+        ("name", "version"), _list_of(_record_to_plain), _list_from(_inference_statistics_from_plain),
+    ),
     "unload": (("name", "version", "grace"), _none_to_plain, _none_from_plain),
     "set_default_version": (("name", "version"), _none_to_plain, _none_from_plain),
     "wait_idle": ((), _none_to_plain, _none_from_plain),

@@ -1,4 +1,5 @@
-"""Regenerate the betterproto2 code in :mod:`actorserve.proto.inference` from ``grpc_service.proto``.
+"""Regenerate the betterproto2 code in :mod:`actorserve.proto.inference` (from
+``grpc_service.proto``) and :mod:`actorserve.proto.actorserve.v1` (from ``management.proto``).
 
 Usage (from a dev install, ``pip install -e '.[test]'``)::
 
@@ -26,13 +27,14 @@ import tempfile
 from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
-PROTO_FILES = ("grpc_service.proto",)
+PROTO_FILES = ("grpc_service.proto", "management.proto")
 #: protoc plugin options: grpclib async client stub + grpclib async server base.
 PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
 #: Files the plugin writes that we keep, relative to PROTO_DIR. (It also writes an empty
 #: ``__init__.py`` and ``py.typed`` at the output root; ours are maintained by hand.)
-GENERATED_FILES = ("inference/__init__.py", "message_pool.py")
-_IGNORED_OUTPUTS = frozenset({"__init__.py", "py.typed"})
+GENERATED_FILES = ("inference/__init__.py", "actorserve/v1/__init__.py", "message_pool.py")
+#: (``actorserve/__init__.py`` is the empty parent package of ``actorserve.v1``: ours by hand.)
+_IGNORED_OUTPUTS = frozenset({"__init__.py", "py.typed", "actorserve/__init__.py"})
 _PLUGIN = "protoc-gen-python_betterproto2"
 _INSTALL_HINT = (
     "install the dev tools with: pip install -e '.[test]' "
@@ -175,7 +177,7 @@ def check(target: Path = PROTO_DIR, *, max_diff_lines: int = 40) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m actorserve.proto.regenerate",
-        description="Regenerate actorserve/proto/inference from grpc_service.proto with betterproto2.",
+        description="Regenerate actorserve/proto/inference and actorserve/proto/actorserve/v1 from their .proto files with betterproto2.",
     )
     parser.add_argument(
         "--check",

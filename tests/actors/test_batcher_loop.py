@@ -102,7 +102,7 @@ async def test_thread_steps_while_the_event_loop_is_blocked_up_to_the_bound() ->
         model.step_time = 0.0005
         item = submit(batcher, "long", 10_000)
         await item.next_reply()
-        delivered = batcher.steps
+        delivered = batcher.counters.steps
         hog_the_event_loop(0.3)
         stepped = len(model.steps)
         # Without a round trip through the loop the thread went on stepping, but at most

@@ -339,7 +339,8 @@ async def test_repository_unload_and_load(grpc_server: GrpcServer) -> None:
         with client(grpc_server) as c:
             c.unload_model("streamer")
             index = c.get_model_repository_index(as_json=True)["models"]
-            before = [m["name"] for m in index]
+            before = [m["name"] for m in index if m.get("state") == "READY"]
+            assert {"name": "streamer", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
             with pytest.raises(InferenceServerException) as info:
                 c.is_model_ready("streamer")
             c.load_model("streamer")

@@ -133,7 +133,11 @@ async def test_unload_then_load_a_builtin(client: httpx.AsyncClient, server: Ser
     assert (unloaded.status_code, unloaded.json()) == (200, {})
     gone = await client.get("/v2/models/identity")
     assert (gone.status_code, gone.json()) == (404, {"error": "model 'identity' is not loaded"})
-    assert "identity" not in [m["name"] for m in (await client.get("/v2/repository/index")).json()]
+    index = (await client.get("/v2/repository/index")).json()
+    assert {"name": "identity", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
+    assert [m["name"] for m in (await client.post("/v2/repository/index", json={"ready": True})).json()] == [
+        "accumulator", "counter", "failing", "gate", "streamer",
+    ]
     loaded = await client.post("/v2/repository/models/identity/load", json={})
     assert (loaded.status_code, loaded.json()) == (200, {})
     assert (await client.get("/v2/models/identity/ready")).status_code == 200
@@ -163,16 +167,23 @@ async def test_load_finds_models_added_to_the_model_folders(tmp_path: Path, nurs
         assert [m["name"] for m in (await client.get("/v2/repository/index")).json()] == ["echo"]
         write_model(tmp_path, "late", {"name": "late", "implementation": "actorserve.models.identity.IdentityModel"})
         write_model(tmp_path, "broken", "{not json")
+        index = (await client.get("/v2/repository/index")).json()
+        assert [(m["name"], m["state"], m["reason"][:10]) for m in index] == [
+            ("broken", "UNAVAILABLE", str(tmp_path)[:10]), ("echo", "READY", ""), ("late", "UNAVAILABLE", "not loaded"),
+        ]
         assert (await client.post("/v2/repository/models/late/load")).status_code == 200
-        assert [m["name"] for m in (await client.get("/v2/repository/index")).json()] == ["echo", "late"]
+        ready = (await client.post("/v2/repository/index", json={"ready": True})).json()
+        assert [m["name"] for m in ready] == ["echo", "late"]
         broken = await client.post("/v2/repository/models/broken/load")
         assert broken.status_code == 400
         assert broken.json()["error"].startswith(f"{tmp_path / 'broken' / 'model-settings.json'}: invalid JSON")
         write_model(tmp_path, "ghost", {"name": "ghost", "implementation": "no_such_module.Model"})
         ghost = await client.post("/v2/repository/models/ghost/load")
-        assert (ghost.status_code, ghost.json()) == (400, {
-            "error": "model 'ghost': cannot import 'no_such_module.Model': No module named 'no_such_module'"
-        })
+        why = "model 'ghost': cannot import 'no_such_module.Model': No module named 'no_such_module'"
+        assert (ghost.status_code, ghost.json()) == (400, {"error": why})
+        index = (await client.get("/v2/repository/index")).json()
+        assert {"name": "ghost", "version": "1", "state": "UNAVAILABLE", "reason": why} in index
+        assert (await client.get("/v2/models/echo/ready")).status_code == 200  # the rest keeps serving
         missing = await client.post("/v2/repository/models/identity/load")  # not configured here
         assert missing.status_code == 404
     server.shutdown()

@@ -16,10 +16,15 @@ from strategies import arrays
 
 from actorserve import errors
 from actorserve.api import (
+    BatchStatistics,
+    Duration,
+    InferenceStatistics,
+    ModelDescription,
     ModelInfo,
     ModelMetadata,
     ModelState,
     ModelStatistics,
+    ReplicaDescription,
     RepositoryEntry,
     TensorMetadata,
 )
@@ -148,6 +153,18 @@ def test_records_and_results_round_trip() -> None:
         "unload": None,
         "set_default_version": None,
         "wait_idle": None,
+        "set_workers": None,
+        "describe": ModelDescription(
+            "m", "2", "READY", "", "2", ("1", "2"), "pkg.M", "p", True, 3, 8, 0.5, 16, 100, 0, 4, 9, True, 2, 5, 1,
+            (ReplicaDescription(0, 1, 2, 1), ReplicaDescription(1, 0, 3, 1)),
+        ),
+        "inference_statistics": [
+            InferenceStatistics(
+                "m", "1", 1700000000000, 12, 5, Duration(4, 400), Duration(1, 10), Duration(4, 40), Duration(5, 500),
+                (BatchStatistics(1, Duration(2, 100)), BatchStatistics(3, Duration(3, 400))),
+            ),
+            InferenceStatistics("n", "1"),
+        ],
     }
     assert set(values) == set(UNARY_METHODS)
     for method, value in values.items():

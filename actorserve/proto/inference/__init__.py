@@ -4,21 +4,38 @@
 # This file has been @generated
 
 __all__ = (
+    "DataType",
     "GrpcInferenceServiceBase",
     "GrpcInferenceServiceStub",
+    "InferBatchStatistics",
     "InferParameter",
+    "InferResponseStatistics",
+    "InferStatistics",
     "InferTensorContents",
+    "MemoryUsage",
+    "ModelConfig",
+    "ModelConfigRequest",
+    "ModelConfigResponse",
+    "ModelDynamicBatching",
     "ModelInferRequest",
     "ModelInferRequestInferInputTensor",
     "ModelInferRequestInferRequestedOutputTensor",
     "ModelInferResponse",
     "ModelInferResponseInferOutputTensor",
+    "ModelInput",
+    "ModelInstanceGroup",
+    "ModelInstanceGroupKind",
     "ModelMetadataRequest",
     "ModelMetadataResponse",
     "ModelMetadataResponseTensorMetadata",
+    "ModelOutput",
     "ModelReadyRequest",
     "ModelReadyResponse",
     "ModelRepositoryParameter",
+    "ModelSequenceBatching",
+    "ModelStatistics",
+    "ModelStatisticsRequest",
+    "ModelStatisticsResponse",
     "ModelStreamInferResponse",
     "RepositoryIndexRequest",
     "RepositoryIndexResponse",
@@ -33,6 +50,7 @@ __all__ = (
     "ServerMetadataResponse",
     "ServerReadyRequest",
     "ServerReadyResponse",
+    "StatisticDuration",
 )
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
@@ -52,6 +70,101 @@ if TYPE_CHECKING:
 
 _COMPILER_VERSION = "0.10.1"
 betterproto2.check_compiler_version(_COMPILER_VERSION)
+
+
+class DataType(betterproto2.Enum):
+    """
+    ---- model_config.proto (the fields actorserve fills) ----
+
+    Data types.
+    """
+
+    TYPE_INVALID = 0
+
+    TYPE_BOOL = 1
+
+    TYPE_UINT8 = 2
+
+    TYPE_UINT16 = 3
+
+    TYPE_UINT32 = 4
+
+    TYPE_UINT64 = 5
+
+    TYPE_INT8 = 6
+
+    TYPE_INT16 = 7
+
+    TYPE_INT32 = 8
+
+    TYPE_INT64 = 9
+
+    TYPE_FP16 = 10
+
+    TYPE_FP32 = 11
+
+    TYPE_FP64 = 12
+
+    TYPE_STRING = 13
+
+    TYPE_BF16 = 14
+
+
+class ModelInstanceGroupKind(betterproto2.Enum):
+    AUTO = 0
+
+    GPU = 1
+
+    CPU = 2
+
+    MODEL = 3
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "KIND_AUTO",
+            1: "KIND_GPU",
+            2: "KIND_CPU",
+            3: "KIND_MODEL",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "KIND_AUTO": 0,
+            "KIND_GPU": 1,
+            "KIND_CPU": 2,
+            "KIND_MODEL": 3,
+        }
+
+
+@dataclass(eq=False, repr=False)
+class InferBatchStatistics(betterproto2.Message):
+    """
+    Inference batch statistics.
+    """
+
+    batch_size: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+    """
+    The size of the batch.
+    """
+
+    compute_input: "StatisticDuration | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_infer: "StatisticDuration | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_output: "StatisticDuration | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+
+default_message_pool.register_message(
+    "inference", "InferBatchStatistics", InferBatchStatistics
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -100,6 +213,84 @@ class InferParameter(betterproto2.Message):
 
 
 default_message_pool.register_message("inference", "InferParameter", InferParameter)
+
+
+@dataclass(eq=False, repr=False)
+class InferResponseStatistics(betterproto2.Message):
+    """
+    Statistics of the responses of a decoupled model.
+    """
+
+    compute_infer: "StatisticDuration | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_output: "StatisticDuration | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    success: "StatisticDuration | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    fail: "StatisticDuration | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    empty_response: "StatisticDuration | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    cancel: "StatisticDuration | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+
+default_message_pool.register_message(
+    "inference", "InferResponseStatistics", InferResponseStatistics
+)
+
+
+@dataclass(eq=False, repr=False)
+class InferStatistics(betterproto2.Message):
+    """
+    Inference statistics.
+    """
+
+    success: "StatisticDuration | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    fail: "StatisticDuration | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    queue: "StatisticDuration | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_input: "StatisticDuration | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_infer: "StatisticDuration | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    compute_output: "StatisticDuration | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    cache_hit: "StatisticDuration | None" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    cache_miss: "StatisticDuration | None" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+
+default_message_pool.register_message("inference", "InferStatistics", InferStatistics)
 
 
 @dataclass(eq=False, repr=False)
@@ -170,6 +361,112 @@ class InferTensorContents(betterproto2.Message):
 
 default_message_pool.register_message(
     "inference", "InferTensorContents", InferTensorContents
+)
+
+
+@dataclass(eq=False, repr=False)
+class MemoryUsage(betterproto2.Message):
+    """
+    Memory usage.
+    """
+
+    type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    id: "int" = betterproto2.field(2, betterproto2.TYPE_INT64)
+
+    byte_size: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+
+default_message_pool.register_message("inference", "MemoryUsage", MemoryUsage)
+
+
+@dataclass(eq=False, repr=False)
+class ModelConfig(betterproto2.Message):
+    """
+    A model configuration.
+
+    Oneofs:
+        - scheduling_choice:
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    platform: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    backend: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
+
+    max_batch_size: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+
+    input: "list[ModelInput]" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    output: "list[ModelOutput]" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    dynamic_batching: "ModelDynamicBatching | None" = betterproto2.field(
+        11, betterproto2.TYPE_MESSAGE, optional=True, group="scheduling_choice"
+    )
+
+    sequence_batching: "ModelSequenceBatching | None" = betterproto2.field(
+        13, betterproto2.TYPE_MESSAGE, optional=True, group="scheduling_choice"
+    )
+
+    instance_group: "list[ModelInstanceGroup]" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+
+default_message_pool.register_message("inference", "ModelConfig", ModelConfig)
+
+
+@dataclass(eq=False, repr=False)
+class ModelConfigRequest(betterproto2.Message):
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The name of the model.
+    """
+
+    version: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The version of the model; empty means the server's choice.
+    """
+
+
+default_message_pool.register_message(
+    "inference", "ModelConfigRequest", ModelConfigRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelConfigResponse(betterproto2.Message):
+    config: "ModelConfig | None" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    The model configuration.
+    """
+
+
+default_message_pool.register_message(
+    "inference", "ModelConfigResponse", ModelConfigResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelDynamicBatching(betterproto2.Message):
+    """
+    Dynamic batching (actorserve: continuous batching of a BatchModel).
+    """
+
+    max_queue_delay_microseconds: "int" = betterproto2.field(
+        2, betterproto2.TYPE_UINT64
+    )
+
+
+default_message_pool.register_message(
+    "inference", "ModelDynamicBatching", ModelDynamicBatching
 )
 
 
@@ -403,6 +700,46 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class ModelInput(betterproto2.Message):
+    """
+    An input of a model.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    data_type: "DataType" = betterproto2.field(
+        2, betterproto2.TYPE_ENUM, default_factory=lambda: DataType(0)
+    )
+
+    dims: "list[int]" = betterproto2.field(4, betterproto2.TYPE_INT64, repeated=True)
+
+    optional: "bool" = betterproto2.field(8, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("inference", "ModelInput", ModelInput)
+
+
+@dataclass(eq=False, repr=False)
+class ModelInstanceGroup(betterproto2.Message):
+    """
+    A group of model instances (replicas).
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    kind: "ModelInstanceGroupKind" = betterproto2.field(
+        4, betterproto2.TYPE_ENUM, default_factory=lambda: ModelInstanceGroupKind(0)
+    )
+
+    count: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+
+
+default_message_pool.register_message(
+    "inference", "ModelInstanceGroup", ModelInstanceGroup
+)
+
+
+@dataclass(eq=False, repr=False)
 class ModelMetadataRequest(betterproto2.Message):
     name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -489,6 +826,24 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class ModelOutput(betterproto2.Message):
+    """
+    An output of a model.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    data_type: "DataType" = betterproto2.field(
+        2, betterproto2.TYPE_ENUM, default_factory=lambda: DataType(0)
+    )
+
+    dims: "list[int]" = betterproto2.field(3, betterproto2.TYPE_INT64, repeated=True)
+
+
+default_message_pool.register_message("inference", "ModelOutput", ModelOutput)
+
+
+@dataclass(eq=False, repr=False)
 class ModelReadyRequest(betterproto2.Message):
     name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -559,6 +914,106 @@ class ModelRepositoryParameter(betterproto2.Message):
 
 default_message_pool.register_message(
     "inference", "ModelRepositoryParameter", ModelRepositoryParameter
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelSequenceBatching(betterproto2.Message):
+    """
+    Sequence batching (actorserve: stateful sequences).
+    """
+
+    max_sequence_idle_microseconds: "int" = betterproto2.field(
+        1, betterproto2.TYPE_UINT64
+    )
+
+    iterative_sequence: "bool" = betterproto2.field(6, betterproto2.TYPE_BOOL)
+    """
+    Triton: whether a sequence's requests are scheduled one step at a time.
+    """
+
+
+default_message_pool.register_message(
+    "inference", "ModelSequenceBatching", ModelSequenceBatching
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelStatistics(betterproto2.Message):
+    """
+    Statistics for a specific model and version.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    version: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    last_inference: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    The timestamp of the last inference request, in milliseconds since the epoch.
+    """
+
+    inference_count: "int" = betterproto2.field(4, betterproto2.TYPE_UINT64)
+    """
+    Inferences performed (a batch of n counts n).
+    """
+
+    execution_count: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+    """
+    Model executions performed (a batch counts once).
+    """
+
+    inference_stats: "InferStatistics | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    batch_stats: "list[InferBatchStatistics]" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    memory_usage: "list[MemoryUsage]" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+    response_stats: "dict[str, InferResponseStatistics]" = betterproto2.field(
+        9,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(
+            betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE
+        ),
+    )
+
+
+default_message_pool.register_message("inference", "ModelStatistics", ModelStatistics)
+
+
+@dataclass(eq=False, repr=False)
+class ModelStatisticsRequest(betterproto2.Message):
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    The name of the model; empty means every model.
+    """
+
+    version: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    The version of the model; empty means every version.
+    """
+
+
+default_message_pool.register_message(
+    "inference", "ModelStatisticsRequest", ModelStatisticsRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ModelStatisticsResponse(betterproto2.Message):
+    model_stats: "list[ModelStatistics]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+
+
+default_message_pool.register_message(
+    "inference", "ModelStatisticsResponse", ModelStatisticsResponse
 )
 
 
@@ -807,6 +1262,28 @@ default_message_pool.register_message(
 )
 
 
+@dataclass(eq=False, repr=False)
+class StatisticDuration(betterproto2.Message):
+    """
+    A count and a total duration.
+    """
+
+    count: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
+    """
+    Cumulative number of times this metric occurred.
+    """
+
+    ns: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    Total collected duration of this metric in nanoseconds.
+    """
+
+
+default_message_pool.register_message(
+    "inference", "StatisticDuration", StatisticDuration
+)
+
+
 class GrpcInferenceServiceStub(betterproto2_grpclib.ServiceStub):
     async def server_live(
         self,
@@ -966,6 +1443,48 @@ class GrpcInferenceServiceStub(betterproto2_grpclib.ServiceStub):
         ):
             yield response
 
+    async def model_config(
+        self,
+        message: "ModelConfigRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ModelConfigResponse":
+        """
+        Get model configuration (Triton's shape, the fields that apply).
+        """
+
+        return await self._unary_unary(
+            "/inference.GRPCInferenceService/ModelConfig",
+            message,
+            ModelConfigResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def model_statistics(
+        self,
+        message: "ModelStatisticsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "ModelStatisticsResponse":
+        """
+        Get the cumulative inference statistics of one model or of every model.
+        """
+
+        return await self._unary_unary(
+            "/inference.GRPCInferenceService/ModelStatistics",
+            message,
+            ModelStatisticsResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def repository_index(
         self,
         message: "RepositoryIndexRequest",
@@ -1089,6 +1608,24 @@ class GrpcInferenceServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield ModelStreamInferResponse()
 
+    async def model_config(
+        self, message: "ModelConfigRequest"
+    ) -> "ModelConfigResponse":
+        """
+        Get model configuration (Triton's shape, the fields that apply).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def model_statistics(
+        self, message: "ModelStatisticsRequest"
+    ) -> "ModelStatisticsResponse":
+        """
+        Get the cumulative inference statistics of one model or of every model.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def repository_index(
         self, message: "RepositoryIndexRequest"
     ) -> "RepositoryIndexResponse":
@@ -1177,6 +1714,23 @@ class GrpcInferenceServiceBase(betterproto2_grpclib.ServiceBase):
             request,
         )
 
+    async def __rpc_model_config(
+        self, stream: "grpclib.server.Stream[ModelConfigRequest, ModelConfigResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.model_config(request)
+        await stream.send_message(response)
+
+    async def __rpc_model_statistics(
+        self,
+        stream: "grpclib.server.Stream[ModelStatisticsRequest, ModelStatisticsResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.model_statistics(request)
+        await stream.send_message(response)
+
     async def __rpc_repository_index(
         self,
         stream: "grpclib.server.Stream[RepositoryIndexRequest, RepositoryIndexResponse]",
@@ -1247,6 +1801,18 @@ class GrpcInferenceServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 ModelInferRequest,
                 ModelStreamInferResponse,
+            ),
+            "/inference.GRPCInferenceService/ModelConfig": grpclib.const.Handler(
+                self.__rpc_model_config,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ModelConfigRequest,
+                ModelConfigResponse,
+            ),
+            "/inference.GRPCInferenceService/ModelStatistics": grpclib.const.Handler(
+                self.__rpc_model_statistics,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                ModelStatisticsRequest,
+                ModelStatisticsResponse,
             ),
             "/inference.GRPCInferenceService/RepositoryIndex": grpclib.const.Handler(
                 self.__rpc_repository_index,

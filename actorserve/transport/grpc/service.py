@@ -27,6 +27,8 @@ from grpclib.server import Stream
 from ...api import EngineAPI, ModelState, TensorMetadata
 from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import (
+    ModelConfigRequest,
+    ModelConfigResponse,
     ModelInferRequest,
     ModelInferResponse,
     ModelMetadataRequest,
@@ -34,6 +36,8 @@ from ...proto.inference import (
     ModelMetadataResponseTensorMetadata,
     ModelReadyRequest,
     ModelReadyResponse,
+    ModelStatisticsRequest,
+    ModelStatisticsResponse,
     ModelStreamInferResponse,
     RepositoryIndexRequest,
     RepositoryIndexResponse,
@@ -51,15 +55,22 @@ from ...proto.inference import (
 )
 from ...settings import Settings, SettingsError
 from ...version import __version__
+from ..triton import UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
 from .bridge import to_trio
 from .h2 import GrpclibServer, Wire
+from .management import ManagementService
 from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
+from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
 
 SERVICE: Final = "/inference.GRPCInferenceService/"
 
 #: What ServerMetadata lists: the same as REST's ``GET /v2``.
 EXTENSIONS: Final = ("binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming")
+
+#: The RPCs of this service that manage models (the auth seam: with
+#: ``actorserve.v1.Management``, see .management, these need a management token).
+MANAGEMENT_METHODS: Final = ("RepositoryModelLoad", "RepositoryModelUnload")
 
 #: Metadata header with which a Triton client asks for a gRPC status instead of an
 #: in-band ``error_message`` on ModelStreamInfer.
@@ -106,7 +117,7 @@ class InferenceService:
 
     async def start(self, listener: socket.socket) -> GrpclibServer:
         self._idle = asyncio.Event()
-        server = GrpclibServer([self])
+        server = GrpclibServer([self, ManagementService(self.engine, self)])
         await server.start(sock=listener)
         return server
 
@@ -136,6 +147,11 @@ class InferenceService:
             ("ModelReady", self._model_ready, unary, ModelReadyRequest, ModelReadyResponse, False),
             ("ServerMetadata", self._server_metadata, unary, ServerMetadataRequest, ServerMetadataResponse, False),
             ("ModelMetadata", self._model_metadata, unary, ModelMetadataRequest, ModelMetadataResponse, False),
+            ("ModelConfig", self._model_config, unary, ModelConfigRequest, ModelConfigResponse, False),
+            (
+                "ModelStatistics", self._model_statistics, unary,
+                ModelStatisticsRequest, ModelStatisticsResponse, False,
+            ),
             ("ModelInfer", self._model_infer, unary, ModelInferRequest, ModelInferResponse, True),
             (
                 "ModelStreamInfer", self._model_stream_infer, Cardinality.STREAM_STREAM,
@@ -220,6 +236,18 @@ class InferenceService:
             )
         )
 
+    async def _model_config(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelConfigRequest)
+        version = message.version or None
+        description = await self._engine(self.engine.describe, message.name, version)
+        metadata = await self._engine(self.engine.metadata, message.name, version)
+        await wire.send(ModelConfigResponse(config=config_to_pb(config_json(description, metadata))))
+
+    async def _model_statistics(self, stream: Stream[Any, Any]) -> None:
+        wire, message = await self._request(stream, ModelStatisticsRequest)
+        stats = await self._engine(self.engine.inference_statistics, message.name, message.version or None)
+        await wire.send(statistics_to_pb(statistics_json(stats)))
+
     async def _repository_index(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, RepositoryIndexRequest)
         models = [
@@ -246,14 +274,19 @@ class InferenceService:
             raise status_error(exc) from None
 
     async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
-        # As over REST: every version the repository has of the model; Triton's load
-        # parameters (config overrides) are not supported.
+        # As over REST: every version the repository has of the model, with Triton's
+        # ``config`` parameter (a JSON string) as a model-settings override.
         wire, message = await self._request(stream, RepositoryModelLoadRequest)
-        await self._engine(self.engine.load_from_repository, message.model_name)
+        await self._engine(self._load, message.model_name, repository_parameters(message.parameters))
         await wire.send(RepositoryModelLoadResponse())
+
+    async def _load(self, name: str, parameters: dict[str, Any]) -> None:
+        await self.engine.load_from_repository(name, load_config(parameters))
 
     async def _repository_model_unload(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, RepositoryModelUnloadRequest)
+        if repository_parameters(message.parameters).get("unload_dependents"):
+            log.info("unload %s: %s", message.model_name, UNLOAD_DEPENDENTS_NOTE)
         await self._engine(self._unload, message.model_name)
         await wire.send(RepositoryModelUnloadResponse())
 
@@ -279,4 +312,4 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
     return [ModelMetadataResponseTensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in specs]
 
 
-__all__ = ["EXTENSIONS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+__all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]

@@ -21,6 +21,8 @@ from ...settings import Settings
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
+from .cors import Cors
+from .management import ManagementViews, register_management
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, method_not_allowed_reply
 
@@ -49,10 +51,19 @@ class RestApp:
         self.quart = quart
         self.fast_path = fast_path
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes)
+        self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "http":
+            if self.cors is not None:
+                origin, origin_ok = self.cors.allowed(scope)
+                if origin is not None:
+                    if self.cors.is_preflight(scope):
+                        await send_reply(send, self.cors.preflight(scope, origin, origin_ok))
+                        return
+                    if origin_ok:
+                        send = self.cors.wrap(send, origin)
             if scope["path"].startswith("/v1/"):
                 await self.openai(scope, receive, send)
                 return
@@ -72,6 +83,8 @@ _QUART_MODEL_ROUTES: Final = (
     ("", "model_metadata", ("GET",)),
     ("/ready", "model_ready", ("GET",)),
     ("/infer", "infer", ("POST",)),  # reached only when the raw path is off
+    ("/config", "model_config", ("GET",)),
+    ("/stats", "model_stats", ("GET",)),
 )
 
 
@@ -92,8 +105,10 @@ def create_app(engine: EngineAPI, settings: Settings, *, fast_path: bool = True)
     route("/v2", "server_metadata", ("GET",))
     app.add_url_rule("/v2/", "server_metadata_slash", views.server_metadata, methods=["GET"])
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
-    route("/v2/repository/models/<name>/load", "load", ("POST",))
-    route("/v2/repository/models/<name>/unload", "unload", ("POST",))
+    route("/v2/models/stats", "model_stats", ("GET",))  # every model's (Triton)
+    # Management (load, unload, workers, default version, describe): one place, see
+    # management.py; an auth check wraps them there.
+    register_management(app, ManagementViews(engine, settings))
     for suffix, endpoint, methods in _QUART_MODEL_ROUTES:
         route(f"/v2/models/<name>{suffix}", endpoint, methods)
         app.add_url_rule(

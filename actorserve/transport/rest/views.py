@@ -1,6 +1,7 @@
 """The Quart views of the endpoints off the hot path: health, server and model
-metadata, readiness, the repository (index, load, unload), and ``infer`` when the
-raw path is turned off (for comparisons).
+metadata, readiness, Triton's model config and statistics, the repository index, and
+``infer`` when the raw path is turned off (for comparisons). The management routes
+(load, unload, workers, ...) are in :mod:`.management`.
 
 Views call only :class:`~actorserve.api.EngineAPI` and raise domain errors; the error
 handler registered in :mod:`.app` turns them into JSON with the table's status.
@@ -18,6 +19,7 @@ from ...api import EngineAPI, ModelMetadata, ModelState, TensorMetadata, bool_pa
 from ...errors import BadInput, ModelNotReady
 from ...settings import Settings
 from ...version import __version__
+from ..triton import config_json, statistics_json
 from .asgi import infer_reply
 from .wire import (
     EXTENSIONS,
@@ -115,15 +117,13 @@ class RestViews:
         ]
         return response(json_reply(index))
 
-    async def load(self, name: str) -> Response:
-        await self._body()  # Triton's load parameters (config overrides) are not supported
-        await self.engine.load_from_repository(name)
-        return response(json_reply({}))
+    async def model_config(self, name: str, version: str | None = None) -> Response:
+        description = await self.engine.describe(name, version)
+        metadata = await self.engine.metadata(name, version)
+        return response(json_reply(config_json(description, metadata)))
 
-    async def unload(self, name: str) -> Response:
-        await self._body()
-        await self.engine.unload(name, grace=self.settings.grace_period)
-        return response(json_reply({}))
+    async def model_stats(self, name: str = "", version: str | None = None) -> Response:
+        return response(json_reply(statistics_json(await self.engine.inference_statistics(name, version))))
 
     async def infer(self, name: str, version: str | None = None) -> Response:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)

@@ -1,0 +1,103 @@
+"""What a :class:`ModelHost` tells the management API: its description (workers, batch
+settings, sequences, queue depths, state) and Triton's inference statistics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..descriptions import (
+    BatchStatistics,
+    Duration,
+    InferenceStatistics,
+    ModelDescription,
+    ReplicaDescription,
+)
+from ..model import BatchModel
+from .plain import PlainRunner
+
+if TYPE_CHECKING:
+    from .host import ModelHost
+
+
+def _implementation(host: ModelHost) -> str:
+    cls = host.model_class
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]) -> ModelDescription:
+    """``host`` as :class:`ModelDescription`; the engine knows the versions around it."""
+    settings, supervisor = host.settings, host.supervisor
+    replicas: list[ReplicaDescription] = []
+    for index, batcher in enumerate(host.batchers):
+        stats = batcher.statistics()
+        pinned = supervisor.pinned_count(batcher) if supervisor is not None else 0
+        replicas.append(ReplicaDescription(index, stats.waiting, stats.running, pinned))
+    runner = host.runner
+    if isinstance(runner, PlainRunner):
+        replicas = [ReplicaDescription(i, 0, runner.load_of(i), 0) for i in range(runner.active)]
+    sequences = supervisor.statistics() if supervisor is not None else None
+    model = host.replicas[0] if host.replicas else None
+    sequence = settings.sequence
+    return ModelDescription(
+        name=host.name,
+        version=host.version,
+        state=str(host.state),
+        reason=host.reason,
+        default_version=default_version,
+        versions=versions,
+        implementation=_implementation(host),
+        platform=settings.platform,
+        batched=host.batched,
+        workers=settings.workers,
+        max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+        max_batch_time=settings.max_batch_time,
+        max_pending=settings.max_pending,
+        idle_timeout_ms=sequence.idle_timeout_ms,
+        max_duration_ms=sequence.max_duration_ms,
+        max_queue=sequence.max_queue,
+        max_sequences=sequence.max_sequences,
+        evict_idle=sequence.evict_idle,
+        open_sequences=sequences.open_sequences if sequences is not None else 0,
+        inflight=host.inflight,
+        queued=sequences.queued if sequences is not None else 0,
+        replicas=tuple(replicas),
+        requires_sequence=bool(getattr(host.model_class, "requires_sequence", False)),
+    )
+
+
+def inference_statistics(host: ModelHost) -> InferenceStatistics:
+    """Triton's counters of ``host``, over every replica it has now. A plain model's
+    predict calls are its executions and compute time (it has no batch queue)."""
+    requests = host.counters
+    success = Duration(requests.success_count, requests.success_ns)
+    fail = Duration(requests.fail_count, requests.fail_ns)
+    if not host.batched:
+        calls = Duration(success.count + fail.count, success.ns + fail.ns)
+        return InferenceStatistics(
+            host.name, host.version, requests.last_inference_ms, calls.count, calls.count,
+            success, fail, Duration(calls.count, 0), calls, (BatchStatistics(1, calls),) if calls.count else (),
+        )  # fmt: skip
+    queue_count = queue_ns = steps = items = compute_ns = 0
+    by_size: dict[int, list[int]] = {}
+    for counters in [*(b.counters for b in host.batchers), *host.retired]:
+        queue_count += counters.queue_count
+        queue_ns += counters.queue_ns
+        steps += counters.steps
+        items += counters.items_stepped
+        for size, (count, ns) in counters.by_batch_size.items():
+            entry = by_size.setdefault(size, [0, 0])
+            entry[0] += count
+            entry[1] += ns
+            compute_ns += ns
+    return InferenceStatistics(
+        name=host.name,
+        version=host.version,
+        last_inference=requests.last_inference_ms,
+        inference_count=items,
+        execution_count=steps,
+        success=success,
+        fail=fail,
+        queue=Duration(queue_count, queue_ns),
+        compute_infer=Duration(steps, compute_ns),
+        batches=tuple(BatchStatistics(size, Duration(c, ns)) for size, (c, ns) in sorted(by_size.items())),
+    )

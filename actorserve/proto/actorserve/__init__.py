@@ -1,0 +1,1 @@
+"""Packages generated from ``management.proto`` (package ``actorserve.v1``)."""
