@@ -1,5 +1,5 @@
 """Plain forms of the engine's values, for msgpack: tensors, requests, responses, the
-:mod:`actorserve.api` records and errors. No I/O, no msgpack import.
+:mod:`actorserve.api` records, and (from :mod:`.failures`) errors. No I/O, no msgpack import.
 
 A plain form is built only of msgpack's own types (None, bool, int, float, str, bytes,
 lists, str-keyed maps); nothing is ever pickled. Tensor data travels as raw
@@ -34,21 +34,11 @@ from ..api import (
     TensorMetadata,
 )
 from ..raw import tensor_from_raw, tensor_to_raw
-from ..settings import SettingsError
 from ..textgen import TextGeneration
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
+from .failures import DOMAIN_ERRORS, EngineInternalError, WireError, error_from_plain, error_to_plain
 
 Plain = Any  # a msgpack-able value; kept loose on purpose (decoders check shapes)
-
-
-class WireError(Exception):
-    """A plain form that the other side cannot have produced: the peer is broken or
-    speaks another version. The connection it came on is closed."""
-
-
-class EngineInternalError(Exception):
-    """The engine raised something that is not a domain error (a bug there). Like any
-    non-domain error, the transports answer it 500 / INTERNAL with a generic message."""
 
 
 # -- tensors, requests, responses ------------------------------------------------------
@@ -298,55 +288,6 @@ UNARY_METHODS: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Plain], Ca
 }
 
 
-# -- errors -----------------------------------------------------------------------------
-
-#: the errors rebuilt as themselves on the other side, by class name
-DOMAIN_ERRORS: Final[dict[str, type[Exception]]] = {
-    cls.__name__: cls
-    for cls in (
-        errors.ActorServeError,
-        errors.BadInput,
-        errors.ModelNotFound,
-        errors.ModelNotReady,
-        errors.ShuttingDown,
-        errors.SequenceNotFound,
-        errors.SequenceConflict,
-        errors.Overloaded,
-        errors.ModelFailed,
-        SettingsError,
-    )
-}
-
-
-#: how an ``Overloaded`` error's ``retry_after`` rides on its kind: ``Overloaded;7``
-_RETRY_AFTER = ";"
-
-
-def error_to_plain(error: BaseException) -> tuple[str, str]:
-    """(class name, message). A subclass of a domain error that is not in the table
-    (a model's own ``BadInput`` subclass) travels as its nearest domain ancestor; an
-    ``Overloaded`` error's ``retry_after`` travels after its name."""
-    if isinstance(error, errors.ActorServeError):
-        for cls in type(error).__mro__:
-            if DOMAIN_ERRORS.get(cls.__name__) is cls:
-                retry_after = getattr(error, "retry_after", None)
-                if cls is errors.Overloaded and isinstance(retry_after, int):
-                    return f"{cls.__name__}{_RETRY_AFTER}{retry_after}", error.message
-                return cls.__name__, error.message
-    return type(error).__name__, str(error)
-
-
-def error_from_plain(kind: str, message: str) -> Exception:
-    """The domain error called ``kind``; any other name is an :class:`EngineInternalError`."""
-    name, _, retry_after = kind.partition(_RETRY_AFTER)
-    cls = DOMAIN_ERRORS.get(name)
-    if cls is None:
-        return EngineInternalError(f"{kind}: {message}" if message else kind)
-    if cls is errors.Overloaded and retry_after.isdigit():
-        return errors.Overloaded(message, retry_after=int(retry_after))
-    return cls(message)
-
-
 # -- checks -----------------------------------------------------------------------------
 
 
@@ -412,3 +353,21 @@ def plain_default(value: object) -> Plain:
     if isinstance(value, (set, frozenset)):
         return list(value)
     raise TypeError(f"{type(value).__name__} cannot be sent to the other process")
+
+
+__all__ = [
+    "DOMAIN_ERRORS",
+    "UNARY_METHODS",
+    "EngineInternalError",
+    "Plain",
+    "WireError",
+    "error_from_plain",
+    "error_to_plain",
+    "plain_default",
+    "request_from_plain",
+    "request_to_plain",
+    "response_from_plain",
+    "response_to_plain",
+    "tensor_from_plain",
+    "tensor_to_plain",
+]
