@@ -75,6 +75,10 @@ def tensor_from_plain(plain: Plain) -> Tensor:
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
         return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))
+    if datatype == "BYTES" and shape == [1] and int.from_bytes(raw[:4], "little") == len(raw) - 4 >= 0:
+        one = np.empty(1, dtype=object)  # one string: a streamed text piece, the common case
+        one[0] = raw[4:]
+        return Tensor(name, (1,), datatype, one, _map(parameters))
     try:
         return tensor_from_raw(name, datatype, shape, raw, _map(parameters))
     except errors.BadInput as exc:

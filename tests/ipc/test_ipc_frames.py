@@ -56,6 +56,7 @@ from actorserve.ipc.values import (
     WireError,
     error_from_plain,
     error_to_plain,
+    tensor_from_plain,
 )
 from actorserve.settings import SettingsError
 from actorserve.textgen import TextGeneration
@@ -102,6 +103,19 @@ def test_every_datatype_and_parameters_survive(pair: tuple[str, np.ndarray[Any, 
     assert got_responses.responses == (response, response)
     out = got_responses.responses[0].outputs[0].data
     assert out.dtype == array.dtype and out.shape == array.shape
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x03\x00\x00", b"\x05\x00\x00\x00abc", b"\x02\x00\x00\x00abc", b"\xff\xff\xff\xffabc"],
+    ids=["empty", "short-length", "truncated", "left-over", "huge-length"],
+)
+def test_a_malformed_single_string_tensor_is_a_wire_error(raw: bytes) -> None:
+    """One BYTES element (a streamed text piece) has a fast path; it checks as much."""
+    with pytest.raises(WireError):
+        tensor_from_plain(["t", "BYTES", [1], raw, {}])
+    got = tensor_from_plain(["t", "BYTES", [1], b"\x02\x00\x00\x00ab", {"k": 1}])
+    assert got == Tensor("t", (1,), "BYTES", np.array([b"ab"], dtype=object), {"k": 1})
 
 
 def test_every_message_kind_round_trips() -> None:
