@@ -26,6 +26,7 @@ from .descriptions import (
     ReplicaDescription,
 )
 from .errors import BadInput
+from .textgen import TextGeneration
 from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
 
 
@@ -167,6 +168,8 @@ class ModelInfo:
     max_batch_size: int = 0
     #: why the model is not READY (a load error, readable), else ""
     reason: str = ""
+    #: how it generates text (:mod:`actorserve.textgen`); None: it does not
+    text_generation: TextGeneration | None = None
 
     @property
     def ready(self) -> bool:

@@ -40,6 +40,7 @@ from .model import BatchModel, Model
 from .polling import poll_repository
 from .repository import ModelRepository, override_settings
 from .settings import ModelSettings, Settings, SettingsError
+from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
@@ -57,7 +58,17 @@ def _info(host: ModelHost) -> ModelInfo:
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
         reason=host.reason,
+        text_generation=_text_generation(host),
     )
+
+
+def _text_generation(host: ModelHost) -> TextGeneration | None:
+    """The model class's declaration with its settings' ``text_generation`` block over it."""
+    declared = host.model_class.text_generation
+    block = host.settings.text_generation
+    if block is None:
+        return declared
+    return (declared or TextGeneration()).with_settings(block)
 
 
 class Engine:

@@ -59,11 +59,14 @@ class SequenceConflict(ActorServeError):
 class Overloaded(ActorServeError):
     """A bounded resource is full (mailbox, pending queue, sequence limit).
 
-    ``bound`` names which one (``mailbox_full``, ``max_pending``, ``max_sequences``), for
-    the metrics; the message is the client's."""
+    ``retry_after``: seconds a client should wait, when known (an upstream's
+    ``Retry-After``); the transports tell the client (REST: the ``Retry-After`` header).
+    ``bound`` names which bound was full (``mailbox_full``, ``max_pending``,
+    ``max_sequences``; "" for another), for the metrics."""
 
-    def __init__(self, message: str, bound: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, *args: object, retry_after: int | None = None, bound: str = "") -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
         self.bound = bound
 
 

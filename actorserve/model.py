@@ -22,6 +22,7 @@ from .api import EndReason, bool_parameter
 from .codecs import tensor_from_numpy
 from .errors import BadInput, ModelFailed
 from .settings import ModelSettings
+from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse, Tensor
 
 StateT = TypeVar("StateT")
@@ -62,6 +63,10 @@ class Model:
     #: :class:`BadInput` naming the known ones (the sequence and transport parameters
     #: always pass). None: not declared, every parameter passes.
     request_parameters: ClassVar[frozenset[str] | None] = None
+    #: How this model generates text (:mod:`actorserve.textgen`), so that the text front
+    #: doors (the OpenAI API) serve it; the settings' ``text_generation`` block is laid
+    #: over it. None: not a text generator (unless the settings say so).
+    text_generation: ClassVar[TextGeneration | None] = None
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings

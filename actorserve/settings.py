@@ -14,6 +14,7 @@ from typing import Any, TypeGuard
 import attrs
 
 from .errors import BadInput
+from .textgen import TextGeneration
 from .types import DATATYPES
 
 MODEL_SETTINGS_FILE = "model-settings.json"
@@ -108,6 +109,9 @@ class ModelSettings:
     #: request parameters the model knows (``request.parameters`` of model-settings.json),
     #: added to the model class's ``request_parameters``; None: not declared here.
     request_parameters: frozenset[str] | None = None
+    #: the ``text_generation`` block (see :mod:`actorserve.textgen`), laid over the model
+    #: class's declaration; None: the class's declaration as it is.
+    text_generation: Mapping[str, Any] | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -180,7 +184,7 @@ def model_settings_from_dict(
     known = {
         "name", "implementation", "parameters", "max_batch_size", "max_batch_time", "workers",
         "sequence", "reply_buffer", "max_pending", "platform", "inputs", "outputs", "versions",
-        "request",
+        "request", "text_generation",
     }  # fmt: skip
     unknown = set(data) - known
     if unknown:
@@ -199,6 +203,12 @@ def model_settings_from_dict(
     inputs = _specs(data.get("inputs"), f"{where}: inputs")
     outputs = _specs(data.get("outputs"), f"{where}: outputs")
     request_parameters = _request_parameters(data.get("request"), where)
+    text_generation = data.get("text_generation")
+    if text_generation is not None:
+        try:
+            TextGeneration().with_settings(text_generation)
+        except BadInput as exc:
+            raise SettingsError(f"{where}: {exc}") from None
     try:
         return ModelSettings(
             name=str(name),
@@ -217,6 +227,7 @@ def model_settings_from_dict(
             versions=tuple(data.get("versions") or ()),
             folder=folder,
             request_parameters=request_parameters,
+            text_generation=text_generation,
         )
     except SettingsError as exc:
         raise SettingsError(f"{where}: {exc}") from None

@@ -223,7 +223,7 @@ async def test_every_builtin_models_metadata_uses_oip_datatypes() -> None:
 
 async def test_the_light_builtins_enforce_their_declarations() -> None:
     async with actorserve.open_engine(LIGHT) as engine:
-        with pytest.raises(BadInput, match=r"^model 'streamer' has no parameter 'n_token'; its parameters are: delay, n_tokens$"):
+        with pytest.raises(BadInput, match=r"^model 'streamer' has no parameter 'n_token'; its parameters are: delay, n_tokens, usage$"):
             await engine.infer(InferenceRequest([text()], parameters={"n_token": 2}), model="streamer")
         with pytest.raises(BadInput, match=r"^model 'accumulator' has no parameter 'n'; its parameters are: none$"):
             await engine.infer(InferenceRequest([ints("INPUT", (1,))], parameters={"n": 1, "sequence_start": True}), model="accumulator")

@@ -106,7 +106,7 @@ class ContinuousBatcher:
             raise ShuttingDown(f"{self.name} is not running")
         waiting = len(self._held) - self._running if self._threaded else self._scheduler.waiting
         if waiting >= self.max_pending:
-            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot", "max_pending")
+            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot", bound="max_pending")
         item.batcher = self
         item.submitted_at = trio.current_time()
         if self._threaded:

@@ -67,7 +67,7 @@ class Mailbox(Generic[T]):
         if self._closed:
             raise trio.ClosedResourceError(f"{self.name} is closed")
         if len(self._items) >= self._capacity:
-            raise Overloaded(f"{self.name} is full ({self._capacity} queued)", "mailbox_full")
+            raise Overloaded(f"{self.name} is full ({self._capacity} queued)", bound="mailbox_full")
         self._items.append(item)
         if self._receiver is not None:
             trio.lowlevel.reschedule(self._receiver)

@@ -68,7 +68,7 @@ class PlainRunner:
         if self._load[index] >= self.settings.max_pending:
             raise Overloaded(
                 f"model {self.settings.name!r}: {self.settings.max_pending} requests already running (max_pending)",
-                "max_pending",
+                bound="max_pending",
             )
         self._load[index] += 1
         return index

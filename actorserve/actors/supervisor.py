@@ -178,7 +178,7 @@ class Supervisor:
             raise Overloaded(
                 f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued "
                 "(max_queue)",
-                "mailbox_full",
+                bound="mailbox_full",
             ) from None
         if control.end:
             job.end = True
@@ -245,7 +245,7 @@ class Supervisor:
                     actor.stop(EndReason.EVICTED)
                     return
         raise Overloaded(
-            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", "max_sequences"
+            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", bound="max_sequences"
         )
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:

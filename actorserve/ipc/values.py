@@ -1,5 +1,5 @@
 """Plain forms of the engine's values, for msgpack: tensors, requests, responses, the
-:mod:`actorserve.api` records and errors. No I/O, no msgpack import.
+:mod:`actorserve.api` records, and (from :mod:`.failures`) errors. No I/O, no msgpack import.
 
 A plain form is built only of msgpack's own types (None, bool, int, float, str, bytes,
 lists, str-keyed maps); nothing is ever pickled. Tensor data travels as raw
@@ -34,20 +34,11 @@ from ..api import (
     TensorMetadata,
 )
 from ..raw import tensor_from_raw, tensor_to_raw
-from ..settings import SettingsError
+from ..textgen import TextGeneration
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
+from .failures import DOMAIN_ERRORS, EngineInternalError, WireError, error_from_plain, error_to_plain
 
 Plain = Any  # a msgpack-able value; kept loose on purpose (decoders check shapes)
-
-
-class WireError(Exception):
-    """A plain form that the other side cannot have produced: the peer is broken or
-    speaks another version. The connection it came on is closed."""
-
-
-class EngineInternalError(Exception):
-    """The engine raised something that is not a domain error (a bug there). Like any
-    non-domain error, the transports answer it 500 / INTERNAL with a generic message."""
 
 
 # -- tensors, requests, responses ------------------------------------------------------
@@ -84,6 +75,10 @@ def tensor_from_plain(plain: Plain) -> Tensor:
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
         return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))
+    if datatype == "BYTES" and shape == [1] and int.from_bytes(raw[:4], "little") == len(raw) - 4 >= 0:
+        one = np.empty(1, dtype=object)  # one string: a streamed text piece, the common case
+        one[0] = raw[4:]
+        return Tensor(name, (1,), datatype, one, _map(parameters))
     try:
         return tensor_from_raw(name, datatype, shape, raw, _map(parameters))
     except errors.BadInput as exc:
@@ -139,13 +134,18 @@ def response_from_plain(plain: Plain) -> InferenceResponse:
 
 def _info_to_plain(info: ModelInfo) -> Plain:
     return [info.name, info.version, str(info.state), info.batched, info.stream_input,
-            info.workers, info.max_batch_size, info.reason]  # fmt: skip
+            info.workers, info.max_batch_size, info.reason,
+            None if info.text_generation is None else info.text_generation.to_plain()]  # fmt: skip
 
 
 def _info_from_plain(plain: Plain) -> ModelInfo:
-    name, version, state, batched, stream_input, workers, max_batch_size, reason = _fields(plain, 8, "model info")
+    name, version, state, batched, stream_input, workers, max_batch_size, reason, text = _fields(plain, 9, "model info")
+    try:
+        text_generation = None if text is None else TextGeneration.from_plain(text)
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"bad text_generation in model info: {exc}") from None
     return ModelInfo(_str(name), _str(version), _state(state), _bool(batched), _bool(stream_input),
-                     _int(workers), _int(max_batch_size), _str(reason))  # fmt: skip
+                     _int(workers), _int(max_batch_size), _str(reason), text_generation)  # fmt: skip
 
 
 def _spec_to_plain(spec: TensorMetadata) -> Plain:
@@ -292,44 +292,6 @@ UNARY_METHODS: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Plain], Ca
 }
 
 
-# -- errors -----------------------------------------------------------------------------
-
-#: the errors rebuilt as themselves on the other side, by class name
-DOMAIN_ERRORS: Final[dict[str, type[Exception]]] = {
-    cls.__name__: cls
-    for cls in (
-        errors.ActorServeError,
-        errors.BadInput,
-        errors.ModelNotFound,
-        errors.ModelNotReady,
-        errors.ShuttingDown,
-        errors.SequenceNotFound,
-        errors.SequenceConflict,
-        errors.Overloaded,
-        errors.ModelFailed,
-        SettingsError,
-    )
-}
-
-
-def error_to_plain(error: BaseException) -> tuple[str, str]:
-    """(class name, message). A subclass of a domain error that is not in the table
-    (a model's own ``BadInput`` subclass) travels as its nearest domain ancestor."""
-    if isinstance(error, errors.ActorServeError):
-        for cls in type(error).__mro__:
-            if DOMAIN_ERRORS.get(cls.__name__) is cls:
-                return cls.__name__, error.message
-    return type(error).__name__, str(error)
-
-
-def error_from_plain(kind: str, message: str) -> Exception:
-    """The domain error called ``kind``; any other name is an :class:`EngineInternalError`."""
-    cls = DOMAIN_ERRORS.get(kind)
-    if cls is None:
-        return EngineInternalError(f"{kind}: {message}" if message else kind)
-    return cls(message)
-
-
 # -- checks -----------------------------------------------------------------------------
 
 
@@ -395,3 +357,21 @@ def plain_default(value: object) -> Plain:
     if isinstance(value, (set, frozenset)):
         return list(value)
     raise TypeError(f"{type(value).__name__} cannot be sent to the other process")
+
+
+__all__ = [
+    "DOMAIN_ERRORS",
+    "UNARY_METHODS",
+    "EngineInternalError",
+    "Plain",
+    "WireError",
+    "error_from_plain",
+    "error_to_plain",
+    "plain_default",
+    "request_from_plain",
+    "request_to_plain",
+    "response_from_plain",
+    "response_to_plain",
+    "tensor_from_plain",
+    "tensor_to_plain",
+]

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from ..settings import ANY_DATATYPE, ModelSettings, SequenceSettings, TensorSpec
 
+#: The ``text`` model's chat template: each message as a speaker's turn of the plays the
+#: model learnt from (``USER:`` / ``ASSISTANT:`` / ``SYSTEM:``, the text, a blank line),
+#: then ``ASSISTANT:`` for the reply. A turn ends at a blank line (``chat_stop``).
+TEXT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message.role | upper }}:\n{{ message.content }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
+)
+
 
 def builtin_settings() -> list[ModelSettings]:
     """Settings of every built-in model."""
@@ -39,5 +47,6 @@ def builtin_settings() -> list[ModelSettings]:
             sequence=SequenceSettings(idle_timeout_ms=600_000, max_sequences=4096, evict_idle=True),
             inputs=(TensorSpec("text_input", "BYTES", (1,), optional=True),),
             outputs=(TensorSpec("text_output", "BYTES", (1,)),),
+            text_generation={"chat_template": TEXT_CHAT_TEMPLATE, "chat_stop": ["\n\n"]},
         ),
     ]

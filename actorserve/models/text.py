@@ -10,9 +10,13 @@ one ``text_output``.
 
 Request parameters (see ``docs/textlm.md``): ``max_tokens`` (default 64, at most the
 model parameter ``max_tokens_limit``, 2048), ``temperature`` (>= 0, default 0.8, 0 is
-greedy), ``top_k`` (>= 0, default 0 = all), ``seed`` (an integer; random when absent) and
+greedy), ``top_k`` (>= 0, default 0 = all), ``top_p`` (0 to 1, default 1 = all), ``seed`` (an integer; random when absent) and
 ``stop`` (a string or a list of strings; generation ends when one is produced and it is
-not included in the output).
+not included in the output) and ``usage`` (true: the last response also carries
+``prompt_tokens`` and ``completion_tokens``, counted in characters, the model's tokens).
+
+It declares the text-generation contract (:mod:`actorserve.textgen`), so the OpenAI
+routes serve it; its chat template is in its settings (see ``docs/openai.md``).
 
 In a sequence, the state is the GRU hidden state ``[L, H]`` plus the characters that
 belong to the text but are not yet fed through the GRU (the last generated character, or
@@ -34,8 +38,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..api import bool_parameter
 from ..errors import BadInput
 from ..model import BatchModel, StepOutput, float_parameter, int_parameter
+from ..textgen import TextGeneration
 from ..types import InferenceRequest, InferenceResponse, Tensor
 from .textlm.generation import (
     DEFAULT_MAX_TOKENS,
@@ -56,7 +62,10 @@ class TextModel(BatchModel[TextState, Generation]):
     """The ``text`` model; see the module docstring for its contract."""
 
     request_parameters: ClassVar[frozenset[str] | None] = frozenset(
-        {"max_tokens", "temperature", "top_k", "seed", "stop"}
+        {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
+    )
+    text_generation: ClassVar[TextGeneration | None] = TextGeneration(
+        sampling=("temperature", "top_p", "seed"), stop=True, usage=True
     )
 
     default_max_batch_size: ClassVar[int] = 64
@@ -143,8 +152,10 @@ class TextModel(BatchModel[TextState, Generation]):
         )
         temperature = float_parameter(request, "temperature", DEFAULT_TEMPERATURE, minimum=0.0)
         top_k = int_parameter(request, "top_k", 0, minimum=0)
+        top_p = float_parameter(request, "top_p", 1.0, minimum=0.0, maximum=1.0)
         stop = stop_strings(request)
         seed = request_seed(request)
+        bool_parameter(request.parameters.get("usage", False), "usage")
         if state is None:
             state = TextState()
         ids = self.core.vocab.encode(prompt)
@@ -157,6 +168,7 @@ class TextModel(BatchModel[TextState, Generation]):
             max_tokens=max_tokens,
             temperature=temperature,
             top_k=top_k,
+            top_p=top_p,
             seed=seed,
             stop=stop,
         )
@@ -242,11 +254,13 @@ class TextModel(BatchModel[TextState, Generation]):
         tokens: list[int] = []
         if rows:
             both = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts)
+            top_ps = [w.top_p for w in rows]
             tokens = sample_rows(
                 both.cpu(),  # the one transfer of the step
                 [w.temperature for w in rows],
                 [w.top_k for w in rows],
                 [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],
+                top_ps if any(p < 1.0 for p in top_ps) else None,
             )
         produced = dict(zip(map(id, rows), tokens, strict=True))
         for i, work in enumerate(batch):
@@ -305,6 +319,9 @@ class TextModel(BatchModel[TextState, Generation]):
         work.settle()
         response = self._text_response(work, data if data is not None else self._empty)
         response.parameters["finish_reason"] = reason
+        if work.request.parameters.get("usage") and bool_parameter(work.request.parameters["usage"], "usage"):
+            response.parameters["prompt_tokens"] = len(work.prompt)
+            response.parameters["completion_tokens"] = work.generated
         return StepOutput(response, done=True)
 
     def _text_response(self, work: Generation, data: np.ndarray[Any, np.dtype[Any]]) -> InferenceResponse:

@@ -9,7 +9,8 @@ same prefix are covered without a change here:
   ``inference.GRPCInferenceService`` whose name starts with ``RepositoryModel`` and every
   method of the ``actorserve.v1.Management`` service;
 - inference (only with ``--auth-inference``): REST ``infer``, ``infer_stream``,
-  ``generate``, ``generate_stream`` of every model; gRPC ``ModelInfer`` and
+  ``generate``, ``generate_stream`` of every model and the OpenAI API's
+  ``/v1/completions`` and ``/v1/chat/completions``; gRPC ``ModelInfer`` and
   ``ModelStreamInfer``;
 - metrics (only with ``--auth-metrics``): ``GET /metrics``.
 
@@ -35,6 +36,8 @@ GRPC_MANAGEMENT_PREFIXES: Final = ("/inference.GRPCInferenceService/RepositoryMo
 GRPC_INFERENCE: Final = frozenset({"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"})
 #: REST model operations that are inference.
 INFERENCE_OPS: Final = frozenset({"infer", "infer_stream", "generate", "generate_stream"})
+#: the OpenAI API's inference routes (``/v1/models`` is metadata: open)
+OPENAI_INFERENCE: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
 METRICS_PATH: Final = "/metrics"
 
 #: what a client without the right token is told (REST body, gRPC message).
@@ -71,7 +74,7 @@ class Guard:
     def rest_scope(self, path: str, inference_op: bool) -> Scope | None:
         """The scope a REST request needs (None: open). ``inference_op``: the path is a
         model's infer / generate route (the caller matched it already)."""
-        if inference_op:
+        if inference_op or path in OPENAI_INFERENCE:
             return Scope.INFERENCE if self.inference else None
         if path.startswith(MANAGEMENT_PREFIX):
             return Scope.MANAGEMENT if self.management else None
@@ -113,6 +116,7 @@ __all__ = [
     "INFERENCE_OPS",
     "MANAGEMENT_PREFIX",
     "METRICS_PATH",
+    "OPENAI_INFERENCE",
     "UNAUTHORIZED",
     "Guard",
     "Scope",

@@ -211,6 +211,11 @@ def test_the_guard_covers_management_services_by_name() -> None:
     assert guard.rest_scope("/v2/repository/index", False) is None
     assert Guard([TOKEN], inference=True).grpc_scope("/inference.GRPCInferenceService/ModelStreamInfer") is Scope.INFERENCE
     assert Guard([TOKEN], management=False).rest_scope("/v2/repository/models/m/load", False) is None
+    openai = Guard([TOKEN], inference=True)
+    assert openai.rest_scope("/v1/chat/completions", False) is Scope.INFERENCE
+    assert openai.rest_scope("/v1/completions", False) is Scope.INFERENCE
+    assert openai.rest_scope("/v1/models", False) is None
+    assert guard.rest_scope("/v1/chat/completions", False) is None
     assert not guard.allows(None) and not guard.allows("Bearer") and not guard.allows("Bearer é")
     assert guard.allows(f"Bearer {TOKEN}") and guard.allows(f"  bearer   {TOKEN} ".encode())
 

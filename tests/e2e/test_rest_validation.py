@@ -50,7 +50,7 @@ async def test_int64_data_for_a_bytes_input_is_refused(text_client: httpx.AsyncC
 
 async def test_a_misspelt_parameter_is_refused_naming_the_known_ones(text_client: httpx.AsyncClient) -> None:
     expected = {
-        "error": "model 'text' has no parameter 'max_tokenz'; its parameters are: max_tokens, seed, stop, temperature, top_k"
+        "error": "model 'text' has no parameter 'max_tokenz'; its parameters are: max_tokens, seed, stop, temperature, top_k, top_p, usage"
     }
     for path in ("/v2/models/text/infer", "/v2/models/text/generate_stream"):
         reply = await text_client.post(path, json=body(max_tokenz=5))

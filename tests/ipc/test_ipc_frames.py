@@ -56,8 +56,10 @@ from actorserve.ipc.values import (
     WireError,
     error_from_plain,
     error_to_plain,
+    tensor_from_plain,
 )
 from actorserve.settings import SettingsError
+from actorserve.textgen import TextGeneration
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 LIMIT = 1 << 20
@@ -103,6 +105,19 @@ def test_every_datatype_and_parameters_survive(pair: tuple[str, np.ndarray[Any, 
     assert out.dtype == array.dtype and out.shape == array.shape
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x03\x00\x00", b"\x05\x00\x00\x00abc", b"\x02\x00\x00\x00abc", b"\xff\xff\xff\xffabc"],
+    ids=["empty", "short-length", "truncated", "left-over", "huge-length"],
+)
+def test_a_malformed_single_string_tensor_is_a_wire_error(raw: bytes) -> None:
+    """One BYTES element (a streamed text piece) has a fast path; it checks as much."""
+    with pytest.raises(WireError):
+        tensor_from_plain(["t", "BYTES", [1], raw, {}])
+    got = tensor_from_plain(["t", "BYTES", [1], b"\x02\x00\x00\x00ab", {"k": 1}])
+    assert got == Tensor("t", (1,), "BYTES", np.array([b"ab"], dtype=object), {"k": 1})
+
+
 def test_every_message_kind_round_trips() -> None:
     request = InferenceRequest([bytes_tensor("text_input", b"hi")], id="a", parameters={"n_tokens": 3})
     messages: list[Message] = [
@@ -141,7 +156,9 @@ def test_frames_split_anywhere_and_many_messages() -> None:
 def test_records_and_results_round_trip() -> None:
     values: dict[str, Any] = {
         "ready": True,
-        "models": [ModelInfo("m", "1", ModelState.READY, True, False, 2, 64), ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x")],
+        "models": [ModelInfo("m", "1", ModelState.READY, True, False, 2, 64), ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x"),
+                   ModelInfo("t", "1", ModelState.READY, True, False, 1, 8, text_generation=TextGeneration(
+                       sampling=("seed",), stop=True, chat_template="{{ x }}", chat_stop=("\n",)))],
         "model_info": ModelInfo("m", "1", ModelState.UNAVAILABLE, False, False, 1),
         "metadata": ModelMetadata("m", ("1", "2"), "p", (TensorMetadata("a", "FP32", (-1, 3)),), (TensorMetadata("b", "BYTES", (1,)),)),
         "repository_index": [RepositoryEntry("m", "1", ModelState.READY), RepositoryEntry("n", "2", ModelState.UNAVAILABLE, "broken")],
@@ -170,7 +187,7 @@ def test_records_and_results_round_trip() -> None:
         assert isinstance(reply, Reply)
         assert from_plain(reply.value) == value
     with pytest.raises(WireError):
-        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, ""])
+        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, "", None])
 
 
 @pytest.mark.parametrize(
@@ -243,3 +260,12 @@ def test_malformed_frames(data: bytes) -> None:
     decoder.feed(data)
     with pytest.raises(WireError):
         decoder.next_frame()
+
+
+def test_an_overloaded_error_keeps_its_retry_after() -> None:
+    kind, message = error_to_plain(errors.Overloaded("upstream rate limited", retry_after=7))
+    back = error_from_plain(kind, message)
+    assert isinstance(back, errors.Overloaded)
+    assert (back.message, back.retry_after) == ("upstream rate limited", 7)
+    plain = error_from_plain(*error_to_plain(errors.Overloaded("mailbox full")))
+    assert isinstance(plain, errors.Overloaded) and plain.retry_after is None

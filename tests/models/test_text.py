@@ -124,6 +124,15 @@ def test_sample_rows_is_the_single_row_sampler_row_by_row() -> None:
         for i, s in enumerate(seeds)
     ]
     assert sample_rows(logits, temperatures, top_ks, draws) == single
+    top_ps = [[1.0, 0.0, 0.3, 0.9, 0.999][i % 5 if i % 2 else (i // 2) % 5] for i in range(n)]
+    nucleus = [
+        TextLMCore.sample(logits[i], temperatures[i], top_ks[i], TextLMCore.make_generator(s), top_ps[i])
+        for i, s in enumerate(seeds)
+    ]
+    assert sample_rows(logits, temperatures, top_ks, draws, top_ps) == nucleus
+    assert nucleus != single  # top_p changed some choices
+    argmax = logits.argmax(dim=1).tolist()
+    assert [nucleus[i] for i in range(n) if top_ps[i] == 0.0] == [argmax[i] for i in range(n) if top_ps[i] == 0.0]
 
 
 def test_draws_ahead_are_the_generator_sequence() -> None:

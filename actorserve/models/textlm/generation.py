@@ -9,8 +9,9 @@ import torch
 
 from ...errors import BadInput
 from ...model import int_parameter
+from ...textgen import longest_stop_prefix
 from ...types import InferenceRequest
-from .network import TextLMCore
+from .network import TextLMCore, nucleus
 
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
@@ -18,6 +19,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 DRAW_BLOCK = 64
 _U64 = (1 << 64) - 1
+
+__all__ = ["Generation", "TextState", "longest_stop_prefix", "request_seed", "sample_rows", "stop_strings"]
 
 
 class TextState:
@@ -59,6 +62,7 @@ class Generation:
         "stop",
         "temperature",
         "top_k",
+        "top_p",
     )
 
     def __init__(
@@ -71,6 +75,7 @@ class Generation:
         temperature: float,
         top_k: int,
         seed: int,
+        top_p: float = 1.0,
         stop: tuple[str, ...],
     ) -> None:
         self.request = request
@@ -79,6 +84,7 @@ class Generation:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_k = top_k
+        self.top_p = top_p
         self.stop = stop
         self.generator = TextLMCore.make_generator(seed)
         self.feed: list[int] = []  # the state's pending characters + prompt + generated
@@ -126,6 +132,7 @@ def sample_rows(
     temperatures: list[float],
     top_ks: list[int],
     draws: list[float],
+    top_ps: list[float] | None = None,
 ) -> list[int]:
     """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
 
@@ -157,6 +164,10 @@ def sample_rows(
         sub = rows[limited]
         rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
     probs = torch.softmax(rows, dim=1)
+    if top_ps is not None:
+        nucleus_rows = [j for j, i in enumerate(sampled) if top_ps[i] < 1.0]
+        if nucleus_rows:
+            probs[nucleus_rows] = nucleus(probs[nucleus_rows], [top_ps[sampled[j]] for j in nucleus_rows])
     cdf = torch.cumsum(probs, dim=1)
     u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64)
     index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
@@ -191,15 +202,3 @@ def request_seed(request: InferenceRequest) -> int:
     if request.parameters.get("seed") is None:
         return secrets.randbits(64)
     return int_parameter(request, "seed", 0) & _U64
-
-
-def longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of a stop
-    string (those characters are held back)."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best

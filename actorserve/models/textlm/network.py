@@ -267,11 +267,14 @@ class TextLMCore:
             return (h_new if stacked else self._split(h_new)), logits
 
     @staticmethod
-    def sample(logits_row: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
+    def sample(
+        logits_row: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator, top_p: float = 1.0
+    ) -> int:
         """Pick one character id from one row of logits ``[V]``.
 
         ``temperature <= 0`` is greedy (argmax; the generator is not used). ``top_k <= 0``
-        means no top-k limit. Otherwise exactly one uniform draw is taken from ``generator``
+        means no top-k limit; ``top_p`` below 1 keeps the likeliest characters whose
+        probabilities reach ``top_p`` together (nucleus sampling, after top-k). Otherwise exactly one uniform draw is taken from ``generator``
         (a CPU generator seeded by the request's seed) and inverted through the cumulative
         distribution, so a stream's random sequence never depends on other streams.
 
@@ -295,6 +298,8 @@ class TextLMCore:
             kth = torch.topk(row, top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))
         probs = torch.softmax(row, dim=0)
+        if top_p < 1.0:
+            probs = nucleus(probs.unsqueeze(0), [top_p])[0]
         cdf = torch.cumsum(probs, dim=0)
         u = torch.rand((), generator=generator, dtype=torch.float64)
         index = int(torch.searchsorted(cdf, u * cdf[-1], right=True).item())
@@ -310,6 +315,17 @@ class TextLMCore:
         gen = torch.Generator(device="cpu")
         gen.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
         return gen
+
+
+def nucleus(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    """``probs`` [N, V] with, in row i, every character outside the smallest set of the
+    likeliest ones whose probabilities reach ``top_ps[i]`` set to 0 (the likeliest is always
+    kept; ties are ordered by character id, so the result is the same row by row)."""
+    ordered, order = torch.sort(probs, dim=1, descending=True, stable=True)
+    before = torch.cumsum(ordered, dim=1) - ordered
+    drop = before >= torch.tensor(top_ps, dtype=probs.dtype).unsqueeze(1)
+    drop[:, 0] = False
+    return probs.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), 0.0)
 
 
 def generate(

@@ -1,7 +1,9 @@
-// actorserve playground: one EventSource per prompt on GET /v2/models/{model}/generate_stream.
+// actorserve playground: one EventSource per prompt on GET /v2/models/{model}/generate_stream,
+// or, in chat mode, one streamed POST /v1/chat/completions per message (the OpenAI API).
 // No build step, no dependencies. In "continue" mode the first request sends
-// sequence_start=true and reads the server-made sequence_id from the events; later
-// requests send that sequence_id, so the model continues from its state.
+// sequence_start=true and reads the server-made sequence_id (from the events, or the
+// sequence-id header in chat mode); later requests send that sequence_id, so the model
+// continues from its state. A chat without "continue" resends the whole conversation.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -11,6 +13,7 @@ const promptBox = $("prompt");
 const maxTokensBox = $("max-tokens");
 const temperatureBox = $("temperature");
 const continueBox = $("continue");
+const modeSelect = $("mode");
 const generateButton = $("generate");
 const stopButton = $("stop");
 const forgetButton = $("forget");
@@ -22,7 +25,8 @@ const sequenceLabel = $("sequence");
 const sequenceIdLabel = $("sequence-id");
 const errorBox = $("error");
 
-let source = null; // the EventSource of the running request
+let source = null; // the running request: its EventSource, or {close} aborting a chat fetch
+let history = []; // the conversation so far, in chat mode without a sequence
 let sequence = null; // {id, model} of the open sequence, in continue mode
 let run = null; // counters of the running request
 let statsPending = false;
@@ -72,6 +76,7 @@ function setState(state) {
   stopButton.disabled = !streaming;
   forgetButton.disabled = streaming || sequence === null;
   modelSelect.disabled = streaming;
+  modeSelect.disabled = streaming;
 }
 
 function showError(message) {
@@ -131,6 +136,7 @@ function streamURL(model, prompt) {
 }
 
 function generate() {
+  if (modeSelect.value === "chat") return chat();
   if (source) return;
   const model = modelSelect.value;
   if (!model) return;
@@ -184,6 +190,105 @@ function generate() {
       else showError("the connection was lost");
     }
   });
+}
+
+// -- chat mode: POST /v1/chat/completions, its SSE body read with fetch ---------------------
+
+function chatBody(model, content) {
+  const body = {
+    model,
+    messages: [{ role: "user", content }],
+    max_tokens: maxTokensBox.valueAsNumber,
+    temperature: temperatureBox.valueAsNumber,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  if (continueBox.checked) {
+    if (sequence) body.sequence_id = sequence.id;
+    else body.sequence_start = true;
+  } else {
+    body.messages = [...history, ...body.messages];
+  }
+  return body;
+}
+
+async function chat() {
+  if (source) return;
+  const model = modelSelect.value;
+  if (!model) return;
+  const content = promptBox.value;
+  const keep = continueBox.checked;
+  const body = chatBody(model, content);
+  if (!keep && history.length === 0) output.replaceChildren();
+  if (keep && !sequence) output.replaceChildren();
+  const promptSpan = document.createElement("span");
+  promptSpan.className = "prompt";
+  promptSpan.textContent = `user: ${content}\n`;
+  const generated = document.createTextNode("");
+  const generatedSpan = document.createElement("span");
+  generatedSpan.className = "generated";
+  generatedSpan.append(generated);
+  output.append(promptSpan, document.createTextNode("assistant: "), generatedSpan);
+  showError("");
+  run = { started: performance.now(), first: null, last: null, events: 0 };
+  output.dataset.events = "0";
+  statsLabel.textContent = "";
+  promptBox.value = "";
+  const abort = new AbortController();
+  const request = { close: () => abort.abort() };
+  source = request;
+  setState("streaming");
+  let reply = "";
+  try {
+    const answer = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      signal: abort.signal,
+    });
+    if (!answer.ok) {
+      const error = await answer.json().catch(() => ({}));
+      if (answer.status === 404 && sequence) forgetLocally();
+      throw new Error(`HTTP ${answer.status}: ${(error.error && error.error.message) || answer.statusText}`);
+    }
+    const id = answer.headers.get("sequence-id");
+    if (keep && id !== null && sequence === null) {
+      sequence = { id, model };
+      showSequence();
+    }
+    const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let at;
+      while ((at = buffer.indexOf("\n\n")) >= 0) {
+        const data = buffer.slice(0, at).replace(/^data: /, "");
+        buffer = buffer.slice(at + 2);
+        if (data === "[DONE]") continue;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);
+        const text = (chunk.choices[0] && chunk.choices[0].delta.content) || "";
+        if (!text) continue;
+        reply += text;
+        generated.appendData(text);
+        const now = performance.now();
+        if (run.first === null) run.first = now;
+        run.last = now;
+        run.events += 1;
+        scheduleStats();
+        output.scrollTop = output.scrollHeight;
+      }
+    }
+    generated.appendData("\n");
+    if (!keep) history.push({ role: "user", content }, { role: "assistant", content: reply });
+    if (source === request) finish("done");
+  } catch (err) {
+    if (source !== request) return; // stopped: the abort closed the stream on purpose
+    showError(err.message);
+    finish("error");
+  }
 }
 
 // EventSource hides the status and body of a refused request: ask again with fetch to
@@ -258,6 +363,7 @@ stopButton.addEventListener("click", stop);
 forgetButton.addEventListener("click", endSequence);
 clearButton.addEventListener("click", () => {
   if (source) stop();
+  history = [];
   output.replaceChildren();
   statsLabel.textContent = "";
   showError("");
@@ -267,6 +373,12 @@ continueBox.addEventListener("change", () => {
 });
 modelSelect.addEventListener("change", () => {
   if (sequence && sequence.model !== modelSelect.value) endSequence();
+  history = [];
+});
+modeSelect.addEventListener("change", () => {
+  if (sequence) endSequence(); // a generate sequence is no chat, and the other way round
+  history = [];
+  output.replaceChildren();
 });
 window.addEventListener("beforeunload", () => {
   if (sequence) {

@@ -1,5 +1,6 @@
 """The ASGI application handed to hypercorn: the raw paths of :mod:`.asgi` first
-(``infer``, ``generate`` and every stream), Quart (:mod:`.views`) for the rest.
+(``infer``, ``generate`` and every stream), the OpenAI API under ``/v1/``
+(:mod:`actorserve.transport.openai`), Quart (:mod:`.views`) for the rest.
 
 Every error a client sees is ``{"error": "<message>"}`` JSON with a meaningful status,
 including unknown routes (404), wrong methods (405) and oversized bodies (413).
@@ -22,6 +23,7 @@ from ...settings import Settings
 from ..access import AccessLog
 from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
+from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
@@ -67,6 +69,7 @@ class RestApp:
         self.guard = guard if guard is not None and guard.active else None
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
+        self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
@@ -104,6 +107,8 @@ class RestApp:
                     await self.raw.serve(op, scope, receive, tracked, match[1], match[2], exchange)
                 else:
                     await send_reply(tracked, method_not_allowed_reply(scope["method"], path, allowed))
+            elif path.startswith("/v1/"):  # the OpenAI API
+                await self.openai(scope, receive, tracked)
             elif path == "/metrics":
                 await self._metrics(scope, tracked)
             else:

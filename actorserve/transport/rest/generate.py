@@ -4,6 +4,11 @@ bodies and ``EventSource`` query strings as engine requests, and responses as
 
 A generate body with ``"inputs"`` is OIP (MLServer's alias of infer) and is decoded as
 infer is. Errors are :class:`BadInput`.
+
+Triton's shape is the text-generation contract's own (:mod:`actorserve.textgen`):
+``text_input`` is the prompt tensor, ``parameters`` go to the model as they are, and
+``text_output`` carries the pieces, the last response saying ``finish_reason``; so a text
+model needs no translation here, while the OpenAI routes translate to it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 
 from ...codecs import tensor_from_list
 from ...errors import BadInput
+from ...textgen import element_text, text_tensor
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .wire import RequestHeaders, decode_infer_request, encode_oip, json_bytes, loads
 
@@ -122,6 +128,8 @@ def generate_request_from_query(args: Iterable[tuple[str, list[str]]], datatypes
     for key, raw_values in args:
         if key == "id":
             request_id = raw_values[-1]
+        elif key == "text_input" and len(raw_values) == 1 and datatypes.get(key, "BYTES") == "BYTES":
+            inputs.append(text_tensor(key, raw_values[0]))  # the contract's prompt tensor
         elif key == "text_input" or key in datatypes:
             datatype = datatypes.get(key) or ("BYTES" if key == "text_input" else "")
             values: list[Any] = raw_values if datatype == "BYTES" else [query_value(v) for v in raw_values]
@@ -144,7 +152,7 @@ def generate_response_to_json(response: InferenceResponse) -> dict[str, Any]:
     for tensor in response.outputs:
         scalar = tensor.data.size == 1 and len(tensor.shape) <= 1
         if tensor.datatype == "BYTES":
-            texts = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in tensor.data.reshape(-1)]
+            texts = [element_text(v) for v in tensor.data.reshape(-1)]
             if scalar:
                 out[tensor.name] = texts[0]
             else:

@@ -29,9 +29,10 @@ def _json(schema: Json) -> Json:
 _ERROR = {"description": "error", "content": _json(_ref("Error"))}
 _ERRORS: Final = {str(code): _ERROR for code in (400, 404, 409, 413, 429, 500, 503)}
 _UNAUTHORIZED: Final = {"401": {"description": "missing or wrong bearer token", "content": _json(_ref("Error"))}}
+_EVENT_STREAM: Final[Json] = {"text/event-stream": {"schema": {"type": "string"}}}
 _SSE: Final = {
     "description": "server-sent events: one `data:` event per response; an `event: error` ends a failed stream",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": _EVENT_STREAM,
 }
 _SEQUENCE_HEADERS: Final = [
     {"name": h, "in": "header", "required": False, "schema": {"type": "string"}, "description": d}
@@ -289,6 +290,25 @@ def openapi_document() -> Json:
                 "requestBody": repository_body,
             },
         },
+        "/v1/models": {"get": _op("OpenAI API: the models that generate text", _ok(_ref("Object")))},
+        "/v1/models/{model}": {
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "get": _op("OpenAI API: one model", _ok(_ref("Object"))),
+        },
+        "/v1/completions": {
+            "post": _op(
+                "OpenAI API: a completion (stream: true answers server-sent events); see OpenAI's API reference",
+                {"200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}}, **_ERRORS},
+                body=_json(_ref("Object")), description=_INFERENCE_AUTH,
+            )
+        },
+        "/v1/chat/completions": {
+            "post": _op(
+                "OpenAI API: a chat completion (stream: true answers server-sent events); see OpenAI's API reference",
+                {"200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}}, **_ERRORS},
+                body=_json(_ref("Object")), description=_INFERENCE_AUTH,
+            )
+        },
         "/metrics": {
             "get": _op(
                 "Prometheus metrics (text exposition format; docs/metrics.md); a bearer token only with --auth-metrics",
@@ -303,7 +323,7 @@ def openapi_document() -> Json:
             "title": "actorserve REST API",
             "version": __version__,
             "description": "Open Inference Protocol (KServe V2) data plane, Triton's generate extension, the "
-            "model repository extension, and actorserve's own routes.",
+            "model repository extension, the OpenAI API (/v1) and actorserve's own routes.",
         },
         "paths": paths,
         "components": {

@@ -138,7 +138,8 @@ def error_reply(error: BaseException) -> HttpReply:
     if not isinstance(error, ActorServeError):
         log.error("request failed", exc_info=error)
     status = http_status(error)
-    extra: Headers = [("Retry-After", str(RETRY_AFTER_SECONDS))] if status in (429, 503) else []
+    retry_after = getattr(error, "retry_after", None) or RETRY_AFTER_SECONDS
+    extra: Headers = [("Retry-After", str(retry_after))] if status in (429, 503) else []
     return json_reply({"error": client_message(error)}, status, extra)
 
 

@@ -20,6 +20,12 @@ from actorserve.transport.rest.openapi import DOCUMENT_PATH, openapi_document
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
+#: the OpenAI API's routes, matched by path in transport/openai/routes.py (not a table):
+#: test_the_openai_routes_answer checks that each is served
+OPENAI_ROUTES = {
+    ("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+}
+
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
@@ -36,7 +42,7 @@ def served(engine: Engine) -> set[tuple[str, str]]:
     """(method, path template) of every route the app registers: Quart's rules and the
     raw-ASGI routes (each under /versions/{version}/ too), and /metrics."""
     app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
-    routes: set[tuple[str, str]] = {("GET", "/metrics")}
+    routes: set[tuple[str, str]] = {("GET", "/metrics"), *OPENAI_ROUTES}
     for rule in app.quart.url_map.iter_rules():
         if rule.endpoint.startswith("playground:") or rule.endpoint == "static":
             continue
@@ -65,6 +71,18 @@ def test_management_routes_say_they_need_a_token() -> None:
                if isinstance(op, dict) and op.get("security")}  # fmt: skip
     assert secured == {path for path in paths if path.startswith("/v2/repository/models/")}
     assert len(secured) == 7
+
+
+async def test_the_openai_routes_answer(engine: Engine) -> None:
+    app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for method, path in sorted(OPENAI_ROUTES):
+            reply = await client.request(method, path.replace("{model}", "nope"), json={})
+            assert reply.status_code in (200, 400, 404), (path, reply.text)
+            assert "no such endpoint" not in reply.text, path
+        unknown = await client.get("/v1/nothing")
+        assert "no such endpoint" in unknown.text
 
 
 async def test_the_server_serves_the_document(engine: Engine) -> None:

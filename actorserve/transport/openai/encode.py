@@ -1,0 +1,165 @@
+"""OpenAI response bodies, with no I/O: completions, chat completions, their stream
+chunks, the model list, and errors in OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``).
+
+Every builder returns JSON bytes (orjson; never a raw line break, so each is one SSE
+``data:`` line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+import orjson
+
+from ...api import ModelInfo
+from ...errors import ActorServeError, ModelNotFound, Overloaded, SequenceConflict, SequenceNotFound
+from ..errors import client_message, http_status
+from .parse import OpenAIError
+
+DONE: Final = b"data: [DONE]\n\n"
+
+_TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                 409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+
+
+@attrs.frozen(slots=True)
+class Choice:
+    """One finished choice."""
+
+    index: int
+    text: str
+    finish_reason: str
+
+
+@attrs.frozen(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+_CODES: Final = {
+    ModelNotFound.__name__: "model_not_found",
+    SequenceNotFound.__name__: "sequence_not_found",
+    SequenceConflict.__name__: "sequence_conflict",
+    Overloaded.__name__: "rate_limit_exceeded",
+}
+
+
+def sse(data: bytes) -> bytes:
+    return b"data: " + data + b"\n\n"
+
+
+def error_status_and_body(error: BaseException) -> tuple[int, bytes]:
+    """The status and OpenAI-shaped body for anything raised while serving."""
+    if isinstance(error, OpenAIError):
+        status, message, param, code = error.status, error.message, error.param, error.code
+    else:
+        status, message, param = http_status(error), client_message(error), None
+        code = _CODES.get(type(error).__name__)
+        if code is None and not isinstance(error, ActorServeError):
+            code = "internal_error"
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return status, orjson.dumps(body)
+
+
+def model_list(models: Sequence[ModelInfo], created: int) -> bytes:
+    return orjson.dumps({"object": "list", "data": [model_object(m.name, created) for m in models]})
+
+
+def model_object(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "actorserve"}
+
+
+def _extra(sequence_id: str | None) -> dict[str, Any]:
+    return {} if sequence_id is None else {"sequence_id": sequence_id}
+
+
+def completion(
+    call_id: str, model: str, created: int, choices: Sequence[Choice], usage: Usage, sequence_id: str | None
+) -> bytes:
+    return orjson.dumps({
+        "id": call_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                    for c in choices],
+        "usage": usage.to_json(), **_extra(sequence_id),
+    })  # fmt: skip
+
+
+def chat_completion(
+    call_id: str, model: str, created: int, choices: Sequence[Choice], usage: Usage, sequence_id: str | None
+) -> bytes:
+    return orjson.dumps({
+        "id": call_id, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                     "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
+        "usage": usage.to_json(), **_extra(sequence_id),
+    })  # fmt: skip
+
+
+@attrs.frozen(slots=True)
+class ChunkShape:
+    """How one stream's chunks look (completions or chat)."""
+
+    call_id: str
+    model: str
+    created: int
+    chat: bool
+    include_usage: bool
+    sequence_id: str | None = None
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
+        doc: dict[str, Any] = {
+            "id": self.call_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.chat:
+            doc["system_fingerprint"] = None
+        if self.include_usage:
+            doc["usage"] = None if usage is None else usage.to_json()
+        if self.sequence_id is not None:
+            doc["sequence_id"] = self.sequence_id
+        return sse(orjson.dumps(doc))
+
+    def opening(self, index: int) -> bytes:
+        """A chat choice's first chunk (the role); nothing for completions."""
+        if not self.chat:
+            return b""
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}])  # fmt: skip
+
+    def text(self, index: int, text: str) -> bytes:
+        if self.chat:
+            return self._chunk(
+                [{"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]
+            )
+        return self._chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": None}])
+
+    def finish(self, index: int, reason: str) -> bytes:
+        if self.chat:
+            return self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+        return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
+
+    def usage(self, usage: Usage) -> bytes:
+        """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+        return self._chunk([], usage)
+
+
+def stream_error(error: BaseException) -> bytes:
+    """An error after the stream started: one ``data:`` event with the error object (the
+    ``openai`` client raises it), then the stream ends."""
+    return sse(error_status_and_body(error)[1])

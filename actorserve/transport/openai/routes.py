@@ -1,0 +1,281 @@
+"""The OpenAI routes as a raw-ASGI application: ``GET /v1/models[/{model}]``,
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (unary, or SSE with
+``"stream": true``), over any :class:`~actorserve.api.EngineAPI`.
+
+A model is served here when it declares text generation (``ModelInfo.text_generation``).
+Every error is OpenAI's shape with a meaningful status. A client that disconnects
+cancels its request at once (every choice leaves its engine stream, so the engine
+drops it from the batch at the next step).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import orjson
+import trio
+
+from ...api import EngineAPI
+from ...errors import ModelNotFound
+from ...textgen import TextGeneration
+from ..errors import RETRY_AFTER_SECONDS
+from .chat import render_chat
+from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
+from .encode import (
+    DONE,
+    ChunkShape,
+    chat_completion,
+    completion,
+    error_status_and_body,
+    model_list,
+    model_object,
+    stream_error,
+)
+from .parse import OpenAIError, TextCall, parse_chat, parse_completion
+
+log = logging.getLogger(__name__)
+
+ASGIScope = Mapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[Any]]
+ASGISend = Callable[[Any], Awaitable[None]]
+
+_JSON: Final = [(b"content-type", b"application/json")]
+_EVENT_STREAM: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no")]  # fmt: skip
+#: events buffered per choice between the engine and the writer
+_EVENTS_PER_CHOICE: Final = 16
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body was read."""
+
+
+class OpenAIRoutes:
+    """Serves every path under ``/v1/``. ``limit`` is ``max_body_bytes``."""
+
+    def __init__(self, engine: EngineAPI, limit: int) -> None:
+        self.engine = engine
+        self._limit = limit
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        path: str = scope["path"].rstrip("/")
+        method: str = scope["method"]
+        if path == "/v1/models" or path.startswith("/v1/models/"):
+            allowed = "GET"
+        elif path in ("/v1/completions", "/v1/chat/completions"):
+            allowed = "POST"
+        else:
+            await _send_error(
+                send, OpenAIError(f"no such endpoint: {method} {path}", status=404, code="unknown_url")
+            )
+            return
+        if method != allowed:
+            error = OpenAIError(
+                f"method {method} is not allowed on {path}", status=405, code="method_not_allowed"
+            )
+            await _send_error(send, error, [(b"allow", allowed.encode())])
+            return
+        if allowed == "GET":
+            await self._models(send, path.removeprefix("/v1/models").removeprefix("/"))
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            body = await _read_body(receive, headers, self._limit)
+        except _Disconnected:
+            return
+        except OpenAIError as exc:
+            await _send_error(send, exc)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await self._generate(send, body, headers, chat=path.endswith("/chat/completions"))
+            nursery.cancel_scope.cancel()
+
+    async def _models(self, send: ASGISend, name: str) -> None:
+        try:
+            models = [m for m in await self.engine.models() if m.ready and m.text_generation is not None]
+            created = int(time.time())
+            if not name:
+                unique = {m.name: m for m in models}
+                await _send_json(send, 200, model_list(list(unique.values()), created))
+            elif any(m.name == name for m in models):
+                await _send_json(send, 200, orjson.dumps(model_object(name, created)))
+            else:
+                await _send_error(send, _no_model(name))
+        except Exception as exc:
+            await _send_error(send, exc)
+
+    async def _text_model(self, name: str) -> TextGeneration:
+        try:
+            info = await self.engine.model_info(name)
+        except ModelNotFound:
+            raise _no_model(name) from None
+        if info.text_generation is None:
+            raise _no_model(name, " (it does not generate text)")
+        return info.text_generation
+
+    async def _generate(self, send: ASGISend, body: bytes, headers: Mapping[str, str], *, chat: bool) -> None:
+        try:
+            try:
+                obj = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
+            call = parse_chat(obj, headers) if chat else parse_completion(obj, headers)
+            spec = await self._text_model(call.model)
+            if chat:
+                prompts = [render_chat(call.model, spec.chat_template, call.messages)]
+            else:
+                prompts = list(call.prompts)
+            runs = plan_choices(spec, prompts, call.options, call.n, spec.chat_stop if chat else ())
+        except Exception as exc:
+            await _send_error(send, exc)
+            return
+        call_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        if call.stream:
+            shape = ChunkShape(call_id, call.model, int(time.time()), chat, call.include_usage)
+            await self._stream(send, call, spec, runs, shape)
+            return
+        try:
+            await run_all(self.engine, spec, call.model, runs)
+        except Exception as exc:
+            await _send_error(send, exc)
+            return
+        sequence_id = runs[0].sequence_id
+        encode = chat_completion if chat else completion
+        payload = encode(
+            call_id, call.model, int(time.time()), [r.choice() for r in runs], total_usage(runs), sequence_id
+        )
+        await _send_json(send, 200, payload, _sequence_header(sequence_id))
+
+    async def _stream(
+        self, send: ASGISend, call: TextCall, spec: TextGeneration, runs: list[ChoiceRun], shape: ChunkShape
+    ) -> None:
+        """The choices' events as SSE chunks, each write carrying every event already
+        waiting. The response starts with the first event, so an error that comes first
+        gets its status; a later one is an error chunk that ends the stream."""
+        send_events, receive_events = trio.open_memory_channel[Event](_EVENTS_PER_CHOICE * len(runs))
+        opened: set[int] = set()
+        started = False
+
+        async def body(chunk: bytes, more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+        async with trio.open_nursery() as nursery, receive_events:
+            async with send_events:
+                for run in runs:
+                    nursery.start_soon(stream_choice, self.engine, spec, call.model, run, send_events.clone())
+            failed: Exception | None = None
+            async for first in receive_events:
+                events = drain(first, receive_events)
+                if not started:
+                    failed = next((e.error for e in events if e.error is not None), None)
+                    if failed is not None:
+                        await _send_error(send, failed)  # before cancelling: that would cancel the send
+                        nursery.cancel_scope.cancel()
+                        return
+                    sequence_id = events[0].run.sequence_id
+                    if sequence_id is not None:
+                        shape = _with_sequence(shape, sequence_id)
+                    start = _EVENT_STREAM + [
+                        (k.encode(), v.encode()) for k, v in _sequence_header(sequence_id)
+                    ]
+                    await send({"type": "http.response.start", "status": 200, "headers": start})
+                    started = True
+                parts: list[bytes] = []
+                for event in events:
+                    index = event.run.index
+                    if index not in opened:
+                        opened.add(index)
+                        parts.append(shape.opening(index))
+                    if event.error is not None:
+                        failed = event.error
+                        parts.append(stream_error(event.error))
+                        break
+                    if event.text:
+                        parts.append(shape.text(index, event.text))
+                    if event.end:
+                        parts.append(shape.finish(index, event.run.finish_reason))
+                await body(b"".join(parts))
+                if failed is not None:
+                    nursery.cancel_scope.cancel()
+                    break
+            if failed is None and call.include_usage:
+                await body(shape.usage(total_usage(runs)))
+        await body(DONE, more=False)
+
+
+def _with_sequence(shape: ChunkShape, sequence_id: str) -> ChunkShape:
+    return ChunkShape(shape.call_id, shape.model, shape.created, shape.chat, shape.include_usage, sequence_id)
+
+
+def _sequence_header(sequence_id: str | None) -> list[tuple[str, str]]:
+    return [] if sequence_id is None else [("sequence-id", sequence_id)]
+
+
+def _no_model(name: str, why: str = "") -> OpenAIError:
+    return OpenAIError(
+        f"The model {name!r} does not exist{why}", status=404, param="model", code="model_not_found"
+    )
+
+
+async def _send_json(
+    send: ASGISend, status: int, body: bytes, headers: list[tuple[str, str]] | None = None
+) -> None:
+    raw = [
+        *_JSON,
+        *((k.encode(), v.encode()) for k, v in headers or ()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_error(
+    send: ASGISend, error: BaseException, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    status, body = error_status_and_body(error)
+    if status >= 500 and not isinstance(error, OpenAIError):
+        log.error("an OpenAI request failed", exc_info=error)
+    headers = [*_JSON, *(extra or ())]
+    if status in (429, 503):
+        retry_after = getattr(error, "retry_after", None) or RETRY_AFTER_SECONDS
+        headers.append((b"retry-after", str(retry_after).encode()))
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: int) -> bytes:
+    """The whole request body; 413 as soon as it is known to be over ``limit``."""
+    too_large = OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413)
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise OpenAIError(f"Content-Encoding {encoding!r} is not supported here", status=415)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
