@@ -112,7 +112,7 @@ class ContinuousBatcher:
             self._held.add(item)
             self._hand(item)
             return
-        self._scheduler.submit(item, item.sequence_id)
+        self._scheduler.submit(item, item.exclusive_key)
         self.wake()
 
     def wake(self) -> None:
@@ -373,6 +373,8 @@ class ContinuousBatcher:
             if out.error is not None:
                 item.fail(out.error)
                 continue
+            if out.end_sequence:
+                item.ends_sequence = True
             if out.response is not None:
                 try:  # the reader's ItemResponses stamps the ids (actors/replies.py)
                     item.replies.send_nowait(out.response)
@@ -381,6 +383,8 @@ class ContinuousBatcher:
                     if final:
                         item.finish()
                     continue
+                if not final and item.progressed is not None:
+                    item.progressed.set()
             if final:
                 item.finish()
 
