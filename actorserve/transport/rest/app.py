@@ -20,6 +20,7 @@ from ...api import EngineAPI
 from ...settings import Settings
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
+from ..torchserve import TorchServeInference, TorchServeManagement
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
 from .management import ManagementViews, register_management
@@ -53,6 +54,10 @@ class RestApp:
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes)
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
+        #: TorchServe's inference paths (/ping, /predictions, /explanations)
+        self.torchserve = TorchServeInference(engine, settings.max_body_bytes)
+        #: TorchServe's management paths (/models...), kept apart: they are management
+        self.torchserve_management = TorchServeManagement(engine)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "http":
@@ -75,6 +80,10 @@ class RestApp:
                     await self.raw.serve(op, scope, receive, send, match[1], match[2])
                 else:
                     await send_reply(send, method_not_allowed_reply(scope["method"], scope["path"], allowed))
+                return
+            if await self.torchserve.serve(scope, receive, send):
+                return
+            if await self.torchserve_management.serve(scope, receive, send):
                 return
         await self.quart(scope, receive, send)  # type: ignore[arg-type]
 

@@ -1,0 +1,96 @@
+"""TorchServe's REST inference API: /ping, /predictions with the stateful headers (the
+built-in stateful example), chunked streaming, TorchServe's errors."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from actorserve.server import Server
+
+SEQ_ID = "ts_request_sequence_id"
+SEQ_START = "ts_request_sequence_start"
+SEQ_END = "ts_request_sequence_end"
+
+
+async def test_ping_says_healthy(client: httpx.AsyncClient) -> None:
+    reply = await client.get("/ping")
+    assert reply.status_code == 200
+    assert reply.json() == {"status": "Healthy"}
+
+
+async def test_explanations_are_501_with_a_clear_message(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/explanations/ts_stateful", content=b"1")
+    assert reply.status_code == 501
+    assert reply.json()["code"] == 501
+    assert "explanations are not supported" in reply.json()["message"]
+
+
+async def test_unknown_model_is_404_as_torchserve_says(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/predictions/nope", content=b"1")
+    assert reply.status_code == 404
+    assert reply.json() == {"code": 404, "type": "ModelNotFoundException", "message": "model 'nope' is not loaded"}
+
+
+async def test_a_sequence_through_the_stateful_headers(client: httpx.AsyncClient) -> None:
+    # no id on a sequence-batching model: the server starts one and returns its id
+    first = await client.post("/predictions/ts_stateful", content=b"2")
+    assert first.status_code == 200, first.text
+    assert first.text == "2"
+    sequence_id = first.headers[SEQ_ID]
+    assert sequence_id.startswith("ts-seq-")
+    # even inputs answer once with the running sum
+    second = await client.post("/predictions/ts_stateful/1.0", content=b"4", headers={SEQ_ID: sequence_id})
+    assert (second.status_code, second.text, second.headers[SEQ_ID]) == (200, "6", sequence_id)
+    assert SEQ_END not in second.headers
+    # 0 ends it: the response carries the end header
+    last = await client.put("/predictions/ts_stateful", content=b"0", headers={SEQ_ID: sequence_id})
+    assert (last.status_code, last.text, last.headers[SEQ_END]) == (200, "6", sequence_id)
+
+
+async def test_an_odd_input_streams_until_a_later_request_ends_the_sequence(client: httpx.AsyncClient) -> None:
+    start = await client.post("/predictions/ts_stateful", content=b"1", headers={SEQ_ID: "s1", SEQ_START: "true"})
+    assert (start.text, start.headers[SEQ_ID]) == ("1", "s1")
+    chunks: list[bytes] = []
+    async with client.stream("POST", "/predictions/ts_stateful", content=b"3", headers={SEQ_ID: "s1"}) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["transfer-encoding"] == "chunked"
+        async for chunk in stream.aiter_raw():
+            chunks.append(chunk)
+            if len(chunks) == 2:  # the stream runs: a later request of the sequence ends it
+                end = await client.post("/predictions/ts_stateful", content=b"0", headers={SEQ_ID: "s1"})
+                assert (end.text, end.headers[SEQ_END]) == ("4", "s1")
+    assert set(chunks) == {b"4"}
+    assert len(chunks) >= 3  # its last chunk came with the end
+    # the sequence is over: the same id without a start is closed by the handler
+    again = await client.post("/predictions/ts_stateful", content=b"5", headers={SEQ_ID: "s1"})
+    assert (again.status_code, again.text, again.headers[SEQ_END]) == (200, "5", "s1")
+
+
+async def test_cancel_stops_the_streams_and_keeps_the_sequence(client: httpx.AsyncClient) -> None:
+    await client.post("/predictions/ts_stateful", content=b"1", headers={SEQ_ID: "s2", SEQ_START: "true"})
+    chunks: list[bytes] = []
+    async with client.stream("POST", "/predictions/ts_stateful", content=b"5", headers={SEQ_ID: "s2"}) as stream:
+        async for chunk in stream.aiter_raw():
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                cancel = await client.post("/predictions/ts_stateful", content=b"-1", headers={SEQ_ID: "s2"})
+                assert (cancel.status_code, cancel.text) == (200, "-1")
+                assert SEQ_END not in cancel.headers
+    assert set(chunks) == {b"6"}
+    more = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "s2"})
+    assert more.text == "8"
+
+
+async def test_a_json_body_reaches_the_handler_parsed(client: httpx.AsyncClient) -> None:
+    first = await client.post("/predictions/ts_stateful", json={"input": 4})
+    assert first.text == "4"
+    second = await client.post("/predictions/ts_stateful", json={"input": 2}, headers={SEQ_ID: first.headers[SEQ_ID]})
+    assert second.text == "6"
+
+
+async def test_a_full_sequence_queue_is_503(server: Server, client: httpx.AsyncClient) -> None:
+    del server
+    with trio.fail_after(10):
+        first = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "q", SEQ_START: "true"})
+    assert first.status_code == 200
