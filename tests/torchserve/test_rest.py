@@ -40,7 +40,7 @@ async def test_a_sequence_through_the_stateful_headers(client: httpx.AsyncClient
     sequence_id = first.headers[SEQ_ID]
     assert sequence_id.startswith("ts-seq-")
     # even inputs answer once with the running sum
-    second = await client.post("/predictions/ts_stateful/1.0", content=b"4", headers={SEQ_ID: sequence_id})
+    second = await client.post("/predictions/ts_stateful/1", content=b"4", headers={SEQ_ID: sequence_id})
     assert (second.status_code, second.text, second.headers[SEQ_ID]) == (200, "6", sequence_id)
     assert SEQ_END not in second.headers
     # 0 ends it: the response carries the end header
