@@ -43,13 +43,16 @@ async def serve_grpc(
     every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
     if the port cannot be bound.
     """
+    from ..torchserve.grpc_services import TorchServeGrpc  # its services, beside Triton's
+
     service = InferenceService(engine, settings)
+    torchserve = TorchServeGrpc(engine, settings, service._tracked)
     # grpclib's close() closes the socket it serves on: give it a duplicate of the
     # caller's, so the caller's stays open.
     listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)
     try:
         async with trio_asyncio.open_loop():
-            server = await to_aio(service.start, listener)
+            server = await to_aio(service.start, listener, [torchserve])
             host, port = listener.getsockname()[:2]
             log.info("gRPC listening on %s:%d", host, port)
             try:

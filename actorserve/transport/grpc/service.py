@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import trio
@@ -115,9 +115,10 @@ class InferenceService:
 
     # -- lifecycle, on the asyncio side ---------------------------------------------------
 
-    async def start(self, listener: socket.socket) -> GrpclibServer:
+    async def start(self, listener: socket.socket, others: Sequence[Any] = ()) -> GrpclibServer:
+        """Serve this service and ``others`` (objects with grpclib's ``__mapping__``)."""
         self._idle = asyncio.Event()
-        server = GrpclibServer([self, ManagementService(self.engine, self)])
+        server = GrpclibServer([self, ManagementService(self.engine, self), *others])
         await server.start(sock=listener)
         return server
 
@@ -173,7 +174,8 @@ class InferenceService:
         }
 
     def _tracked(self, func: _Method) -> _Method:
-        """Count the call while it runs; refuse it while draining."""
+        """Count the call while it runs; refuse it while draining (the other services
+        served beside this one wrap their handlers with it too)."""
 
         async def handler(stream: Stream[Any, Any]) -> None:
             if self.draining:
