@@ -4,12 +4,14 @@ from the handlers in ``handlers/``, and a server (``actorserve.serve`` on 127.0.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -83,6 +85,27 @@ def doubler_weights(tmp_path: Path) -> Path:
     path = tmp_path / "doubler.pt"
     torch.save({"scale": torch.tensor(2.0)}, path)
     return path
+
+
+PROTOS = Path(__file__).resolve().parents[2] / "actorserve" / "proto" / "torchserve"
+
+
+@pytest.fixture(scope="session")
+def pb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """inference_pb2(_grpc), management_pb2(_grpc), google.rpc.status_pb2 from the committed protos."""
+    out = tmp_path_factory.mktemp("stubs")
+    protos = ["inference.proto", "management.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"]
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}", *protos],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    sys.path.insert(0, str(out))
+    try:
+        names = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc", "google.rpc.status_pb2", "google.rpc.error_details_pb2")
+        modules = {name.rpartition(".")[2]: importlib.import_module(name) for name in names}
+        yield SimpleNamespace(**modules)
+    finally:
+        sys.path.remove(str(out))
 
 
 Launch = Callable[..., Any]

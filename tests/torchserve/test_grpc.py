@@ -5,11 +5,8 @@ torch-model-archiver, describe, list, scale, set-default, unregister, errors."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import queue
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,24 +23,6 @@ Launch = MakeArchive = Any
 
 PROTOS = Path(__file__).resolve().parents[2] / "actorserve" / "proto" / "torchserve"
 STREAM_CONFIG = "batchSize: 2\nmaxBatchDelay: 20\nhandler:\n  prefix: 'g-'\n"
-
-
-@pytest.fixture(scope="module")
-def pb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """inference_pb2(_grpc), management_pb2(_grpc), google.rpc.status_pb2 from the committed protos."""
-    out = tmp_path_factory.mktemp("stubs")
-    protos = ["inference.proto", "management.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"]
-    subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}", *protos],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    sys.path.insert(0, str(out))
-    try:
-        names = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc", "google.rpc.status_pb2", "google.rpc.error_details_pb2")
-        modules = {name.rpartition(".")[2]: importlib.import_module(name) for name in names}
-        yield SimpleNamespace(**modules)
-    finally:
-        sys.path.remove(str(out))
 
 
 def channel(server: Server) -> grpc.Channel:

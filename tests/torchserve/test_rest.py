@@ -3,10 +3,14 @@ built-in stateful example), chunked streaming, TorchServe's errors."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import httpx
 import trio
 
-from actorserve.server import Server
+from actorserve.torchserve import archive_settings
 
 SEQ_ID = "ts_request_sequence_id"
 SEQ_START = "ts_request_sequence_start"
@@ -89,8 +93,37 @@ async def test_a_json_body_reaches_the_handler_parsed(client: httpx.AsyncClient)
     assert second.text == "6"
 
 
-async def test_a_full_sequence_queue_is_503(server: Server, client: httpx.AsyncClient) -> None:
-    del server
-    with trio.fail_after(10):
-        first = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "q", SEQ_START: "true"})
-    assert first.status_code == 200
+async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: Any) -> None:
+    folder = tmp_path / "slow"
+    (folder / "MAR-INF").mkdir(parents=True)
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "slow", "handler": "slow.py"}}))
+    (folder / "model-config.yaml").write_text("sequenceBatching: true\nmaxNumSequence: 1\nmaxSequenceJobQueueSize: 1\n")
+    (folder / "slow.py").write_text(
+        "import time\n"
+        "def handle(data, context):\n"
+        "    if data is None:\n        return None\n"
+        "    time.sleep(float(data[0]['body']))\n"
+        "    return ['ok']\n"
+    )
+    server = await launch(archive_settings(folder))
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as client:
+        replies: list[httpx.Response] = []
+
+        async def post(delay: bytes) -> None:
+            replies.append(await client.post("/predictions/slow", content=delay, headers={SEQ_ID: "busy"}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, b"0.5")  # runs
+            await trio.sleep(0.1)
+            nursery.start_soon(post, b"0")  # waits in the sequence's queue (size 1)
+            await trio.sleep(0.1)
+            full = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "busy"})
+            assert full.status_code == 503
+            assert full.json() == {
+                "code": 503, "type": "ServiceUnavailableException",
+                "message": "sequence 'busy' already has 1 requests queued (max_queue)",
+            }  # fmt: skip
+        assert [r.text for r in replies] == ["ok", "ok"]
+        other = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "another"})
+        assert other.status_code == 503  # maxNumSequence: 1, and "busy" is still open
+        assert other.json()["type"] == "ServiceUnavailableException"
