@@ -86,6 +86,12 @@ async def test_cancel_stops_the_streams_and_keeps_the_sequence(client: httpx.Asy
     assert more.text == "8"
 
 
+async def test_a_start_for_an_open_sequence_restarts_it_in_the_handler(client: httpx.AsyncClient) -> None:
+    first = await client.post("/predictions/ts_stateful", content=b"8", headers={SEQ_ID: "s3", SEQ_START: "true"})
+    again = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "s3", SEQ_START: "true"})
+    assert (first.status_code, first.text, again.status_code, again.text) == (200, "8", 200, "2")
+
+
 async def test_a_json_body_reaches_the_handler_parsed(client: httpx.AsyncClient) -> None:
     first = await client.post("/predictions/ts_stateful", json={"input": 4})
     assert first.text == "4"
