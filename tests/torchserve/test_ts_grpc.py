@@ -61,6 +61,9 @@ async def test_bad_input_as_torchserve_answers_it(pb: SimpleNamespace, server: S
         with pytest.raises(grpc.RpcError) as unknown:
             await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="nope", input={"data": b"1"}))
         assert (unknown.value.code(), unknown.value.details()) == (grpc.StatusCode.NOT_FOUND, "model 'nope' is not loaded")
+        with pytest.raises(grpc.RpcError) as no_input:  # the handler finds no "data": it fails
+            await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="ts_stateful"))
+        assert (no_input.value.code(), no_input.value.details()) == (grpc.StatusCode.UNAVAILABLE, "Prediction failed")
         with pytest.raises(grpc.RpcError) as streaming:
             await run(lambda: list(stub.StreamPredictions(pb.inference_pb2.PredictionsRequest(model_name="nope"))))
         assert streaming.value.code() == grpc.StatusCode.NOT_FOUND
