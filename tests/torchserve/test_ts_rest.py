@@ -86,6 +86,20 @@ async def test_cancel_stops_the_streams_and_keeps_the_sequence(client: httpx.Asy
     assert more.text == "8"
 
 
+async def test_forms_split_into_inputs_as_torchserve_does(client: httpx.AsyncClient) -> None:
+    # the handler reads "data" (or "body"): a multipart file part named data, a form field
+    files = {"data": ("n.txt", b"2", "text/plain")}
+    first = await client.post("/predictions/ts_stateful", files=files, headers={SEQ_ID: "f", SEQ_START: "true"})
+    assert (first.status_code, first.text) == (200, "2")
+    second = await client.post("/predictions/ts_stateful", data={"data": "4"}, headers={SEQ_ID: "f"})
+    assert (second.status_code, second.text) == (200, "6")
+    charset = await client.post("/predictions/ts_stateful", content=b'{"input": 2}', headers={
+        SEQ_ID: "f", "content-type": "application/json; charset=utf-8"})  # fmt: skip
+    assert charset.text == "8"
+    broken = await client.post("/predictions/ts_stateful", content=b"x", headers={"content-type": "multipart/form-data"})
+    assert (broken.status_code, broken.json()["message"]) == (400, "multipart/form-data without a boundary")
+
+
 async def test_a_start_for_an_open_sequence_restarts_it_in_the_handler(client: httpx.AsyncClient) -> None:
     first = await client.post("/predictions/ts_stateful", content=b"8", headers={SEQ_ID: "s3", SEQ_START: "true"})
     again = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "s3", SEQ_START: "true"})

@@ -2,7 +2,8 @@
 ``POST|PUT /predictions/{model}[/{version}]``, ``POST /explanations/...`` (501).
 
 A prediction's body is passed to the handler as input ``body`` with the request's
-content type, its headers as the request headers. The answer is the handler's body with
+mime type (a form: one input per field, see :mod:`.forms`), its headers as the request
+headers. The answer is the handler's body with
 its content type and response headers; a request that streams (intermediate responses,
 ``ts_stream_next``) is answered as chunked HTTP, one chunk per response, as TorchServe
 does. Errors are TorchServe's JSON: ``{"code", "type", "message"}``. A client that goes
@@ -19,8 +20,10 @@ from typing import Any, Final
 import trio
 
 from ...api import EngineAPI
+from ...errors import BadInput
 from ...torchserve import envelope
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
+from .forms import split_body
 
 ASGIScope = Mapping[str, Any]
 ASGIReceive = Callable[[], Awaitable[Any]]
@@ -124,8 +127,12 @@ class TorchServeInference:
         if body is None:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        content_type = headers.get("content-type", "")
-        call = Call(model, version, {envelope.BODY: (body, content_type)}, headers)
+        try:
+            inputs = split_body(body, headers.get("content-type", ""), self.limit)
+        except BadInput as exc:
+            await send_error(send, ts_error(exc))
+            return
+        call = Call(model, version, inputs, headers)
         with trio.CancelScope() as scope_:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, scope_)
