@@ -18,6 +18,7 @@ response carries the status (see :mod:`.envelope`).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import logging
@@ -52,12 +53,17 @@ class SequenceState:
 
 @attrs.define(eq=False, slots=True)
 class TsWork:
-    """One request: its inputs as the handler reads them, its headers, its id."""
+    """One request: its inputs as the handler reads them, its headers, its id, and the
+    outputs the handler made for it that no step has handed out yet (while it sat out
+    steps, its reader being slow, or while the handler made several at once)."""
 
     request: InferenceRequest
     request_id: str
     data: dict[str, Any]
     headers: dict[str, Any]
+    backlog: collections.deque[StepOutput] = attrs.field(factory=collections.deque)
+    #: its last output is made (in the backlog or handed out): the handler is done with it
+    completed: bool = False
 
 
 @attrs.frozen
@@ -73,7 +79,6 @@ class _Invocation:
 
     def __init__(self, works: list[TsWork]) -> None:
         self.works = works
-        self.ids = {w.request_id for w in works}
         self.events: queue.Queue[Intermediate | _Final] = queue.Queue(EVENTS_AHEAD)
 
 
@@ -192,33 +197,40 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         return TsWork(request, str(uuid.uuid4()), data, headers)
 
     def step(self, batch: list[TsWork]) -> list[StepOutput]:
+        """Hand each request of ``batch`` its next output: from its backlog, or from the
+        handler's next event (waited for only when no request of the batch has one)."""
         running = self._running
         if running is None:
-            running = self._running = _Invocation(list(batch))
-            assert self._thread is not None
-            self._thread.submit(lambda: self._invoke(running))
-        event = running.events.get()
+            eligible = [w for w in batch if not w.completed]  # new, or streaming on
+            if eligible:
+                running = self._running = _Invocation(eligible)
+                assert self._thread is not None
+                self._thread.submit(lambda: self._invoke(running))
+        if running is not None:
+            if not any(w.backlog for w in batch):
+                self._take(running, running.events.get())
+            while self._running is running:  # and whatever else is ready
+                try:
+                    self._take(running, running.events.get_nowait())
+                except queue.Empty:
+                    break
+        return [w.backlog.popleft() if w.backlog else StepOutput() for w in batch]
+
+    def _take(self, running: _Invocation, event: Intermediate | _Final) -> None:
+        """Put an event of the handler in the backlogs of its requests."""
         if isinstance(event, _Final):
             self._running = None
-            return [self._final_output(work, event) for work in batch]
-        outputs = []
-        for work in batch:
-            part = event.responses.get(work.request_id) if work.request_id in running.ids else None
-            if part is None:
-                outputs.append(StepOutput())
-            else:
+            for work in running.works:
+                response, streams_on, ends = event.responses[work.request_id]
+                work.backlog.append(StepOutput(response, done=not streams_on, end_sequence=ends))
+                work.completed = not streams_on
+            return
+        for work in running.works:
+            part = event.responses.get(work.request_id)
+            if part is not None:
                 body, content_type, status, phrase, headers = part
                 headers.pop(envelope.STREAM_NEXT, None)
-                response = self._response(work, body, content_type, headers, status, phrase)
-                outputs.append(StepOutput(response))
-        return outputs
-
-    def _final_output(self, work: TsWork, final: _Final) -> StepOutput:
-        entry = final.responses.get(work.request_id)
-        if entry is None:
-            return StepOutput()  # joined while the handler ran: served by its next call
-        response, streams_on, ends = entry
-        return StepOutput(response, done=not streams_on, end_sequence=ends)
+                work.backlog.append(StepOutput(self._response(work, body, content_type, headers, status, phrase)))
 
     def _response(
         self, work: TsWork, body: bytes, content_type: str, headers: dict[str, str], status: int, phrase: str

@@ -3,6 +3,9 @@ model reached through the Open Inference Protocol."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from ts.context import Context as TsContext
 from ts.context import RequestProcessor as TsRequestProcessor
@@ -11,6 +14,7 @@ from ts.protocol.otf_message_handler import create_predict_response
 import actorserve
 from actorserve.codecs import tensor_from_numpy
 from actorserve.models import builtin_settings
+from actorserve.torchserve import archive_settings
 from actorserve.torchserve.context import (
     Context,
     IntermediateSink,
@@ -19,7 +23,7 @@ from actorserve.torchserve.context import (
     encode_predict_frame,
     send_intermediate_predict_response,
 )
-from actorserve.torchserve.envelope import HeaderNames
+from actorserve.torchserve.envelope import HeaderNames, answer, make_request
 from actorserve.types import InferenceRequest
 
 
@@ -71,3 +75,29 @@ async def test_a_torchserve_model_through_oip() -> None:
         assert first.parameters["ts_headers"] == {"ts_request_sequence_id": "oip"}
         second = await engine.infer(body(b"2", sequence_id="oip"), model="ts_stateful")
         assert second.outputs[0].data.tolist() == [b"7"]
+
+
+async def test_a_slow_reader_gets_every_intermediate_response_once_in_order(tmp_path: Path) -> None:
+    folder = tmp_path / "many"
+    (folder / "MAR-INF").mkdir(parents=True)
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "many", "handler": "many.py"}}))
+    (folder / "many.py").write_text(
+        "from actorserve.torchserve import send_intermediate_predict_response\n"
+        "def handle(data, context):\n"
+        "    if data is None:\n        return None\n"
+        "    for k in range(200):\n"
+        "        send_intermediate_predict_response([str(k)] * len(data), context.request_ids, 'ok', 200, context)\n"
+        "    return ['done'] * len(data)\n"
+    )
+    (folder / "model-config.yaml").write_text("batchSize: 2\nmaxBatchDelay: 200\n")
+    expected = [str(k).encode() for k in range(200)] + [b"done"]
+    async with actorserve.open_engine([archive_settings(folder)]) as engine:
+        async with (
+            engine.infer_stream(make_request({"body": (b"x", "")}, {}, model="many")) as slow,
+            engine.infer_stream(make_request({"body": (b"y", "")}, {}, model="many")) as fast,
+        ):
+            # one handler call serves both; the slow reader's buffer (64) fills and it sits
+            # out steps while the fast one's are handed out: its outputs wait for it
+            assert [answer(r).body async for r in fast] == expected
+            assert [answer(r).body async for r in slow] == expected
+        assert (await engine.statistics("many")).inflight == 0
