@@ -43,7 +43,7 @@ from .settings import (
     load_model_settings,
     model_settings_from_dict,
 )
-from .torchserve.archive import archive_settings, find_archives
+from .torchserve.archive import archive_name, archive_settings, find_archives
 
 
 @attrs.frozen
@@ -120,6 +120,9 @@ class ModelRepository:
                     continue
                 if model.name == name:
                     found.append(model)
+            for archive in find_archives(Path(folder)):  # TorchServe archives, by manifest name
+                if archive_name(archive) == name:
+                    found.append(archive_settings(archive))
         if not found:
             found = [m for m in known if m.name == name]
         if not found:

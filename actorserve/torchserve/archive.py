@@ -51,6 +51,21 @@ def find_archives(folder: Path) -> list[Path]:
     return [p for p in sorted(folder.iterdir()) if is_archive(p)]
 
 
+def archive_name(path: Path) -> str:
+    """The model name of an archive (its manifest's ``modelName``, else the file or folder
+    name), read without extracting it; a broken archive is named by its path."""
+    try:
+        if path.is_file():
+            with zipfile.ZipFile(path) as archive:
+                manifest = json.loads(archive.read(MANIFEST))
+        else:
+            manifest = json.loads((path / MANIFEST).read_text())
+        name = manifest["model"]["modelName"]
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
+        return path.stem
+    return str(name) if name else path.stem
+
+
 def _extract(path: Path) -> Path:
     target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
     atexit.register(shutil.rmtree, target, True)

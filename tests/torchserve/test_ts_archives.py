@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from actorserve.repository import ModelRepository
 from actorserve.settings import SettingsError
 from actorserve.torchserve import Overrides, archive_settings
 from actorserve.torchserve.envelope import SEQUENCE_PLATFORM
@@ -95,3 +96,14 @@ async def test_a_handler_that_fails_is_answered_as_torchserve_does(tmp_path: Pat
         assert failed.json() == {"code": 503, "type": "ServiceUnavailableException", "message": "Prediction failed"}
         short = await client.post("/predictions/broken", content=b"short")
         assert (short.status_code, short.json()["message"]) == (503, "number of batch response mismatched")
+
+
+async def test_the_model_store_is_a_repository(make_archive: MakeArchive, store: Path, launch: Launch) -> None:
+    make_archive("streaming", "streaming_handler.py", STREAM_CONFIG)
+    make_archive("foldered", "streaming_handler.py", fmt="no-archive")
+    assert sorted(m.name for m in ModelRepository((store,)).discover()) == ["foldered", "streaming"]
+    server = await launch()
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as client:
+        loaded = await client.post("/v2/repository/models/streaming/load")  # OIP's load, by manifest name
+        assert loaded.status_code == 200, loaded.text
+        assert (await client.post("/predictions/streaming", content=b"s")).text == "p-s:0p-s:1p-s:2p-s:done"
