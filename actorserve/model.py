@@ -89,6 +89,10 @@ class Model:
     async def load(self) -> None:
         """Load weights etc. Called once before the model serves."""
 
+    async def unload(self) -> None:
+        """Free what ``load`` took (threads, files). Called once when the model version
+        stops (unloaded, replaced, or the server shuts down), after its last step."""
+
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request; the default collects ``predict_stream``."""
         if type(self).predict_stream is Model.predict_stream:

@@ -80,6 +80,8 @@ class _Invocation:
     def __init__(self, works: list[TsWork]) -> None:
         self.works = works
         self.events: queue.Queue[Intermediate | _Final] = queue.Queue(EVENTS_AHEAD)
+        #: the model was unloaded mid-call: nobody takes its events any more
+        self.abandoned = False
 
 
 class _HandlerThread:
@@ -110,7 +112,9 @@ class _HandlerThread:
         return future.result()
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        # never blocks: at most one handler call is queued at a time (a step waits for
+        # the last one's end before it submits the next), so the queue has room
+        self._jobs.put_nowait(None)
 
 
 def decode_input(value: Any, content_type: str) -> Any:
@@ -164,9 +168,15 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             self._thread.stop()
             raise
 
-    def __del__(self) -> None:
+    async def unload(self) -> None:
+        running = self._running
+        if running is not None:  # a handler call still runs: unblock it and let it end
+            running.abandoned = True
+            while not running.events.empty():
+                running.events.get_nowait()
         if self._thread is not None:
-            self._thread.stop()
+            self._thread.stop()  # it ends once the handler call it may be in returns
+            self._thread = None
 
     def metadata(self) -> dict[str, Any]:
         meta = super().metadata()
@@ -247,14 +257,18 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         running = self._running
         if running is None:
             raise RuntimeError("send_intermediate_predict_response called outside of a request")
+        if running.abandoned:
+            raise RuntimeError(f"model {self.name!r} was unloaded")
         running.events.put(event)
 
     def _invoke(self, running: _Invocation) -> None:
         try:
-            running.events.put(self._call_handler(running.works))
+            final = self._call_handler(running.works)
         except BaseException as exc:  # never leave the step waiting
             log.exception("model %r: the handler thread failed", self.name)
-            running.events.put(self._failed(running.works, 503, f"Prediction failed: {exc}"))
+            final = self._failed(running.works, 503, f"Prediction failed: {exc}")
+        if not running.abandoned:
+            running.events.put(final)
 
     def _call_handler(self, works: list[TsWork]) -> _Final:
         context = self.context

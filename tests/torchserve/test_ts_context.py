@@ -4,6 +4,7 @@ model reached through the Open Inference Protocol."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,25 @@ async def test_a_slow_reader_gets_every_intermediate_response_once_in_order(tmp_
             assert [answer(r).body async for r in fast] == expected
             assert [answer(r).body async for r in slow] == expected
         assert (await engine.statistics("many")).inflight == 0
+
+
+async def test_unloading_ends_the_handler_thread_even_mid_stream(tmp_path: Path) -> None:
+    folder = tmp_path / "endless"
+    (folder / "MAR-INF").mkdir(parents=True)
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "endless", "handler": "h.py"}}))
+    (folder / "h.py").write_text(
+        "from actorserve.torchserve import send_intermediate_predict_response\n"
+        "def handle(data, context):\n"
+        "    if data is None:\n        return None\n"
+        "    while True:\n"
+        "        send_intermediate_predict_response(['x'] * len(data), context.request_ids, 'ok', 200, context)\n"
+    )
+    threads = lambda: [t for t in threading.enumerate() if t.name == "torchserve-endless"]  # noqa: E731
+    async with actorserve.open_engine([archive_settings(folder)]) as engine:
+        assert len(threads()) == 1
+        async with engine.infer_stream(make_request({"body": (b"x", "")}, {}, model="endless")) as responses:
+            assert answer(await responses.__anext__()).body == b"x"
+            await engine.unload("endless", grace=0)
+    for thread in threads():
+        thread.join(5)
+    assert threads() == []
