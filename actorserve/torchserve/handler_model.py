@@ -82,6 +82,8 @@ class _Invocation:
         self.events: queue.Queue[Intermediate | _Final] = queue.Queue(EVENTS_AHEAD)
         #: the model was unloaded mid-call: nobody takes its events any more
         self.abandoned = False
+        #: the thread the handler runs this call on
+        self.thread: int | None = None
 
 
 class _HandlerThread:
@@ -143,8 +145,20 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
     _thread: _HandlerThread | None = None
 
     async def load(self) -> None:
-        params = self.settings.parameters
         self.header_names = HeaderNames.from_environ()
+        #: seconds the handler may take for its next response (responseTimeout)
+        self.response_timeout = float(self.settings.parameters.get("response_timeout_s") or 120)
+        self._running: _Invocation | None = None
+        self._thread = _HandlerThread(self.name)
+        try:
+            await trio.to_thread.run_sync(self._thread.call, self._initialize)
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    def _initialize(self) -> None:
+        """A fresh context and handler (on the handler thread)."""
+        params = self.settings.parameters
         model_dir = Path(str(params.get("model_dir") or self.settings.folder or "."))
         self.context = Context(
             self.name,
@@ -155,18 +169,34 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             self.header_names,
             IntermediateSink(self._intermediate),
         )
-        self._running: _Invocation | None = None
-        self._thread = _HandlerThread(self.name)
+        with model_folder_importable(model_dir):
+            self._entry, self.handler = load_entry_point(str(params["handler"]), self.name, self.context)
 
-        def initialize() -> tuple[EntryPoint, Any]:
-            with model_folder_importable(model_dir):
-                return load_entry_point(str(params["handler"]), self.name, self.context)
-
+    def _next_event(self, running: _Invocation) -> Intermediate | _Final:
+        """The handler's next event; past ``response_timeout`` its requests fail as
+        TorchServe's do ("Worker died.") and the handler restarts on a new thread (the
+        stuck one is left to finish, its events dropped), as TorchServe restarts a worker."""
         try:
-            self._entry, self.handler = await trio.to_thread.run_sync(self._thread.call, initialize)
-        except BaseException:
-            self._thread.stop()
-            raise
+            return running.events.get(timeout=self.response_timeout)
+        except queue.Empty:
+            pass
+        log.error(
+            "model %r: the handler did not respond within %g s (responseTimeout): restarting it",
+            self.name, self.response_timeout,
+        )  # fmt: skip
+        running.abandoned = True
+        while not running.events.empty():
+            running.events.get_nowait()
+        assert self._thread is not None
+        self._thread.stop()
+        self._thread = _HandlerThread(self.name)
+        try:
+            self._thread.call(self._initialize)
+        except Exception as exc:
+            log.exception("model %r: restarting the handler failed", self.name)
+            self._entry = _failing(exc)
+        message = f"Worker died. (no response within responseTimeout {self.response_timeout:g} s; the handler restarted)"
+        return self._failed(running.works, 500, message)
 
     async def unload(self) -> None:
         running = self._running
@@ -218,7 +248,7 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
                 self._thread.submit(lambda: self._invoke(running))
         if running is not None:
             if not any(w.backlog for w in batch):
-                self._take(running, running.events.get())
+                self._take(running, self._next_event(running))
             while self._running is running:  # and whatever else is ready
                 try:
                     self._take(running, running.events.get_nowait())
@@ -257,11 +287,13 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         running = self._running
         if running is None:
             raise RuntimeError("send_intermediate_predict_response called outside of a request")
-        if running.abandoned:
-            raise RuntimeError(f"model {self.name!r} was unloaded")
+        if running.abandoned or running.thread != threading.get_ident():
+            # a call that was given up (unloaded, or past responseTimeout): drop its events
+            raise RuntimeError(f"model {self.name!r}: this handler call was abandoned")
         running.events.put(event)
 
     def _invoke(self, running: _Invocation) -> None:
+        running.thread = threading.get_ident()
         try:
             final = self._call_handler(running.works)
         except BaseException as exc:  # never leave the step waiting
@@ -330,6 +362,13 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             )
             responses[work.request_id] = (response, False, False)
         return _Final(responses)
+
+
+def _failing(error: Exception) -> EntryPoint:
+    def entry(data: Any, context: Any) -> Any:
+        raise RuntimeError(f"the handler could not be restarted: {error}")
+
+    return entry
 
 
 def _error_type(status: int) -> str:

@@ -147,3 +147,25 @@ async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: An
         other = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "another"})
         assert other.status_code == 503  # maxNumSequence: 1, and "busy" is still open
         assert other.json()["type"] == "ServiceUnavailableException"
+
+
+async def test_a_handler_past_its_response_timeout_is_restarted(tmp_path: Path, launch: Any) -> None:
+    folder = tmp_path / "stuck"
+    (folder / "MAR-INF").mkdir(parents=True)
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "stuck", "handler": "h.py"}}))
+    (folder / "model-config.yaml").write_text("responseTimeout: 1\n")
+    (folder / "h.py").write_text(
+        "import time\n"
+        "calls = []\n"
+        "def handle(data, context):\n"
+        "    if data is None:\n        calls.append('init')\n        return None\n"
+        "    time.sleep(float(data[0]['body']))\n"
+        "    return [str(len(calls))]\n"
+    )
+    server = await launch(archive_settings(folder))
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=20) as client:
+        stuck = await client.post("/predictions/stuck", content=b"3")
+        assert stuck.status_code == 500
+        assert stuck.json()["message"].startswith("Worker died. (no response within responseTimeout 1 s")
+        fine = await client.post("/predictions/stuck", content=b"0")
+        assert (fine.status_code, fine.text) == (200, "1")  # a fresh handler (its module re-imported)
