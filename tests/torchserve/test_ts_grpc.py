@@ -129,10 +129,10 @@ async def test_management_like_the_client_script(
         assert [d["modelVersion"] for d in default] == ["1.0"]
         same = json.loads((await run(stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=1))).msg)
         assert same == {"status": "Workers scaled to 1 for model: echo"}
-        with pytest.raises(grpc.RpcError) as scale:
-            await run(stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=2, max_worker=2))
-        assert scale.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "scaling workers at run time is not supported" in scale.value.details()
+        scaled = json.loads((await run(stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=2, max_worker=2))).msg)
+        assert scaled == {"status": "Workers scaled to 2 for model: echo"}
+        described = json.loads((await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo"))).msg)
+        assert [len(d["workers"]) for d in described] == [2]
         inference = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
         answer = await run(inference.Predictions, pb.inference_pb2.PredictionsRequest(model_name="echo", input={"data": b"q"}))
         assert answer.prediction == b"q:0q:1q:2q:done"

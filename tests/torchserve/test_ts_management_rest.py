@@ -38,11 +38,16 @@ async def test_register_describe_set_default_scale_unregister(make_archive: Make
         assert default.json() == {"status": 'Default version successfully updated for model "echo" to "1.0"'}
         assert [d["modelVersion"] for d in (await client.get("/models/echo")).json()] == ["1.0"]
 
-        same = await client.put("/models/echo", params={"min_worker": "1", "synchronous": "true"})
-        assert (same.status_code, same.json()) == (200, {"status": "Workers scaled to 1 for model: echo"})
-        more = await client.put("/models/echo", params={"min_worker": "3"})
-        assert more.status_code == 501
-        assert "scaling workers at run time is not supported by actorserve yet" in more.json()["message"]
+        more = await client.put("/models/echo", params={"min_worker": "3", "synchronous": "true"})
+        assert (more.status_code, more.json()) == (200, {"status": "Workers scaled to 3 for model: echo"})
+        scaled = (await client.get("/models/echo/1.0")).json()[0]
+        assert (scaled["minWorkers"], [w["id"] for w in scaled["workers"]]) == (3, ["1", "2", "3"])
+        assert (await client.post("/predictions/echo", content=b"w")).text == "w:0w:1w:2w:done"
+        fewer = await client.put("/models/echo/1.0", params={"min_worker": "1"})
+        assert fewer.json() == {"status": "Workers scaled to 1 for model: echo"}
+        assert len((await client.get("/models/echo/1.0")).json()[0]["workers"]) == 1
+        zero = await client.put("/models/echo", params={"min_worker": "0"})
+        assert (zero.status_code, zero.json()["type"]) == (400, "BadRequestException")
 
         gone = await client.delete("/models/echo/2.0")
         assert gone.json() == {"status": 'Model "echo" unregistered'}

@@ -53,6 +53,9 @@ def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProces
             assert reply.text == str(total)
         with client.stream("POST", "/predictions/streaming", content=b"z") as stream:
             assert list(stream.iter_raw()) == [b"m-z:0", b"m-z:1", b"m-z:2", b"m-z:done"]
+        scaled = client.put("/models/streaming", params={"min_worker": "2"})  # across the engine link
+        assert scaled.json() == {"status": "Workers scaled to 2 for model: streaming"}
+        assert len(client.get("/models/streaming").json()[0]["workers"]) == 2
         registered = client.post("/models", params={"url": str(store.parent / "later.mar")})
         assert registered.status_code == 200, registered.text
         assert client.post("/predictions/later", content=b"a").text == "l-a:0l-a:1l-a:2l-a:done"

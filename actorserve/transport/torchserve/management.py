@@ -2,20 +2,19 @@
 the REST routes (:mod:`.management_rest`) and the gRPC ``ManagementAPIsService``.
 
 Each operation returns a :class:`Reply` (HTTP status + TorchServe's JSON) or raises a
-domain error (mapped by :func:`~.calls.ts_error`). Scaling workers at run time is not
-something the engine offers yet: a ScaleWorker that asks for the running count succeeds,
-any other answers 501 naming the limitation.
+domain error (mapped by :func:`~.calls.ts_error`). Everything is synchronous: a scale or
+a registration is answered once it is done.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import attrs
 
-from ...api import EngineAPI, ModelInfo
+from ...api import EngineAPI, ModelDescription, ModelInfo, ReplicaDescription
 from ...errors import BadInput, ModelNotFound
 
 
@@ -26,11 +25,6 @@ class Reply:
 
     def json(self) -> bytes:
         return json.dumps(self.value, indent=2).encode()
-
-
-@runtime_checkable
-class _DefaultVersions(Protocol):
-    async def set_default_version(self, name: str, version: str) -> None: ...
 
 
 def _status(message: str, code: int = 200) -> Reply:
@@ -50,21 +44,42 @@ def _int_option(options: Mapping[str, str], key: str) -> int | None:
     return number
 
 
-def _describe(info: ModelInfo) -> dict[str, Any]:
+def _worker(state: str, replica: ReplicaDescription) -> dict[str, Any]:
     return {
-        "modelName": info.name,
-        "modelVersion": info.version,
-        "runtime": "python",
-        "minWorkers": info.workers,
-        "maxWorkers": info.workers,
-        "batchSize": info.max_batch_size or 1,
-        "loadedAtStartup": False,
-        "status": info.state.value,
-        "workers": [
-            {"id": str(n + 1), "status": "READY" if info.ready else "UNLOADING", "gpu": False, "memoryUsage": 0}
-            for n in range(info.workers)
-        ],
+        "id": str(replica.index + 1),
+        "status": state,
+        "gpu": False,
+        "memoryUsage": 0,
+        "waiting": replica.waiting,
+        "running": replica.running,
     }
+
+
+def _describe(model: ModelDescription) -> dict[str, Any]:
+    """TorchServe's description of a model version."""
+    value: dict[str, Any] = {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.name,
+        "runtime": "python",
+        "minWorkers": model.workers,
+        "maxWorkers": model.workers,
+        "batchSize": model.max_batch_size or 1,
+        "maxBatchDelay": round(model.max_batch_time * 1000),
+        "maxRetryTimeoutInSec": 0,
+        "loadedAtStartup": False,
+        "status": model.state,
+        "workers": [_worker(model.state, r) for r in model.replicas],
+    }
+    if model.max_sequences:
+        value.update(
+            sequenceMaxIdleMSec=model.idle_timeout_ms,
+            sequenceTimeoutMSec=model.max_duration_ms,
+            maxSequenceJobQueueSize=model.max_queue,
+            maxNumSequence=model.max_sequences,
+            openSequences=model.open_sequences,
+        )
+    return value
 
 
 class Management:
@@ -91,13 +106,14 @@ class Management:
 
     async def describe(self, name: str, version: str | None = None) -> Reply:
         if version == "all":
-            return Reply(200, [_describe(m) for m in await self._versions(name)])
+            versions = await self._versions(name)
+            return Reply(200, [_describe(await self.engine.describe(name, m.version)) for m in versions])
         await self._versions(name)
         try:
-            info = await self.engine.model_info(name, version)
+            description = await self.engine.describe(name, version)
         except ModelNotFound:
             raise ModelNotFound(f"Model version: {version} does not exist for model: {name}") from None
-        return Reply(200, [_describe(info)])
+        return Reply(200, [_describe(description)])
 
     async def register(self, options: Mapping[str, str]) -> Reply:
         """``url`` (required), ``model_name``, ``handler``, ``batch_size``,
@@ -118,26 +134,18 @@ class Management:
         )
 
     async def scale(self, name: str, version: str | None, options: Mapping[str, str]) -> Reply:
+        """``min_worker`` (else ``max_worker``) replicas; always synchronous."""
         versions = await self._versions(name)
         info = await self.engine.model_info(name, version) if version else versions[0]
         wanted = _int_option(options, "min_worker")
-        maximum = _int_option(options, "max_worker")
         if wanted is None:
-            wanted = maximum if maximum is not None else info.workers
-        if wanted == info.workers and (maximum is None or maximum >= wanted):
-            return _status(f"Workers scaled to {wanted} for model: {name}")
-        return Reply(
-            501,
-            {
-                "code": 501,
-                "type": "NotImplementedException",
-                "message": (
-                    f"scaling workers at run time is not supported by actorserve yet: model {name!r} "
-                    f"runs {info.workers} worker(s); set minWorkers in its model-config.yaml "
-                    "(or initial_workers when registering) and register it again"
-                ),
-            },
-        )
+            wanted = _int_option(options, "max_worker")
+        if wanted is None:
+            wanted = info.workers
+        if wanted < 1:
+            raise BadInput("min_worker must be >= 1 (actorserve keeps at least one worker per loaded model)")
+        await self.engine.set_workers(name, wanted, info.version)
+        return _status(f"Workers scaled to {wanted} for model: {name}")
 
     async def set_default(self, name: str, version: str) -> Reply:
         await self._versions(name)
@@ -145,8 +153,6 @@ class Management:
             await self.engine.model_info(name, version)
         except ModelNotFound:
             raise ModelNotFound(f"Model version {version} does not exist for model {name}") from None
-        if not isinstance(self.engine, _DefaultVersions):
-            raise BadInput("this server cannot set a default version")
         await self.engine.set_default_version(name, version)
         return _status(f'Default version successfully updated for model "{name}" to "{version}"')
 
