@@ -276,15 +276,9 @@ class Engine:
                 raise BadInput(str(exc)) from None
 
     async def load_archive(
-        self,
-        path: str,
-        *,
-        name: str | None = None,
-        handler: str | None = None,
-        batch_size: int | None = None,
-        max_batch_delay_ms: int | None = None,
-        workers: int | None = None,
-    ) -> ModelInfo:
+        self, path: str, *, name: str | None = None, handler: str | None = None, batch_size: int | None = None,
+        max_batch_delay_ms: int | None = None, workers: int | None = None,
+    ) -> ModelInfo:  # fmt: skip
         from .torchserve.archive import Overrides, archive_settings
 
         overrides = Overrides(name, handler, batch_size, max_batch_delay_ms, workers)

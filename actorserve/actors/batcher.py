@@ -373,8 +373,6 @@ class ContinuousBatcher:
             if out.error is not None:
                 item.fail(out.error)
                 continue
-            if out.end_sequence:
-                item.ends_sequence = True
             if out.response is not None:
                 try:  # the reader's ItemResponses stamps the ids (actors/replies.py)
                     item.replies.send_nowait(out.response)
@@ -383,8 +381,7 @@ class ContinuousBatcher:
                     if final:
                         item.finish()
                     continue
-                if not final and item.progressed is not None:
-                    item.progressed.set()
+            item.delivered(streamed=out.response is not None and not final, end_sequence=out.end_sequence)
             if final:
                 item.finish()
 

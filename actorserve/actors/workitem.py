@@ -54,6 +54,15 @@ class WorkItem:
     #: called once when the item finishes (its sequence actor's bookkeeping)
     on_finish: Callable[[], None] | None = None
 
+    def delivered(self, *, streamed: bool, end_sequence: bool) -> None:
+        """A step's output was handed to the reader: ``streamed`` a response and the item
+        goes on (its sequence's next request may join, with overlap); ``end_sequence``:
+        the model ends the sequence once this item is done."""
+        if end_sequence:
+            self.ends_sequence = True
+        if streamed and self.progressed is not None:
+            self.progressed.set()
+
     @property
     def exclusive_key(self) -> str | None:
         """What the scheduler keeps from running together with this item: its sequence,
