@@ -275,18 +275,8 @@ class Engine:
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
 
-    async def load_archive(
-        self, path: str, *, name: str | None = None, handler: str | None = None, batch_size: int | None = None,
-        max_batch_delay_ms: int | None = None, workers: int | None = None,
-    ) -> ModelInfo:  # fmt: skip
-        from .torchserve.archive import Overrides, archive_settings
-
-        overrides = Overrides(name, handler, batch_size, max_batch_delay_ms, workers)
-        settings = archive_settings(self.repository.locate(path), overrides)
-        try:
-            return _info(await self.load(settings))
-        except SettingsError as exc:  # e.g. a handler that cannot be imported
-            raise BadInput(str(exc)) from None
+    async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
+        return _info(await self.load(self.repository.archive(path, **overrides)))
 
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)

@@ -43,7 +43,7 @@ from .settings import (
     load_model_settings,
     model_settings_from_dict,
 )
-from .torchserve.archive import archive_name, archive_settings, find_archives
+from .torchserve.archive import Overrides, archive_name, archive_settings, find_archives
 
 
 @attrs.frozen
@@ -97,6 +97,11 @@ class ModelRepository:
         if not found.exists():
             raise BadInput(f"model archive {path!r} not found")
         return found
+
+    def archive(self, path: str, **overrides: Any) -> ModelSettings:
+        """The settings of the TorchServe archive at ``path`` (:meth:`locate`), with
+        :class:`~actorserve.torchserve.archive.Overrides` fields; :class:`SettingsError`."""
+        return archive_settings(self.locate(path), Overrides(**overrides))
 
     def implementation(self, settings: ModelSettings) -> type[Model]:
         """The model class of ``settings``, its folder's code imported afresh
