@@ -277,6 +277,22 @@ class EngineAPI(Protocol):
         :class:`BadInput` say why not; the repository index keeps the reason."""
         ...
 
+    async def load_archive(
+        self,
+        path: str,
+        *,
+        name: str | None = None,
+        handler: str | None = None,
+        batch_size: int | None = None,
+        max_batch_delay_ms: int | None = None,
+        workers: int | None = None,
+    ) -> ModelInfo:
+        """Load a TorchServe model (a ``.mar`` file or a model folder) from ``path`` on
+        the engine's disk (relative: in the first model folder), the keyword values
+        overriding its ``model-config.yaml``; :class:`BadInput` says why not,
+        :class:`ModelFailed` if its handler fails to initialize."""
+        ...
+
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         """Unload a model (every version, or one); in-flight requests get ``grace``
         seconds (default: the server's grace period); its sequences end ``shutdown``."""

@@ -75,16 +75,8 @@ class Engine:
     """The in-process engine: owns a :class:`ModelHost` per loaded model version and
     implements :class:`actorserve.api.EngineAPI`. Made by :func:`open_engine`."""
 
-    def __init__(
-        self,
-        nursery: trio.Nursery,
-        settings: Settings,
-        repository: ModelRepository | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.settings = settings
-        #: where the hosts record (batches, steps, sequences, rejections)
-        self.metrics = metrics or Metrics()
+    def __init__(self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None) -> None:
+        self.settings, self.metrics = settings, Metrics()  # metrics: where its models record (GET /metrics)
         self.repository = repository or ModelRepository()
         #: why versions that are not served are not (the repository index shows it)
         self.catalog = Catalog()
@@ -113,9 +105,7 @@ class Engine:
             self.catalog.failed(settings.name, settings.version, str(exc))
             raise
         contract = RequestContract.of(settings, model_class)
-        host = ModelHost(
-            settings, model_class, inflight=self._inflight, metrics=self.metrics.model(settings.name, settings.version)
-        )
+        host = ModelHost(settings, model_class, inflight=self._inflight, metrics=self.metrics.model(settings.name, settings.version))
         if contract is not None:
             self._contracts[host] = contract
         versions = self._hosts.setdefault(settings.name, {})
@@ -286,6 +276,9 @@ class Engine:
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
 
+    async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
+        return _info(await self.load(self.repository.archive(path, **overrides)))
+
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)
         self._default_version[name] = version
@@ -377,13 +370,11 @@ async def open_engine(
     settings: Settings | Iterable[ModelSettings] | None = None,
     *,
     repository: ModelRepository | None = None,
-    metrics: Metrics | None = None,
 ) -> AsyncIterator[Engine]:
     """Load the models of ``settings`` (default: the built-in models) and yield the engine.
 
     Leaving the block shuts everything down: sequences end with reason ``shutdown`` and
-    no task is left behind. ``metrics``: where the models record (default: a fresh
-    :class:`~actorserve.metrics.Metrics`)."""
+    no task is left behind."""
     if settings is None:
         from .models import builtin_settings
 
@@ -392,7 +383,7 @@ async def open_engine(
         settings = Settings(models=tuple(settings))
     try:
         async with trio.open_nursery() as nursery:
-            engine = Engine(nursery, settings, repository, metrics)
+            engine = Engine(nursery, settings, repository)
             try:
                 for model_settings in settings.models:
                     await engine.load(model_settings)

@@ -45,6 +45,9 @@ class StepOutput:
     response: InferenceResponse | None = None
     done: bool = False
     error: Exception | None = None
+    #: the item's sequence ends (reason ``ended``) once this item is done, as if its
+    #: request had said ``sequence_end`` (a model that decides the end itself).
+    end_sequence: bool = False
 
 
 class Model:
@@ -85,6 +88,10 @@ class Model:
 
     async def load(self) -> None:
         """Load weights etc. Called once before the model serves."""
+
+    async def unload(self) -> None:
+        """Free what ``load`` took (threads, files). Called once when the model version
+        stops (unloaded, replaced, or the server shuts down), after its last step."""
 
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request; the default collects ``predict_stream``."""
@@ -155,6 +162,11 @@ class BatchModel(Model, Generic[StateT, WorkT]):
     #: step's outputs between threads costs more than the step: the batcher's trio task
     #: then steps inline.
     step_in_thread: ClassVar[bool] = True
+    #: Let a sequence's next request join the batch once the running one has streamed
+    #: its first response (TorchServe's continuous batching: a request may end or
+    #: cancel a stream of its own sequence). Requests still start in order, one at a
+    #: time; the sequence is idle only when none of its requests runs.
+    sequence_overlap: ClassVar[bool] = False
 
     @property
     def max_batch_size(self) -> int:

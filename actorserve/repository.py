@@ -43,6 +43,7 @@ from .settings import (
     load_model_settings,
     model_settings_from_dict,
 )
+from .torchserve.archive import Overrides, archive_name, archive_settings, find_archives
 
 
 @attrs.frozen
@@ -58,7 +59,10 @@ class ModelRepository:
         """Every model in the folders; :class:`SettingsError` names a bad file."""
         models: list[ModelSettings] = []
         for folder in self.folders:
-            models.extend(discover_models(folder))
+            archives = [archive_settings(path) for path in find_archives(Path(folder))]
+            if not archives or any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
+                models.extend(discover_models(folder))
+            models.extend(archives)
         return self.apply_overrides(models)
 
     def apply_overrides(self, models: Iterable[ModelSettings]) -> list[ModelSettings]:
@@ -78,6 +82,26 @@ class ModelRepository:
                 except SettingsError as exc:
                     problems[path.parent.name] = str(exc)
         return self.apply_overrides(models), problems
+
+    def locate(self, path: str) -> Path:
+        """A model archive's path: absolute, or relative to the first model folder
+        (TorchServe's model store); ``file://`` URLs too. :class:`BadInput` for a URL
+        to download or a path that does not exist."""
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        elif "://" in path:
+            raise BadInput(f"cannot load {path!r}: only archives on the server's disk load (no downloads)")
+        found = Path(path)
+        if not found.is_absolute() and self.folders:
+            found = self.folders[0] / found
+        if not found.exists():
+            raise BadInput(f"model archive {path!r} not found")
+        return found
+
+    def archive(self, path: str, **overrides: Any) -> ModelSettings:
+        """The settings of the TorchServe archive at ``path`` (:meth:`locate`), with
+        :class:`~actorserve.torchserve.archive.Overrides` fields; :class:`SettingsError`."""
+        return archive_settings(self.locate(path), Overrides(**overrides))
 
     def implementation(self, settings: ModelSettings) -> type[Model]:
         """The model class of ``settings``, its folder's code imported afresh
@@ -101,6 +125,9 @@ class ModelRepository:
                     continue
                 if model.name == name:
                     found.append(model)
+            for archive in find_archives(Path(folder)):  # TorchServe archives, by manifest name
+                if archive_name(archive) == name:
+                    found.append(archive_settings(archive))
         if not found:
             found = [m for m in known if m.name == name]
         if not found:

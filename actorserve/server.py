@@ -112,15 +112,14 @@ async def serve(
     generated = None
     try:
         settings, generated = with_token(settings)
-        metrics = Metrics()
-        async with open_engine(settings, repository=repository, metrics=metrics) as engine:
+        async with open_engine(settings, repository=repository) as engine:
             await serve_transports(
                 engine,
                 settings,
                 listeners,
                 drain=engine.aclose,
                 rest_fast_path=rest_fast_path,
-                metrics=metrics,
+                metrics=engine.metrics,  # the engine's and the transports' series in one registry
                 task_status=task_status,
             )
     except BaseExceptionGroup as group:  # e.g. a model that fails to load: raise it itself

@@ -62,7 +62,6 @@ class ContinuousBatcher:
         max_pending: int = 1024,
         name: str = "batcher",
         on_step: Callable[[list[WorkItem]], None] | None = None,
-        counters: StepCounters | None = None,  # default: new ones (the host's record metrics too)
     ) -> None:
         self.model = model
         self.name = name
@@ -72,7 +71,7 @@ class ContinuousBatcher:
         self._wakeup = trio.Event()
         self._closed = False
         self._on_step = on_step
-        self.counters = counters if counters is not None else StepCounters()
+        self.counters = StepCounters()
         # With a step loop, the trio side mirrors the thread's schedule from its reports.
         self._threaded = model.step_in_thread
         self._loop: StepLoop | None = None
@@ -113,7 +112,7 @@ class ContinuousBatcher:
             self._held.add(item)
             self._hand(item)
             return
-        self._scheduler.submit(item, item.sequence_id)
+        self._scheduler.submit(item, item.exclusive_key)
         self.wake()
 
     def wake(self) -> None:
@@ -382,6 +381,7 @@ class ContinuousBatcher:
                     if final:
                         item.finish()
                     continue
+            item.delivered(streamed=out.response is not None and not final, end_sequence=out.end_sequence)
             if final:
                 item.finish()
 

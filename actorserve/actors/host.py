@@ -11,6 +11,7 @@ least-loaded replica. A plain :class:`Model` runs in the caller's task
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -31,6 +32,11 @@ from .inflight import Inflight
 from .plain import PlainRunner
 from .replies import cancelled_response
 from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+#: seconds every replica's ``unload`` gets, together, when a model version stops
+UNLOAD_TIMEOUT = 10.0
 
 #: seconds between looks at a retiring replica's load (bounded by the grace period)
 RETIRE_POLL = 0.01
@@ -162,6 +168,12 @@ class ModelHost:
             self.state = ModelState.UNAVAILABLE
             if isinstance(self._runner, BatchedRunner):
                 self._runner.closed = True
+            with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
+                for model in self.replicas:  # their batchers have stopped stepping them
+                    try:
+                        await model.unload()
+                    except Exception:
+                        log.exception("model %r: unload raised", self.name)
 
     async def _add_replica(self) -> None:
         """Load one more replica (and start its batcher) in the host's nursery."""
@@ -175,8 +187,8 @@ class ModelHost:
                 max_batch_time=self.settings.max_batch_time,
                 max_pending=self.settings.max_pending,
                 name=f"{self.name}:{self.version} replica {len(self.replicas)}",
-                counters=StepCounters(self.metrics),
             )
+            batcher.counters.metrics = self.metrics  # its steps and waits also go to Prometheus
             scope = self._batcher_scopes[batcher] = trio.CancelScope()
             await self._nursery.start(self._run_batcher, batcher, scope)
             self.batchers.append(batcher)
@@ -190,6 +202,12 @@ class ModelHost:
                 await batcher.run(task_status=task_status)
         finally:
             self._batcher_scopes.pop(batcher, None)
+            if batcher.model not in self.replicas:  # retired by scaling down: unload it now
+                with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
+                    try:
+                        await batcher.model.unload()
+                    except Exception:
+                        log.exception("model %r: unload raised", self.name)
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).

@@ -9,6 +9,7 @@ with that reason, after any request still in a batch has left it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Protocol
 
@@ -73,6 +74,7 @@ class SequenceActor:
         "model",
         "replica",
         "state",
+        "streaming",
         "supervisor",
     )
 
@@ -95,10 +97,12 @@ class SequenceActor:
         self.idle_since: float | None = trio.current_time()  # None while a request runs
         self.idle_queued = False  # an idle deadline of ours is in the supervisor's heap
         self.state = state  # lent to the model's step only while a request of ours runs
+        #: earlier requests still streaming while later ones run (``sequence_overlap``)
+        self.streaming: list[WorkItem] = []
 
     @property
     def idle(self) -> bool:
-        return self.current is None and not len(self.mailbox)
+        return self.current is None and not len(self.mailbox) and not self.streaming
 
     def deliver(self, job: Job) -> None:
         """Queue ``job``; :class:`Overloaded` if the mailbox is full,
@@ -114,6 +118,8 @@ class SequenceActor:
             self.mailbox.close()
         if not graceful and self.current is not None and not self.current.item.finished:
             self.current.item.cancel(self._why())
+        for item in list(self.streaming):
+            item.cancel(self._why())
 
     def _why(self) -> SequenceNotFound:
         return ended(self.id, self.end_reason or EndReason.ENDED)
@@ -138,13 +144,19 @@ class SequenceActor:
                 self.current = job  # stays set if we are cancelled: _finish stops it
                 self.idle_since = None
                 await self._run_job(job, self.state)
+                if job.end and not job.item.finished:  # the last request streams on
+                    await job.item.done.wait()
                 self.current = None
-                if job.end and self.end_reason is None:
+                if (job.end or job.item.ends_sequence) and self.end_reason is None:
                     self.end_reason = EndReason.ENDED
                     break
+                if not job.item.finished:  # still streaming (sequence_overlap)
+                    self.streaming.append(job.item)
+                    job.item.on_finish = functools.partial(self._stream_left, job.item)
                 del job
-                self.idle_since = trio.current_time()
-                self.supervisor.became_idle(self)
+                if not self.streaming:
+                    self.idle_since = trio.current_time()
+                    self.supervisor.became_idle(self)
             reason = self.end_reason or EndReason.ENDED
         except trio.Cancelled:
             reason = self.end_reason or EndReason.SHUTDOWN
@@ -158,6 +170,15 @@ class SequenceActor:
             with trio.CancelScope(shield=True):
                 await self._finish(reason)
 
+    def _stream_left(self, item: WorkItem) -> None:
+        """A request that streamed on while later ones ran has finished."""
+        self.streaming.remove(item)
+        if item.ends_sequence and self.end_reason is None:
+            self.stop(EndReason.ENDED)
+        elif not self.streaming and self.current is None and self.end_reason is None:
+            self.idle_since = trio.current_time()
+            self.supervisor.became_idle(self)
+
     async def _run_job(self, job: Job, state: Any) -> None:
         item = job.item
         model = self.model
@@ -168,6 +189,8 @@ class SequenceActor:
                 item.fail(exc)  # a bad request fails itself, not the sequence
                 return
             assert self.replica is not None
+            if model.sequence_overlap:
+                item.progressed = trio.Event()
             try:
                 self.replica.submit_nowait(item)
             except ActorServeError as exc:
@@ -176,7 +199,7 @@ class SequenceActor:
         else:
             assert job.turn is not None
             job.turn.set()  # the caller runs the plain model in its own task
-        await item.done.wait()
+        await (item.done if item.progressed is None else item.progressed).wait()
 
     async def _finish(self, reason: EndReason) -> None:
         """Fail what is queued, stop what runs, wait for it to leave the batch, then
@@ -188,7 +211,21 @@ class SequenceActor:
             if job.turn is not None:
                 job.turn.set()
         running = self.current.item if self.current is not None else None
-        if running is not None and not running.finished:
+        for item in list(self.streaming):
+            item.on_finish = None
+            await self._stop_running(item, why)
+        self.streaming.clear()
+        if running is not None:
+            await self._stop_running(running, why)
+        self.supervisor.forget(self, reason)
+        if isinstance(self.model, BatchModel):
+            try:
+                self.model.on_sequence_end(self.state, reason)
+            except Exception:
+                log.exception("model %r: on_sequence_end(%r) raised", self.model.name, reason)
+
+    async def _stop_running(self, running: WorkItem, why: SequenceNotFound) -> None:
+        if not running.finished:
             if running.batcher is None:
                 running.fail(why)
             else:
@@ -198,9 +235,3 @@ class SequenceActor:
                 if waited.cancelled_caught:
                     log.error("sequence %r: its request did not leave the batch in %.0f s",
                               self.id, LEAVE_BATCH_TIMEOUT)
-        self.supervisor.forget(self, reason)
-        if isinstance(self.model, BatchModel):
-            try:
-                self.model.on_sequence_end(self.state, reason)
-            except Exception:
-                log.exception("model %r: on_sequence_end(%r) raised", self.model.name, reason)

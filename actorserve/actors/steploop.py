@@ -213,7 +213,7 @@ class StepLoop:
         scheduler = self._scheduler
         while self._submitted:
             item = self._submitted.popleft()
-            scheduler.submit(item, item.sequence_id)
+            scheduler.submit(item, item.exclusive_key)
             self._taken += 1
         dropped: list[WorkItem] = []
         for item in self._cancelled:

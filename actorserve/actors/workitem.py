@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -46,6 +47,27 @@ class WorkItem:
     admitted: bool = False  # the event loop learnt that the item is in the batch
     submitted_at: float = 0.0  # trio.current_time() at submit (for queue statistics)
     done: trio.Event = attrs.field(factory=trio.Event)
+    #: set by the batcher when a step's output says the sequence ends after this item
+    ends_sequence: bool = False
+    #: when set (sequence overlap), also set once the item has streamed a response
+    progressed: trio.Event | None = None
+    #: called once when the item finishes (its sequence actor's bookkeeping)
+    on_finish: Callable[[], None] | None = None
+
+    def delivered(self, *, streamed: bool, end_sequence: bool) -> None:
+        """A step's output was handed to the reader: ``streamed`` a response and the item
+        goes on (its sequence's next request may join, with overlap); ``end_sequence``:
+        the model ends the sequence once this item is done."""
+        if end_sequence:
+            self.ends_sequence = True
+        if streamed and self.progressed is not None:
+            self.progressed.set()
+
+    @property
+    def exclusive_key(self) -> str | None:
+        """What the scheduler keeps from running together with this item: its sequence,
+        unless the sequence lets requests overlap (its actor then orders them)."""
+        return None if self.progressed is not None else self.sequence_id
 
     def cancel(self, error: BaseException | None = None) -> None:
         """Leave the batch at the next step: the caller went away or, with ``error``,
@@ -71,6 +93,11 @@ class WorkItem:
             self.finished = True
             self.replies.close()
             self.done.set()
+            if self.progressed is not None:
+                self.progressed.set()
+            if self.on_finish is not None:
+                on_finish, self.on_finish = self.on_finish, None
+                on_finish()
 
     def take_waiting(self) -> list[InferenceResponse]:
         """Every reply already buffered (maybe none), without waiting or yielding; the

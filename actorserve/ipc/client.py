@@ -245,6 +245,21 @@ class EngineClient:
         result: list[InferenceStatistics] = await self._unary("inference_statistics", {"name": name, "version": version})
         return result
 
+    async def load_archive(
+        self,
+        path: str,
+        *,
+        name: str | None = None,
+        handler: str | None = None,
+        batch_size: int | None = None,
+        max_batch_delay_ms: int | None = None,
+        workers: int | None = None,
+    ) -> ModelInfo:
+        args = {"path": path, "name": name, "handler": handler, "batch_size": batch_size,
+                "max_batch_delay_ms": max_batch_delay_ms, "workers": workers}  # fmt: skip
+        result: ModelInfo = await self._unary("load_archive", args)
+        return result
+
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         await self._unary("unload", {"name": name, "version": version, "grace": grace})
 

@@ -267,6 +267,8 @@ class FrontConnection:
                 result = await engine.describe(_name(name), version)
             case "inference_statistics":
                 result = await engine.inference_statistics(name or "", version)
+            case "load_archive":
+                result = await _load_archive(engine, args)
             case "unload":
                 await engine.unload(_name(name), version, grace=grace)
                 result = None
@@ -362,6 +364,24 @@ class _RequestFeed:
             raise StopAsyncIteration from None
         await self._grant()
         return request
+
+
+async def _load_archive(engine: EngineAPI, args: Mapping[str, Any]) -> Any:
+    path, handler = args.get("path"), args.get("handler")
+    if not isinstance(path, str) or not isinstance(handler, str | None):
+        raise BadInput("load_archive: path and handler must be strings")
+    numbers = {key: args.get(key) for key in ("batch_size", "max_batch_delay_ms", "workers")}
+    for key, value in numbers.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise BadInput(f"load_archive: {key} must be an integer")
+    return await engine.load_archive(
+        path,
+        name=args.get("name"),
+        handler=handler,
+        batch_size=numbers["batch_size"],
+        max_batch_delay_ms=numbers["max_batch_delay_ms"],
+        workers=numbers["workers"],
+    )
 
 
 def _name(value: str | None) -> str:

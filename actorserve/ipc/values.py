@@ -287,6 +287,7 @@ UNARY_METHODS: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Plain], Ca
         ("name", "version"), _list_of(_record_to_plain), _list_from(_inference_statistics_from_plain),
     ),
     "unload": (("name", "version", "grace"), _none_to_plain, _none_from_plain),
+    "load_archive": (("path", "name", "handler", "batch_size", "max_batch_delay_ms", "workers"), _info_to_plain, _info_from_plain),
     "set_default_version": (("name", "version"), _none_to_plain, _none_from_plain),
     "wait_idle": ((), _none_to_plain, _none_from_plain),
 }

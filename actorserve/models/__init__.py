@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..settings import ANY_DATATYPE, ModelSettings, SequenceSettings, TensorSpec
 
 #: The ``text`` model's chat template: each message as a speaker's turn of the plays the
@@ -15,6 +17,8 @@ TEXT_CHAT_TEMPLATE = (
 
 def builtin_settings() -> list[ModelSettings]:
     """Settings of every built-in model."""
+    from ..torchserve.archive import archive_settings
+
     return [
         ModelSettings(
             name="identity",
@@ -49,4 +53,6 @@ def builtin_settings() -> list[ModelSettings]:
             outputs=(TensorSpec("text_output", "BYTES", (1,)),),
             text_generation={"chat_template": TEXT_CHAT_TEMPLATE, "chat_stop": ["\n\n"]},
         ),
+        # TorchServe's stateful example, as a TorchServe model folder (MAR-INF/MANIFEST.json)
+        archive_settings(Path(__file__).parent / "ts_stateful"),
     ]

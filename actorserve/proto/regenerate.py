@@ -1,5 +1,7 @@
 """Regenerate the betterproto2 code in :mod:`actorserve.proto.inference` (from
-``grpc_service.proto``) and :mod:`actorserve.proto.actorserve.v1` (from ``management.proto``).
+``grpc_service.proto``), :mod:`actorserve.proto.actorserve.v1` (from ``management.proto``),
+and :mod:`actorserve.proto.torchserve` from TorchServe's ``inference.proto`` /
+``management.proto`` (with the ``google.rpc.Status`` they use).
 
 Usage (from a dev install, ``pip install -e '.[test]'``)::
 
@@ -28,6 +30,24 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 PROTO_FILES = ("grpc_service.proto", "management.proto")
+#: TorchServe's protos, generated into their own tree (their own message pool) under
+#: ``torchserve/``: (proto root relative to PROTO_DIR, proto files, files we keep).
+TORCHSERVE = (
+    "torchserve",
+    ("inference.proto", "management.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"),
+    (
+        "google/__init__.py",
+        "google/protobuf/__init__.py",
+        "google/rpc/__init__.py",
+        "org/__init__.py",
+        "org/pytorch/__init__.py",
+        "org/pytorch/serve/__init__.py",
+        "org/pytorch/serve/grpc/__init__.py",
+        "org/pytorch/serve/grpc/inference/__init__.py",
+        "org/pytorch/serve/grpc/management/__init__.py",
+        "message_pool.py",
+    ),
+)
 #: protoc plugin options: grpclib async client stub + grpclib async server base.
 PLUGIN_OPTIONS = "client_generation=async,server_generation=async"
 #: Files the plugin writes that we keep, relative to PROTO_DIR. (It also writes an empty
@@ -86,6 +106,16 @@ def _check_tooling(path: str) -> str:
 
 
 def generate(out_dir: Path) -> dict[str, str]:
+    """Generate every tree (ours, TorchServe's) into ``out_dir``; return ``{path relative
+    to PROTO_DIR: text}`` of what we keep."""
+    files = _generate(out_dir, PROTO_DIR, PROTO_FILES, GENERATED_FILES)
+    root, protos, kept = TORCHSERVE
+    for rel, text in _generate(out_dir / root, PROTO_DIR / root, protos, kept).items():
+        files[f"{root}/{rel}"] = text
+    return files
+
+
+def _generate(out_dir: Path, proto_dir: Path, proto_files: tuple[str, ...], kept: tuple[str, ...]) -> dict[str, str]:
     """Run protoc + betterproto2 into ``out_dir``; return ``{relative path: text}`` of what we keep.
 
     Runs in a scratch working directory with an empty ``XDG_CONFIG_HOME`` so the ruff the
@@ -101,11 +131,11 @@ def generate(out_dir: Path) -> dict[str, str]:
             sys.executable,
             "-m",
             "grpc_tools.protoc",
-            f"--proto_path={PROTO_DIR}",
+            f"--proto_path={proto_dir}",
             f"--plugin={_PLUGIN}={plugin}",
             f"--python_betterproto2_out={out_dir}",
             f"--python_betterproto2_opt={PLUGIN_OPTIONS}",
-            *(str(PROTO_DIR / name) for name in PROTO_FILES),
+            *(str(proto_dir / name) for name in proto_files),
         ]
         proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -117,13 +147,13 @@ def generate(out_dir: Path) -> dict[str, str]:
         for p in out_dir.rglob("*")
         if p.is_file() and p.relative_to(out_dir).as_posix() not in _IGNORED_OUTPUTS
     }
-    unexpected = produced - set(GENERATED_FILES)
+    unexpected = produced - set(kept)
     if unexpected:
         raise RuntimeError(
             f"protoc produced files this script does not know: {sorted(unexpected)}; "
-            "update GENERATED_FILES in actorserve/proto/regenerate.py"
+            "update GENERATED_FILES / TORCHSERVE in actorserve/proto/regenerate.py"
         )
-    return {rel: (out_dir / rel).read_text(encoding="utf-8") for rel in GENERATED_FILES}
+    return {rel: (out_dir / rel).read_text(encoding="utf-8") for rel in kept}
 
 
 def regenerate(target: Path = PROTO_DIR) -> list[str]:
@@ -197,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            print(f"generated protobuf code is up to date ({', '.join(GENERATED_FILES)})")
+            print(f"generated protobuf code is up to date ({', '.join(GENERATED_FILES)}, torchserve/...)")
             return 0
         changed = regenerate()
     except ToolingMissing as exc:

@@ -5,13 +5,15 @@ protected is decided by route prefix and gRPC service, so routes added later und
 same prefix are covered without a change here:
 
 - management (unless ``--no-auth``): REST every path under ``/v2/repository/models/``
-  (load, unload and whatever else is added there), gRPC every method of
-  ``inference.GRPCInferenceService`` whose name starts with ``RepositoryModel`` and every
-  method of the ``actorserve.v1.Management`` service;
+  (load, unload and whatever else is added there) and TorchServe's ``/models`` paths,
+  gRPC every method of ``inference.GRPCInferenceService`` whose name starts with
+  ``RepositoryModel`` and every method of the ``actorserve.v1.Management`` and
+  TorchServe's ``ManagementAPIsService`` services;
 - inference (only with ``--auth-inference``): REST ``infer``, ``infer_stream``,
   ``generate``, ``generate_stream`` of every model and the OpenAI API's
-  ``/v1/completions`` and ``/v1/chat/completions``; gRPC ``ModelInfer`` and
-  ``ModelStreamInfer``;
+  ``/v1/completions`` and ``/v1/chat/completions``, TorchServe's ``/predictions/...`` and
+  ``/explanations/...``; gRPC ``ModelInfer``, ``ModelStreamInfer`` and every method of
+  TorchServe's ``InferenceAPIsService`` but ``Ping``;
 - metrics (only with ``--auth-metrics``): ``GET /metrics``.
 
 Health, server and model metadata, the repository index, the OpenAPI document and the
@@ -30,10 +32,20 @@ from typing import Final
 
 #: REST paths under this prefix are management routes.
 MANAGEMENT_PREFIX: Final = "/v2/repository/models/"
+#: TorchServe's management paths: ``/models`` and everything under it.
+TORCHSERVE_MANAGEMENT: Final = "/models"
+#: TorchServe's inference paths (``/ping`` is health: open).
+TORCHSERVE_INFERENCE_PREFIXES: Final = ("/predictions/", "/explanations/")
 #: gRPC methods (``/package.Service/Method``) with these prefixes are management methods.
-GRPC_MANAGEMENT_PREFIXES: Final = ("/inference.GRPCInferenceService/RepositoryModel", "/actorserve.v1.Management/")
-#: gRPC inference methods.
+GRPC_MANAGEMENT_PREFIXES: Final = (
+    "/inference.GRPCInferenceService/RepositoryModel",
+    "/actorserve.v1.Management/",
+    "/org.pytorch.serve.grpc.management.ManagementAPIsService/",
+)
+#: gRPC inference methods, and services all of whose methods are inference (but Ping).
 GRPC_INFERENCE: Final = frozenset({"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"})
+GRPC_INFERENCE_PREFIXES: Final = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/",)
+GRPC_OPEN: Final = frozenset({"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"})
 #: REST model operations that are inference.
 INFERENCE_OPS: Final = frozenset({"infer", "infer_stream", "generate", "generate_stream"})
 #: the OpenAI API's inference routes (``/v1/models`` is metadata: open)
@@ -74,9 +86,9 @@ class Guard:
     def rest_scope(self, path: str, inference_op: bool) -> Scope | None:
         """The scope a REST request needs (None: open). ``inference_op``: the path is a
         model's infer / generate route (the caller matched it already)."""
-        if inference_op or path in OPENAI_INFERENCE:
+        if inference_op or path in OPENAI_INFERENCE or path.startswith(TORCHSERVE_INFERENCE_PREFIXES):
             return Scope.INFERENCE if self.inference else None
-        if path.startswith(MANAGEMENT_PREFIX):
+        if path.startswith(MANAGEMENT_PREFIX) or path == TORCHSERVE_MANAGEMENT or path.startswith("/models/"):
             return Scope.MANAGEMENT if self.management else None
         if path == METRICS_PATH:
             return Scope.METRICS if self.metrics else None
@@ -84,7 +96,9 @@ class Guard:
 
     def grpc_scope(self, method: str) -> Scope | None:
         """The scope a gRPC method (``/package.Service/Method``) needs (None: open)."""
-        if method in GRPC_INFERENCE:
+        if method in GRPC_OPEN:
+            return None
+        if method in GRPC_INFERENCE or method.startswith(GRPC_INFERENCE_PREFIXES):
             return Scope.INFERENCE if self.inference else None
         if method.startswith(GRPC_MANAGEMENT_PREFIXES):
             return Scope.MANAGEMENT if self.management else None

@@ -216,6 +216,19 @@ def test_the_guard_covers_management_services_by_name() -> None:
     assert openai.rest_scope("/v1/completions", False) is Scope.INFERENCE
     assert openai.rest_scope("/v1/models", False) is None
     assert guard.rest_scope("/v1/chat/completions", False) is None
+    # TorchServe's APIs
+    assert guard.rest_scope("/models", False) is Scope.MANAGEMENT
+    assert guard.rest_scope("/models/m/1.0", False) is Scope.MANAGEMENT
+    assert guard.rest_scope("/modelsx", False) is None
+    assert guard.rest_scope("/predictions/m", False) is None
+    assert openai.rest_scope("/predictions/m/1.0", False) is Scope.INFERENCE
+    assert openai.rest_scope("/ping", False) is None
+    ts_management = "/org.pytorch.serve.grpc.management.ManagementAPIsService/ScaleWorker"
+    ts_inference = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
+    assert guard.grpc_scope(ts_management) is Scope.MANAGEMENT
+    assert openai.grpc_scope(ts_inference + "Predictions") is Scope.INFERENCE
+    assert openai.grpc_scope(ts_inference + "StreamPredictions2") is Scope.INFERENCE
+    assert openai.grpc_scope(ts_inference + "Ping") is None
     assert not guard.allows(None) and not guard.allows("Bearer") and not guard.allows("Bearer é")
     assert guard.allows(f"Bearer {TOKEN}") and guard.allows(f"  bearer   {TOKEN} ".encode())
 

@@ -165,6 +165,7 @@ def test_records_and_results_round_trip() -> None:
         "statistics": ModelStatistics("m", "1", 3, 1, 2, 10, 40, 5, 9, {"ended": 3, "expired": 1}),
         "load_from_repository": None,
         "unload": None,
+        "load_archive": ModelInfo("ts", "1.0", ModelState.READY, True, False, 1, 4),
         "set_default_version": None,
         "wait_idle": None,
         "set_workers": None,

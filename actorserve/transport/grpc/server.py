@@ -50,13 +50,16 @@ async def serve_grpc(
     if the port cannot be bound. Calls are recorded in ``metrics`` and ``access``;
     ``guard`` says which methods need a bearer token.
     """
+    from ..torchserve.grpc_services import TorchServeGrpc  # its services, beside Triton's
+
     service = InferenceService(engine, settings, metrics=metrics, access=access, guard=guard)
+    torchserve = TorchServeGrpc(engine, settings, service._tracked)
     # grpclib's close() closes the socket it serves on: give it a duplicate of the
     # caller's, so the caller's stays open.
     listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)
     try:
         async with trio_asyncio.open_loop():
-            server = await to_aio(service.start, listener)
+            server = await to_aio(service.start, listener, [torchserve])
             host, port = listener.getsockname()[:2]
             log.info("gRPC listening on %s:%d", host, port)
             try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import trio
@@ -133,9 +133,10 @@ class InferenceService:
 
     # -- lifecycle, on the asyncio side ---------------------------------------------------
 
-    async def start(self, listener: socket.socket) -> GrpclibServer:
+    async def start(self, listener: socket.socket, others: Sequence[Any] = ()) -> GrpclibServer:
+        """Serve this service and ``others`` (objects with grpclib's ``__mapping__``)."""
         self._idle = asyncio.Event()
-        server = GrpclibServer([self, ManagementService(self.engine, self)])
+        server = GrpclibServer([self, ManagementService(self.engine, self), *others])
         # every method of every service: the token check (by method path) and the call's record
         server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
         await server.start(sock=listener)
@@ -193,7 +194,8 @@ class InferenceService:
         }
 
     def _tracked(self, func: _Method) -> _Method:
-        """Count the call while it runs; refuse it while draining."""
+        """Count the call while it runs; refuse it while draining (the other services
+        served beside this one wrap their handlers with it too)."""
 
         async def handler(stream: Stream[Any, Any]) -> None:
             if self.draining:

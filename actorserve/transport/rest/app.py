@@ -25,6 +25,7 @@ from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
+from ..torchserve import TorchServeInference, TorchServeManagement
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
 from .management import ManagementViews, register_management
@@ -70,6 +71,10 @@ class RestApp:
         self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
+        #: TorchServe's inference paths (/ping, /predictions, /explanations)
+        self.torchserve = TorchServeInference(engine, settings.max_body_bytes)
+        #: TorchServe's management paths (/models...), kept apart: they are management
+        self.torchserve_management = TorchServeManagement(engine)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
@@ -111,6 +116,10 @@ class RestApp:
                 await self.openai(scope, receive, tracked)
             elif path == "/metrics":
                 await self._metrics(scope, tracked)
+            elif await self.torchserve.serve(scope, receive, tracked):
+                pass
+            elif await self.torchserve_management.serve(scope, receive, tracked):
+                pass
             else:
                 if match is not None:
                     exchange.model_request(match[1], match[2])

@@ -9,6 +9,7 @@ version) and ``/v2/models/{name}/versions/{version}/...``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Final
 
 from ...version import __version__
@@ -237,6 +238,41 @@ def _schemas() -> Json:
     }
 
 
+def _torchserve_paths() -> Json:
+    """TorchServe's inference and management APIs (docs/torchserve.md); their bodies and
+    answers are TorchServe's."""
+    model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    version = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
+    any_body = {"required": False, "content": {"application/octet-stream": {"schema": {}}, **_json({})}}
+    answer = _ok(_ref("Object"))
+    predict = {"post": {**_op("TorchServe: a prediction", answer, description=_INFERENCE_AUTH), "requestBody": any_body}}
+    predict["put"] = predict["post"]
+    explain = {"post": _op("TorchServe: explanations (not implemented: 501)", answer, description=_INFERENCE_AUTH)}
+    manage = partial(_op, secured=True)
+    one_model = {
+        "get": manage("TorchServe: describe a model", answer),
+        "put": manage("TorchServe: scale a model (min_worker, max_worker, synchronous)", answer),
+        "delete": manage("TorchServe: unregister a model", answer),
+    }
+    return {
+        "/ping": {"get": _op("TorchServe: health", answer)},
+        "/predictions/{model}": {"parameters": [model], **predict},
+        "/predictions/{model}/{version}": {"parameters": [model, version], **predict},
+        "/explanations/{model}": {"parameters": [model], **explain},
+        "/explanations/{model}/{version}": {"parameters": [model, version], **explain},
+        "/models": {
+            "get": manage("TorchServe: list the models", answer),
+            "post": manage("TorchServe: register a model (url=..., a .mar archive)", answer),
+        },
+        "/models/{model}": {"parameters": [model], **one_model},
+        "/models/{model}/{version}": {"parameters": [model, version], **one_model},
+        "/models/{model}/{version}/set-default": {
+            "parameters": [model, version],
+            "put": manage("TorchServe: set the default version", answer),
+        },
+    }
+
+
 def openapi_document() -> Json:
     """The document (a fresh dict: the caller may serialize it once and keep the bytes)."""
     index_body = {"required": False, "content": _json(_ref("RepositoryIndexRequest"))}
@@ -309,6 +345,7 @@ def openapi_document() -> Json:
                 body=_json(_ref("Object")), description=_INFERENCE_AUTH,
             )
         },
+        **_torchserve_paths(),
         "/metrics": {
             "get": _op(
                 "Prometheus metrics (text exposition format; docs/metrics.md); a bearer token only with --auth-metrics",
@@ -323,7 +360,7 @@ def openapi_document() -> Json:
             "title": "actorserve REST API",
             "version": __version__,
             "description": "Open Inference Protocol (KServe V2) data plane, Triton's generate extension, the "
-            "model repository extension, the OpenAI API (/v1) and actorserve's own routes.",
+            "model repository extension, the OpenAI API (/v1), TorchServe's APIs and actorserve's own routes.",
         },
         "paths": paths,
         "components": {

@@ -20,10 +20,19 @@ from actorserve.transport.rest.openapi import DOCUMENT_PATH, openapi_document
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
-#: the OpenAI API's routes, matched by path in transport/openai/routes.py (not a table):
-#: test_the_openai_routes_answer checks that each is served
+#: the OpenAI API's and TorchServe's routes, matched by path in transport/openai/routes.py
+#: and transport/torchserve/ (no table): test_the_routes_matched_by_path_answer checks
+#: that each is served
 OPENAI_ROUTES = {
     ("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+}
+TORCHSERVE_ROUTES = {
+    ("GET", "/ping"),
+    *((m, p) for m in ("POST", "PUT") for p in ("/predictions/{model}", "/predictions/{model}/{version}")),
+    ("POST", "/explanations/{model}"), ("POST", "/explanations/{model}/{version}"),
+    ("GET", "/models"), ("POST", "/models"),
+    *((m, p) for m in ("GET", "PUT", "DELETE") for p in ("/models/{model}", "/models/{model}/{version}")),
+    ("PUT", "/models/{model}/{version}/set-default"),
 }
 
 
@@ -42,7 +51,7 @@ def served(engine: Engine) -> set[tuple[str, str]]:
     """(method, path template) of every route the app registers: Quart's rules and the
     raw-ASGI routes (each under /versions/{version}/ too), and /metrics."""
     app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
-    routes: set[tuple[str, str]] = {("GET", "/metrics"), *OPENAI_ROUTES}
+    routes: set[tuple[str, str]] = {("GET", "/metrics"), *OPENAI_ROUTES, *TORCHSERVE_ROUTES}
     for rule in app.quart.url_map.iter_rules():
         if rule.endpoint.startswith("playground:") or rule.endpoint == "static":
             continue
@@ -69,20 +78,23 @@ def test_management_routes_say_they_need_a_token() -> None:
     paths = openapi_document()["paths"]
     secured = {path for path, item in paths.items() for op in item.values()
                if isinstance(op, dict) and op.get("security")}  # fmt: skip
-    assert secured == {path for path in paths if path.startswith("/v2/repository/models/")}
-    assert len(secured) == 7
+    assert secured == {path for path in paths if path.startswith(("/v2/repository/models/", "/models"))}
+    assert len(secured) == 11  # 7 of the repository API, 4 of TorchServe's management API
 
 
-async def test_the_openai_routes_answer(engine: Engine) -> None:
-    app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
+async def test_the_routes_matched_by_path_answer(engine: Engine) -> None:
+    """Each route of OPENAI_ROUTES and TORCHSERVE_ROUTES is served (answered by its API,
+    not by the app's 404 for unknown paths), and a path beside them is not."""
+    app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None, no_auth=True))
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        for method, path in sorted(OPENAI_ROUTES):
-            reply = await client.request(method, path.replace("{model}", "nope"), json={})
-            assert reply.status_code in (200, 400, 404), (path, reply.text)
-            assert "no such endpoint" not in reply.text, path
-        unknown = await client.get("/v1/nothing")
-        assert "no such endpoint" in unknown.text
+        for method, path in sorted(OPENAI_ROUTES | TORCHSERVE_ROUTES):
+            concrete = path.replace("{model}", "nope").replace("{version}", "1")
+            reply = await client.request(method, concrete, content=b"{}")
+            assert reply.status_code != 405, (method, path, reply.text)
+            assert "no such endpoint" not in reply.text, (method, path)
+        for unknown in ("/v1/nothing", "/nothing"):
+            assert "no such endpoint" in (await client.get(unknown)).text
 
 
 async def test_the_server_serves_the_document(engine: Engine) -> None:

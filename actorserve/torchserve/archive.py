@@ -1,0 +1,198 @@
+"""TorchServe model archives: ``.mar`` files and model folders, read into our settings.
+
+A ``.mar`` is a zip holding ``MAR-INF/MANIFEST.json`` (``model.modelName``,
+``modelVersion``, ``handler``, ``serializedFile``, ``modelFile``, ``configFile``) and
+the files it names; it is extracted once into a temporary folder (removed at exit). A
+folder with ``MAR-INF/MANIFEST.json`` (``torch-model-archiver --archive-format
+no-archive``) is used in place. ``model-config.yaml`` keys map onto
+:class:`~actorserve.settings.ModelSettings` (see :data:`CONFIG_KEYS`); the whole file
+reaches the handler as ``context.model_yaml_config``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from ..settings import ModelSettings, SequenceSettings, SettingsError
+from .envelope import PLATFORM, SEQUENCE_PLATFORM
+
+MANIFEST: Final = "MAR-INF/MANIFEST.json"
+IMPLEMENTATION: Final = "actorserve.torchserve.handler_model.TorchServeModel"
+
+#: model-config.yaml keys we act on (the rest are kept for the handler and ignored)
+CONFIG_KEYS: Final = (
+    "batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout",
+    "sequenceBatching", "continuousBatching", "sequenceMaxIdleMSec", "sequenceTimeoutMSec",
+    "maxSequenceJobQueueSize", "maxNumSequence", "handler",
+)  # fmt: skip
+
+
+def is_archive(path: Path) -> bool:
+    """A ``.mar`` file or a folder holding ``MAR-INF/MANIFEST.json``."""
+    return (path.is_file() and path.suffix == ".mar") or (path / MANIFEST).is_file()
+
+
+def find_archives(folder: Path) -> list[Path]:
+    """Every archive directly in ``folder`` (TorchServe's model store), or ``folder``
+    itself when it is one."""
+    if is_archive(folder):
+        return [folder]
+    if not folder.is_dir():
+        return []
+    return [p for p in sorted(folder.iterdir()) if is_archive(p)]
+
+
+def archive_name(path: Path) -> str:
+    """The model name of an archive (its manifest's ``modelName``, else the file or folder
+    name), read without extracting it; a broken archive is named by its path."""
+    try:
+        if path.is_file():
+            with zipfile.ZipFile(path) as archive:
+                manifest = json.loads(archive.read(MANIFEST))
+        else:
+            manifest = json.loads((path / MANIFEST).read_text())
+        name = manifest["model"]["modelName"]
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
+        return path.stem
+    return str(name) if name else path.stem
+
+
+def _extract(path: Path) -> Path:
+    target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
+    atexit.register(shutil.rmtree, target, True)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():  # no member may land outside the folder
+                if not (target / member).resolve().is_relative_to(target.resolve()):
+                    raise SettingsError(f"{path}: archive member {member!r} points outside the archive")
+            archive.extractall(target)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise SettingsError(f"{path}: not a readable .mar archive: {exc}") from None
+    return target
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SettingsError(f"{path}: cannot read the manifest: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise SettingsError(f"{path}: the manifest is not a JSON object")
+    return manifest
+
+
+def read_model_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """``model-config.yaml`` (the manifest's ``configFile``, else that name if present)."""
+    model = manifest.get("model") or {}
+    name = model.get("configFile") if isinstance(model, Mapping) else None
+    path = model_dir / str(name or "model-config.yaml")
+    if not path.is_file():
+        if name:
+            raise SettingsError(f"{model_dir}: the manifest names config file {name!r}, which is missing")
+        return {}
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(config, dict):
+        raise SettingsError(f"{path}: expected a mapping of settings")
+    return config
+
+
+def _int(config: Mapping[str, Any], key: str, default: int, where: Path) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SettingsError(f"{where}: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _bool(config: Mapping[str, Any], key: str, where: Path) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise SettingsError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+@attrs.frozen
+class Overrides:
+    """What a registration may set over the archive (TorchServe's RegisterModel /
+    ``POST /models`` parameters); None keeps the archive's value."""
+
+    name: str | None = None
+    handler: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    workers: int | None = None
+    response_timeout_s: int | None = None
+
+
+def archive_settings(path: Path | str, overrides: Overrides = Overrides()) -> ModelSettings:
+    """The settings of the TorchServe model at ``path`` (a ``.mar`` or a folder);
+    :class:`SettingsError` says what is wrong with it."""
+    path = Path(path)
+    if not path.exists():
+        raise SettingsError(f"{path}: no such model archive or folder")
+    model_dir = _extract(path) if path.is_file() else path
+    manifest = read_manifest(model_dir)
+    model = manifest.get("model") or {}
+    if not isinstance(model, Mapping):
+        raise SettingsError(f"{path}: the manifest's 'model' is not an object")
+    config = read_model_config(model_dir, manifest)
+    where = model_dir / "model-config.yaml"
+    name = overrides.name or model.get("modelName") or path.stem
+    handler = overrides.handler or model.get("handler")
+    if not handler:
+        raise SettingsError(f"{path}: no handler: the manifest names none and none was given")
+    batch_size = overrides.batch_size or _int(config, "batchSize", 1, where)
+    delay_ms = overrides.max_batch_delay_ms
+    if delay_ms is None:
+        delay_ms = _int(config, "maxBatchDelay", 100, where)
+    min_workers = _int(config, "minWorkers", 1, where)
+    workers = overrides.workers or min_workers or _int(config, "maxWorkers", 1, where) or 1
+    timeout = overrides.response_timeout_s or _int(config, "responseTimeout", 120, where)
+    sequence_batching = _bool(config, "sequenceBatching", where)
+    continuous = _bool(config, "continuousBatching", where)
+    sequence = SequenceSettings(
+        idle_timeout_ms=_int(config, "sequenceMaxIdleMSec", 0, where) if sequence_batching else 60_000,
+        max_duration_ms=_int(config, "sequenceTimeoutMSec", 0, where),
+        max_queue=max(1, _int(config, "maxSequenceJobQueueSize", 1, where)),
+        max_sequences=max(1, _int(config, "maxNumSequence", 1024, where)),
+    )
+    parameters = {
+        "model_dir": str(model_dir),
+        "source": str(path),
+        "handler": str(handler),
+        "manifest": manifest,
+        "model_yaml_config": config,
+        "sequence_batching": sequence_batching,
+        "continuous_batching": continuous,
+        "response_timeout_s": timeout,
+        "min_workers": min_workers,
+        "max_workers": _int(config, "maxWorkers", workers, where),
+    }
+    return ModelSettings(
+        name=str(name),
+        implementation=IMPLEMENTATION,
+        version=str(model.get("modelVersion") or "1.0"),
+        parameters=parameters,
+        max_batch_size=max(1, batch_size),
+        max_batch_time=delay_ms / 1000 if batch_size > 1 else 0.0,
+        workers=max(1, workers),
+        sequence=sequence,
+        platform=SEQUENCE_PLATFORM if sequence_batching else PLATFORM,
+        folder=model_dir,
+    )

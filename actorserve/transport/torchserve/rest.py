@@ -1,0 +1,179 @@
+"""TorchServe's inference REST API as raw ASGI: ``GET /ping``,
+``POST|PUT /predictions/{model}[/{version}]``, ``POST /explanations/...`` (501).
+
+A prediction's body is passed to the handler as input ``body`` with the request's
+mime type (a form: one input per field, see :mod:`.forms`), its headers as the request
+headers. The answer is the handler's body with
+its content type and response headers; a request that streams (intermediate responses,
+``ts_stream_next``) is answered as chunked HTTP, one chunk per response, as TorchServe
+does. Errors are TorchServe's JSON: ``{"code", "type", "message"}``. A client that goes
+away cancels its request (its sequence stays open).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import trio
+
+from ...api import EngineAPI
+from ...errors import BadInput
+from ...torchserve import envelope
+from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
+from .forms import split_body
+
+ASGIScope = Mapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[Any]]
+ASGISend = Callable[[Any], Awaitable[None]]
+
+_PREDICTIONS: Final = re.compile(r"/predictions/([^/]+)(?:/([^/]+))?/?")
+_EXPLANATIONS: Final = re.compile(r"/explanations/([^/]+)(?:/([^/]+))?/?")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def send_json(send: ASGISend, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_error(send: ASGISend, error: TsError) -> None:
+    await send_json(send, error.code, error.json())
+
+
+async def read_body(receive: ASGIReceive, limit: int) -> bytes | None:
+    """The whole request body (None: the client went away); :class:`BodyTooLarge`."""
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _content_type(answer: envelope.Answer) -> bytes:
+    if answer.content_type:
+        return answer.content_type.encode("latin-1")
+    stripped = answer.body.lstrip()[:1]
+    return b"application/json" if stripped in (b"{", b"[") else b"text/plain"
+
+
+def _headers(answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: str | None) -> list[tuple[bytes, bytes]]:
+    raw = [(b"content-type", _content_type(answer))]
+    headers = dict(answer.headers)
+    if sequence_id is not None:
+        headers.setdefault(names.sequence_id, sequence_id)
+    for key, value in headers.items():
+        if key.lower() not in ("content-type", "content-length", "transfer-encoding", envelope.STREAM_NEXT):
+            raw.append((key.lower().encode("latin-1"), str(value).encode("latin-1", "replace")))
+    return raw
+
+
+class TorchServeInference:
+    """The inference routes; :meth:`serve` answers a request to one of them (and
+    returns True) or leaves it to the next router (False)."""
+
+    def __init__(self, engine: EngineAPI, max_body_bytes: int) -> None:
+        self.engine = engine
+        self.predictor = Predictor(engine)
+        self.limit = max_body_bytes
+
+    async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path == "/ping":
+            if method != "GET":
+                await send_error(send, TsError(405, "MethodNotAllowedException", f"{method} /ping is not allowed"))
+                return True
+            healthy = await self.engine.ready()
+            status = "Healthy" if healthy else "Unhealthy"
+            await send_json(send, 200 if healthy else 500, json.dumps({"status": status}, indent=2).encode())
+            return True
+        if _EXPLANATIONS.fullmatch(path):
+            await send_error(send, TsError(
+                501, "ServiceUnavailableException",
+                "explanations are not supported by actorserve (TorchServe's Captum explanations); "
+                "call /predictions, or have the handler explain inside its answer",
+            ))  # fmt: skip
+            return True
+        match = _PREDICTIONS.fullmatch(path)
+        if match is None:
+            return False
+        if method not in ("POST", "PUT"):
+            await send_error(send, TsError(405, "MethodNotAllowedException", f"{method} {path}: use POST or PUT"))
+            return True
+        await self._predict(scope, receive, send, match[1], match[2])
+        return True
+
+    async def _predict(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None) -> None:
+        try:
+            body = await read_body(receive, self.limit)
+        except BodyTooLarge:
+            await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes"))
+            return
+        if body is None:
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            inputs = split_body(body, headers.get("content-type", ""), self.limit)
+        except BadInput as exc:
+            await send_error(send, ts_error(exc))
+            return
+        call = Call(model, version, inputs, headers)
+        with trio.CancelScope() as scope_:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_disconnect, receive, scope_)
+                await self._answer(send, call)
+                nursery.cancel_scope.cancel()
+
+    async def _answer(self, send: ASGISend, call: Call) -> None:
+        names = self.predictor.names
+        started = False
+        try:
+            async with self.predictor.stream(call) as (responses, sequence_id):
+                answers = await first_answers(responses)
+                if not answers:
+                    await send_error(send, TsError(503, "InternalServerException", "the model gave no answer"))
+                    return
+                first = answers[0]
+                if not envelope.ok_status(first.status):
+                    error = answer_error(first)
+                    await send_json(send, error.code, error.json(), _headers(first, names, sequence_id)[1:])
+                    return
+                started = True
+                await send({
+                    "type": "http.response.start", "status": first.status,
+                    "headers": _headers(first, names, sequence_id),
+                })  # fmt: skip
+                while answers:
+                    for answer in answers:
+                        await send({"type": "http.response.body", "body": answer.body, "more_body": True})
+                    answers = await first_answers(responses)
+        except Exception as exc:
+            if started:  # nothing left to tell the client but the end of the body
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await send_error(send, ts_error(exc))
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return

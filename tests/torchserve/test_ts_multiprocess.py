@@ -1,0 +1,67 @@
+"""``python -m actorserve --api-workers 2 <model store>``: TorchServe archives in the store
+are served, and its REST and gRPC doors work through the engine process (sequences
+across fronts, a streaming handler chunked, registration at run time)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from support.servers import ServerProcess, start_server
+
+import actorserve.models
+
+MakeArchive = Any
+STARTUP_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def cluster(store: Path, make_archive: MakeArchive) -> Iterator[tuple[ServerProcess, str, str]]:
+    shutil.copytree(Path(actorserve.models.__file__).parent / "ts_stateful", store / "ts_stateful")
+    make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'm-'\n")
+    make_archive("later", "streaming_handler.py", "handler:\n  prefix: 'l-'\n")
+    (store / "later.mar").rename(store.parent / "later.mar")  # registered at run time
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(store))
+    try:
+        server.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
+        http_url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
+        grpc_address = re.search(r"gRPC listening on (\S+:\d+)", server.text())
+        assert grpc_address is not None, server.text()
+        yield server, http_url, grpc_address[1]
+    finally:
+        server.stop()
+
+
+def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProcess, str, str], store: Path, pb: Any) -> None:
+    _, http_url, grpc_address = cluster
+    header = "ts_request_sequence_id"
+    with httpx.Client(base_url=http_url, timeout=20) as client:
+        assert client.get("/ping").json() == {"status": "Healthy"}
+        first = client.post("/predictions/ts_stateful", content=b"2")
+        sequence_id = first.headers[header]
+        total = 2
+        for value in (4, 6, 8, 10):  # a new connection each time: any front serves it
+            with httpx.Client(base_url=http_url, timeout=20) as other:
+                reply = other.post("/predictions/ts_stateful", content=str(value).encode(), headers={header: sequence_id})
+            total += value
+            assert reply.text == str(total)
+        with client.stream("POST", "/predictions/streaming", content=b"z") as stream:
+            assert list(stream.iter_raw()) == [b"m-z:0", b"m-z:1", b"m-z:2", b"m-z:done"]
+        scaled = client.put("/models/streaming", params={"min_worker": "2"})  # across the engine link
+        assert scaled.json() == {"status": "Workers scaled to 2 for model: streaming"}
+        assert len(client.get("/models/streaming").json()[0]["workers"]) == 2
+        registered = client.post("/models", params={"url": str(store.parent / "later.mar")})
+        assert registered.status_code == 200, registered.text
+        assert client.post("/predictions/later", content=b"a").text == "l-a:0l-a:1l-a:2l-a:done"
+    with grpc.insecure_channel(grpc_address) as chan:
+        stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
+        request = pb.inference_pb2.PredictionsRequest(model_name="streaming", input={"data": b"g"})
+        assert [r.prediction for r in stub.StreamPredictions(request)] == [b"m-g:0", b"m-g:1", b"m-g:2", b"m-g:done"]
+        listed = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan).ListModels(pb.management_pb2.ListModelsRequest())
+        assert '"later"' in listed.msg
