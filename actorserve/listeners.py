@@ -7,7 +7,9 @@ can be served in this process or inherited by front processes (``--api-workers``
 from __future__ import annotations
 
 import logging
+import os
 import socket
+from typing import Final
 
 import attrs
 
@@ -34,7 +36,9 @@ class ListenError(OSError):
 
 @attrs.frozen
 class Listeners:
-    """The bound, listening sockets of a server: REST and gRPC, each None when off.
+    """The bound, listening sockets of a server, each None when off: REST and gRPC, and
+    the extra TorchServe ports (only its gRPC inference service, only its gRPC management
+    service, only its management REST paths).
 
     Plain :class:`socket.socket` objects, so they can be handed to another process. Whoever
     holds a ``Listeners`` owns the sockets until it passes them to :func:`serve`, which then
@@ -43,11 +47,42 @@ class Listeners:
 
     http: socket.socket | None = None
     grpc: socket.socket | None = None
+    ts_inference_grpc: socket.socket | None = None
+    ts_management_grpc: socket.socket | None = None
+    ts_management_http: socket.socket | None = None
+
+    def sockets(self) -> dict[str, socket.socket]:
+        """The open ones, by field name."""
+        return {name: sock for name, sock in attrs.asdict(self, recurse=False).items() if sock is not None}
 
     def close(self) -> None:
-        for sock in (self.http, self.grpc):
-            if sock is not None:
-                sock.close()
+        for sock in self.sockets().values():
+            sock.close()
+
+    def for_child(self) -> dict[str, int]:
+        """``{variable: file descriptor}`` to hand the open sockets to a child process
+        (which rebuilds them with :meth:`inherited`)."""
+        return {_fd_variable(name): sock.fileno() for name, sock in self.sockets().items()}
+
+    @classmethod
+    def inherited(cls) -> Listeners:
+        """The listening sockets the parent passed (:meth:`for_child`)."""
+        fds = {name: os.environ.get(_fd_variable(name)) for name in PORTS}
+        return cls(**{name: socket.socket(fileno=int(fd)) for name, fd in fds.items() if fd})
+
+
+#: Listeners field -> (the Settings field of its port, its name in errors and the log)
+PORTS: Final = {
+    "http": ("http_port", "REST"),
+    "grpc": ("grpc_port", "gRPC"),
+    "ts_inference_grpc": ("ts_inference_grpc_port", "TorchServe inference gRPC"),
+    "ts_management_grpc": ("ts_management_grpc_port", "TorchServe management gRPC"),
+    "ts_management_http": ("ts_management_http_port", "TorchServe management REST"),
+}
+
+
+def _fd_variable(name: str) -> str:
+    return f"_ACTORSERVE_{name.upper()}_FD"
 
 
 #: pending connections each listening socket queues before the server accepts them.
@@ -55,20 +90,24 @@ BACKLOG = 128
 
 
 def open_listeners(settings: Settings) -> Listeners:
-    """Bind and listen on ``settings.host`` at ``http_port`` (REST) and ``grpc_port``
-    (gRPC); a port that is None gets no socket, port 0 a free one.
+    """Bind and listen on ``settings.host`` at ``http_port`` (REST), ``grpc_port`` (gRPC)
+    and the extra TorchServe ports (:data:`PORTS`); a port that is None gets no socket,
+    port 0 a free one.
 
     Raises :class:`ListenError` naming the address and transport (a port in use, an
     address that is not this machine's, a host name that does not resolve); nothing is
     left open then. The caller owns the sockets (see :class:`Listeners`)."""
-    http = _listen(settings.host, settings.http_port, "REST") if settings.http_port is not None else None
+    opened: dict[str, socket.socket] = {}
     try:
-        grpc = _listen(settings.host, settings.grpc_port, "gRPC") if settings.grpc_port is not None else None
+        for name, (setting, transport) in PORTS.items():
+            port = getattr(settings, setting)
+            if port is not None:
+                opened[name] = _listen(settings.host, port, transport)
     except BaseException:
-        if http is not None:
-            http.close()
+        for sock in opened.values():
+            sock.close()
         raise
-    return Listeners(http, grpc)
+    return Listeners(**opened)
 
 
 def _listen(host: str, port: int, transport: str) -> socket.socket:
@@ -99,14 +138,31 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def http_url(host: str, port: int) -> str:
+    """``http://host:port`` (IPv6 hosts in brackets)."""
+    return f"http://{_host_port(host, port)}"
+
+
+def browsable(url: str) -> str:
+    """``url`` with a wildcard host (every interface) replaced by loopback, for a browser."""
+    return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+
+
+def log_extra_address(name: str, host: str, port: int, logger: logging.Logger = log) -> None:
+    """The log line of an extra TorchServe port (``name`` a field of :class:`Listeners`)."""
+    where = http_url(host, port) if name.endswith("_http") else _host_port(host, port)
+    logger.info("%s listening on %s", PORTS[name][1], where)
+
+
 def log_addresses(listeners: Listeners, fronts: int) -> None:
     """Log where the multi-process server listens (the parent, once every child is up)."""
     if listeners.grpc is not None:
         host, port = listeners.grpc.getsockname()[:2]
         log.info("gRPC listening on %s:%d", host, port)
     if listeners.http is not None:
-        host, port = listeners.http.getsockname()[:2]
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        browsable = url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
-        log.info("REST listening on %s (playground: %s/)", url, browsable)
+        url = http_url(*listeners.http.getsockname()[:2])
+        log.info("REST listening on %s (playground: %s/)", url, browsable(url))
+    for name, sock in listeners.sockets().items():
+        if name.startswith("ts_"):
+            log_extra_address(name, *sock.getsockname()[:2])
     log.info("serving with %d front process(es) and one engine process", fronts)

@@ -1,7 +1,7 @@
 """The multi-process server (``python -m actorserve --api-workers N``): one engine process,
 N front processes, and the parent that starts, watches and stops them::
 
-    parent: binds the REST and gRPC sockets once, then supervises
+    parent: binds the listening sockets (REST, gRPC, extra ports) once, then supervises
       |- engine process: every model, sequence and batcher; serves the fronts on a Unix socket
       `- front 1..N:    REST + gRPC on the inherited sockets, an EngineClient to the engine
 
@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,8 +50,6 @@ log = logging.getLogger(__name__)
 ROLE_VAR = "_ACTORSERVE_ROLE"
 SOCKET_VAR = "_ACTORSERVE_ENGINE_SOCKET"
 READY_FD_VAR = "_ACTORSERVE_READY_FD"
-HTTP_FD_VAR = "_ACTORSERVE_HTTP_FD"
-GRPC_FD_VAR = "_ACTORSERVE_GRPC_FD"
 INDEX_VAR = "_ACTORSERVE_FRONT_INDEX"
 
 #: a front that dies more often than this within RESTART_WINDOW seconds stops the server
@@ -89,8 +86,7 @@ class ProcessSupervisor:
     argv: tuple[str, ...]
     api_workers: int
     grace_period: float
-    http_sock: socket.socket | None
-    grpc_sock: socket.socket | None
+    listeners: Listeners
     engine_socket: Path
     #: variables every child gets besides the parent's own (metrics folder, token file)
     env: dict[str, str] = attrs.field(factory=dict)
@@ -114,11 +110,10 @@ class ProcessSupervisor:
         env[READY_FD_VAR] = str(ready_w)
         env[INDEX_VAR] = str(index)
         pass_fds = [ready_w]
-        if role == "front":
-            for var, sock in ((HTTP_FD_VAR, self.http_sock), (GRPC_FD_VAR, self.grpc_sock)):
-                if sock is not None:
-                    env[var] = str(sock.fileno())
-                    pass_fds.append(sock.fileno())
+        if role == "front":  # the listening sockets
+            for var, fd in self.listeners.for_child().items():
+                env[var] = str(fd)
+                pass_fds.append(fd)
         try:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "actorserve", *self.argv],
@@ -269,14 +264,6 @@ async def watch_parent(scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-def inherited_socket(var: str) -> socket.socket | None:
-    """The listening socket the parent passed under ``var``, or None."""
-    fd = os.environ.get(var)
-    if not fd:
-        return None
-    return socket.socket(fileno=int(fd))
-
-
 def front_index() -> int:
     return int(os.environ.get(INDEX_VAR, "0"))
 
@@ -291,7 +278,6 @@ __all__ = [
     "engine_socket",
     "engine_socket_path",
     "front_index",
-    "inherited_socket",
     "role",
     "run_engine_child",
     "run_front_child",
@@ -315,7 +301,7 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     if token_file is not None:
         env["ACTORSERVE_TOKEN_FILE"] = str(token_file)
     supervisor = ProcessSupervisor(
-        tuple(argv), settings.api_workers, settings.grace_period, listeners.http, listeners.grpc, folder_socket, env
+        tuple(argv), settings.api_workers, settings.grace_period, listeners, folder_socket, env
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -372,7 +358,7 @@ async def run_front_child(settings: Settings) -> None:
     engine process; SIGTERM drains (a second one stops at once)."""
     from .ipc.client import open_engine_client
 
-    listeners = Listeners(inherited_socket(HTTP_FD_VAR), inherited_socket(GRPC_FD_VAR))
+    listeners = Listeners.inherited()
     try:
         async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
 

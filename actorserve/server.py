@@ -34,7 +34,7 @@ from hypercorn.utils import wrap_app
 from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
-from .listeners import BACKLOG, ListenError, Listeners, open_listeners
+from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
@@ -60,6 +60,9 @@ class Server:
     http_address: Address | None = None
     #: (host, port) of the gRPC transport, or None when it is off or unavailable.
     grpc_address: Address | None = None
+    #: (host, port) of each extra TorchServe port that is on, by its :class:`Listeners`
+    #: field: ``ts_inference_grpc``, ``ts_management_grpc``, ``ts_management_http``
+    extra_addresses: dict[str, Address] = attrs.field(factory=dict)
     #: what ``GET /metrics`` shows (in a front of the multi-process server: the server's)
     metrics: Metrics | None = None
     _stopping: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -70,7 +73,7 @@ class Server:
         if self.http_address is None:
             return None
         host, port = self.http_address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return http_url(host, port)
 
     @property
     def stopping(self) -> bool:
@@ -161,8 +164,9 @@ async def serve_transports(
         inference=settings.auth_inference,
         metrics=settings.auth_metrics,
     )
-    http_stopped = trio.Event()
+    http_stopped, ts_http_stopped = trio.Event(), trio.Event()
     grpc_scope = trio.CancelScope()
+    ts_grpc = {kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))}
     async with trio.open_nursery() as nursery:
         access = AccessLog() if settings.access_log else None
         if access is not None:
@@ -174,12 +178,24 @@ async def serve_transports(
             )
         else:
             http_stopped.set()
-        if listeners.grpc is not None:
-            server.grpc_address = await _start_grpc(
-                nursery, engine, settings, listeners.grpc, grpc_scope, metrics=metrics, access=access, guard=guard
+        if listeners.ts_management_http is not None:  # only TorchServe's management paths and /ping
+            app = create_app(engine, settings, metrics=metrics, access=access, guard=guard, torchserve_management=True)
+            server.extra_addresses["ts_management_http"] = await nursery.start(
+                _serve_http, app, listeners.ts_management_http, settings, server._stopping, ts_http_stopped
             )
+        else:
+            ts_http_stopped.set()
+        if listeners.grpc is not None or ts_grpc:
+            grpc_address = await _start_grpc(
+                nursery, engine, settings, listeners.grpc, ts_grpc, grpc_scope, metrics=metrics, access=access, guard=guard
+            )
+            if grpc_address is not None:
+                server.grpc_address = grpc_address if listeners.grpc is not None else None
+                server.extra_addresses.update({f"ts_{kind}_grpc": _address(sock) for kind, sock in ts_grpc.items()})
         if server.http_url is not None:
-            log.info("REST listening on %s (playground: %s/)", server.http_url, _browsable(server.http_url))
+            log.info("REST listening on %s (playground: %s/)", server.http_url, browsable(server.http_url))
+        if "ts_management_http" in server.extra_addresses:
+            log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log)
         task_status.started(server)
         await server._stopping.wait()
         log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
@@ -189,6 +205,7 @@ async def serve_transports(
                 if drain is not None:
                     draining.start_soon(drain, settings.grace_period)
                 draining.start_soon(http_stopped.wait)
+                draining.start_soon(ts_http_stopped.wait)
         nursery.cancel_scope.cancel()
 
 
@@ -222,37 +239,41 @@ async def _serve_http(
                 shutdown_trigger=stopping.wait,
             )
             await nursery.start(serve_app)
-            host, port = sock.getsockname()[:2]
-            task_status.started((str(host), int(port)))
+            task_status.started(_address(sock))
     finally:
         stopped.set()
 
 
-def _browsable(url: str) -> str:
-    """``url`` with a wildcard host (every interface) replaced by loopback, for a browser."""
-    return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+def _address(sock: socket.socket) -> Address:
+    host, port = sock.getsockname()[:2]
+    return (str(host), int(port))
 
 
 async def _start_grpc(
     nursery: trio.Nursery,
     engine: EngineAPI,
     settings: Settings,
-    sock: socket.socket,
+    sock: socket.socket | None,
+    torchserve_only: dict[str, socket.socket],
     scope: trio.CancelScope,
     **observers: Any,
 ) -> Address | None:
-    """Start the gRPC transport on ``sock`` in ``scope`` (cancelling it starts gRPC's own
-    drain), or log why it is unavailable and return None."""
+    """Start the gRPC transport on ``sock`` and the extra TorchServe ports in ``scope``
+    (cancelling it starts gRPC's own drain), or log why it is unavailable and return None."""
     try:
         from .transport.grpc import serve_grpc
     except ImportError as exc:
         log.warning("gRPC transport unavailable (%s): serving REST only", exc)
-        sock.close()  # refuse connections rather than leave them waiting in the backlog
+        for unserved in (sock, *torchserve_only.values()):
+            if unserved is not None:  # refuse connections rather than leave them waiting in the backlog
+                unserved.close()
         return None
 
     async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
-            await serve_grpc(engine, settings, sock=sock, task_status=task_status, **observers)
+            await serve_grpc(
+                engine, settings, sock=sock, torchserve_only=torchserve_only, task_status=task_status, **observers
+            )
 
     host, port = await nursery.start(run)
     return (str(host), int(port))

@@ -152,6 +152,11 @@ class Settings:
     host: str = attrs.field(default="127.0.0.1", validator=_address)
     http_port: int | None = attrs.field(default=8080, validator=_port)
     grpc_port: int | None = attrs.field(default=8081, validator=_port)
+    #: extra ports serving only TorchServe's gRPC inference / management service, and only
+    #: its management REST paths (None: off; see docs/torchserve.md#ports).
+    ts_inference_grpc_port: int | None = attrs.field(default=None, validator=_port)
+    ts_management_grpc_port: int | None = attrs.field(default=None, validator=_port)
+    ts_management_http_port: int | None = attrs.field(default=None, validator=_port)
     #: largest request body accepted over REST, in bytes.
     max_body_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_at_least(1))
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
+from functools import partial
 
 import trio
 import trio_asyncio
 
 from ...api import EngineAPI
+from ...listeners import log_extra_address
 from ...metrics import Metrics
 from ...settings import Settings
 from ..access import AccessLog
@@ -32,6 +35,7 @@ async def serve_grpc(
     settings: Settings,
     *,
     sock: socket.socket | None = None,
+    torchserve_only: Mapping[str, socket.socket] | None = None,
     metrics: Metrics | None = None,
     access: AccessLog | None = None,
     guard: Guard | None = None,
@@ -49,28 +53,45 @@ async def serve_grpc(
     every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
     if the port cannot be bound. Calls are recorded in ``metrics`` and ``access``;
     ``guard`` says which methods need a bearer token.
+
+    ``torchserve_only`` (``{"inference" | "management": socket}``, owned by the caller
+    like ``sock``) are extra ports serving only that TorchServe service; with them and
+    no ``sock``, gRPC serves on them alone. ``task_status`` then gets the first one's
+    address.
     """
     from ..torchserve.grpc_services import TorchServeGrpc  # its services, beside Triton's
 
     service = InferenceService(engine, settings, metrics=metrics, access=access, guard=guard)
     torchserve = TorchServeGrpc(engine, settings, service._tracked)
+    extra = dict(torchserve_only or {})
     # grpclib's close() closes the socket it serves on: give it a duplicate of the
     # caller's, so the caller's stays open.
-    listener = sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0)
+    listeners: list[tuple[socket.socket, str | None]] = []
     try:
+        if sock is not None or not extra:
+            listeners.append((sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0), None))
+        listeners += [(extra_sock.dup(), only) for only, extra_sock in extra.items()]
         async with trio_asyncio.open_loop():
-            server = await to_aio(service.start, listener, [torchserve])
-            host, port = listener.getsockname()[:2]
-            log.info("gRPC listening on %s:%d", host, port)
+            servers = []
             try:
-                task_status.started((host, port))
+                for listener, only in listeners:
+                    others = [torchserve] if only is None else [torchserve.only(only)]
+                    servers.append(await to_aio(partial(service.start, only=only is not None), listener, others))
+                    host, port = listener.getsockname()[:2]
+                    if only is None:
+                        log.info("gRPC listening on %s:%d", host, port)
+                    else:
+                        log_extra_address(f"ts_{only}_grpc", host, port, log)
+                first_host, first_port = listeners[0][0].getsockname()[:2]
+                task_status.started((first_host, first_port))
                 await trio.sleep_forever()
             finally:
                 with trio.CancelScope(shield=True):
                     service.drain_started.set()
-                    await to_aio(service.shut_down, server)
+                    await to_aio(service.shut_down, *servers)
     finally:
-        listener.close()
+        for listener, _ in listeners:
+            listener.close()
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -133,31 +133,35 @@ class InferenceService:
 
     # -- lifecycle, on the asyncio side ---------------------------------------------------
 
-    async def start(self, listener: socket.socket, others: Sequence[Any] = ()) -> GrpclibServer:
-        """Serve this service and ``others`` (objects with grpclib's ``__mapping__``)."""
-        self._idle = asyncio.Event()
-        server = GrpclibServer([self, ManagementService(self.engine, self), *others])
+    async def start(self, listener: socket.socket, others: Sequence[Any] = (), *, only: bool = False) -> GrpclibServer:
+        """Serve this service and ``others`` (objects with grpclib's ``__mapping__``), or
+        ``only`` the others (an extra port), with the same guard, records and drain."""
+        self._idle = self._idle or asyncio.Event()
+        server = GrpclibServer([*([] if only else [self, ManagementService(self.engine, self)]), *others])
         # every method of every service: the token check (by method path) and the call's record
         server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
         await server.start(sock=listener)
         return server
 
-    async def shut_down(self, server: GrpclibServer) -> None:
+    async def shut_down(self, *servers: GrpclibServer) -> None:
         """Stop listening, refuse new calls, give the calls in flight the grace period,
-        cancel the rest, close the connections."""
+        cancel the rest, close the connections (of every server :meth:`start` made)."""
         grace = self.settings.grace_period
         self.draining = True
-        server.stop_listening()
+        for server in servers:
+            server.stop_listening()
         if self.calls:
             assert self._idle is not None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
         if self.calls:
             log.warning("gRPC: cancelling %d call(s) still running after the grace period", self.calls)
-        server.close()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), max(grace, 1.0))
-        server.close_connections()
+        for server in servers:
+            server.close()
+        for server in servers:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), max(grace, 1.0))
+            server.close_connections()
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = Cardinality.UNARY_UNARY

@@ -25,7 +25,7 @@ from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
-from ..torchserve import TorchServeInference, TorchServeManagement
+from ..torchserve import TorchServeInference, TorchServeManagement, not_on_management_port, on_management_port
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
 from .management import ManagementViews, register_management
@@ -61,8 +61,11 @@ class RestApp:
         fast_path: bool = True,
         recorder: Recorder,
         guard: Guard | None = None,
+        torchserve_management: bool = False,
     ) -> None:
         self.engine = engine
+        #: a port of TorchServe's management paths (and /ping) only: the rest is 404 there
+        self.torchserve_management_only = torchserve_management
         self.settings = settings
         self.quart = quart
         self.fast_path = fast_path
@@ -102,7 +105,9 @@ class RestApp:
 
         match = _MODEL_OP.fullmatch(path)
         try:
-            if self.guard is not None and not self._authorized(scope, path, match is not None):
+            if self.torchserve_management_only and not on_management_port(path):
+                await not_on_management_port(tracked)
+            elif self.guard is not None and not self._authorized(scope, path, match is not None):
                 await send_reply(tracked, _UNAUTHORIZED_REPLY)
             elif match is not None and (self.fast_path or match[3] != "infer"):
                 op = match[3]
@@ -166,12 +171,15 @@ def create_app(
     metrics: Metrics | None = None,
     access: AccessLog | None = None,
     guard: Guard | None = None,
+    torchserve_management: bool = False,
 ) -> RestApp:
     """The ASGI application serving ``engine``. ``POST /v2/repository/models/{name}/load``
     calls ``engine.load_from_repository``. ``fast_path=False`` sends ``infer`` through
     Quart too (for comparison). Requests are recorded in ``metrics`` (default: a fresh
     :class:`Metrics`, which ``GET /metrics`` shows) and ``access`` (the access log, if
-    on); ``guard`` decides which routes need a bearer token (None: none)."""
+    on); ``guard`` decides which routes need a bearer token (None: none).
+    ``torchserve_management``: serve only TorchServe's management paths and ``/ping``
+    (its management port)."""
     views = RestViews(engine, settings)
     app = QuartTrio("actorserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -228,4 +236,7 @@ def create_app(
     app.after_request(compress)
     register_playground(app)
     recorder = Recorder(metrics if metrics is not None else Metrics(), access)
-    return RestApp(engine, settings, app, fast_path=fast_path, recorder=recorder, guard=guard)
+    return RestApp(
+        engine, settings, app, fast_path=fast_path, recorder=recorder, guard=guard,
+        torchserve_management=torchserve_management,
+    )  # fmt: skip

@@ -88,6 +88,16 @@ def _error(exc: BaseException) -> TsError:
     return exc.error if isinstance(exc, BadRequest) else ts_error(exc)
 
 
+class Served:
+    """Handlers as grpclib serves them (an object with ``__mapping__``)."""
+
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self.handlers = handlers
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return self.handlers
+
+
 class TorchServeGrpc:
     """Both services' handlers; ``track`` wraps a handler that works (the gRPC server's
     call counting and drain)."""
@@ -125,6 +135,12 @@ class TorchServeGrpc:
             handler = self._track(self._management_call(request_type, operation))
             handlers[MANAGEMENT + name] = Handler(handler, unary, request_type, pm.ManagementResponse)
         return handlers
+
+    def only(self, service: str) -> Served:
+        """One of the two services alone (``"inference"`` or ``"management"``), for a
+        port of its own: the other's methods are UNIMPLEMENTED there."""
+        prefix = {"inference": INFERENCE, "management": MANAGEMENT}[service]
+        return Served({path: h for path, h in self.__mapping__().items() if path.startswith(prefix)})
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
         return Wire(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)

@@ -3,7 +3,8 @@ behind a management token or served on a port of their own as a whole):
 
 ``GET /models`` (``limit``, ``next_page_token``), ``POST /models?url=...``,
 ``GET /models/{m}[/{v}|/all]``, ``PUT /models/{m}[/{v}]?min_worker=&max_worker=``,
-``PUT /models/{m}/{v}/set-default``, ``DELETE /models/{m}[/{v}]``.
+``PUT /models/{m}/{v}/set-default``, ``DELETE /models/{m}[/{v}]``; and which paths a port
+of TorchServe's management alone serves (:func:`on_management_port`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from ...api import EngineAPI
 from .calls import TsError, ts_error
 from .management import Management, Reply, _int_option
 from .rest import ASGIReceive, ASGIScope, ASGISend, send_error, send_json
+
+
+def on_management_port(path: str) -> bool:
+    """A path served on TorchServe's management port (``--ts-management-http-port``):
+    the management paths, and ``/ping`` for load balancers' health checks."""
+    return path in ("/models", "/ping") or path.startswith("/models/")
+
+
+async def not_on_management_port(send: ASGISend) -> None:
+    """TorchServe's answer to a path it does not serve."""
+    message = "Requested resource is not found, please refer to API document."
+    await send_error(send, TsError(404, "ResourceNotFoundException", message))
 
 
 class TorchServeManagement:
