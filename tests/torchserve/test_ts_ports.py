@@ -42,23 +42,30 @@ def grpc_calls(pb: SimpleNamespace, inference_target: str, management_target: st
     what each answered (a result, or the status name). Blocking: run it in a thread."""
     empty = pb.inference_pb2.google_dot_protobuf_dot_empty__pb2.Empty()
     predict = pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", input={"data": b"4"})
-    out = []
+    out: list[Any] = []
     for target in (inference_target, management_target):
         with grpc.insecure_channel(target) as chan:
-            inference = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
-            management = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan)
-            calls = [
-                lambda: json.loads(inference.Ping(empty).health)["status"],
-                lambda: inference.Predictions(predict).prediction.decode(),
-                lambda: [r.prediction.decode() for r in inference.StreamPredictions(predict)],
-                lambda: [m["modelName"] for m in json.loads(management.ListModels(pb.management_pb2.ListModelsRequest(), metadata=[("authorization", f"Bearer {TOKEN}")]).msg)["models"]],
-                lambda: chan.unary_unary("/inference.GRPCInferenceService/ServerLive")(b""),  # Triton's: main port only
-            ]  # fmt: skip
-            for call in calls:
-                try:
-                    out.append(call())
-                except grpc.RpcError as exc:
-                    out.append(exc.code().name)
+            out += _each_call(pb, chan, empty, predict)
+    return out
+
+
+def _each_call(pb: SimpleNamespace, chan: grpc.Channel, empty: Any, predict: Any) -> list[Any]:
+    inference = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
+    management = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan)
+    listing = pb.management_pb2.ListModelsRequest()
+    calls = [
+        lambda: json.loads(inference.Ping(empty).health)["status"],
+        lambda: inference.Predictions(predict).prediction.decode(),
+        lambda: [r.prediction.decode() for r in inference.StreamPredictions(predict)],
+        lambda: [m["modelName"] for m in json.loads(management.ListModels(listing, metadata=[("authorization", f"Bearer {TOKEN}")]).msg)["models"]],
+        lambda: chan.unary_unary("/inference.GRPCInferenceService/ServerLive")(b""),  # Triton's: main port only
+    ]  # fmt: skip
+    out = []
+    for call in calls:
+        try:
+            out.append(call())
+        except grpc.RpcError as exc:
+            out.append(exc.code().name)
     return out
 
 
