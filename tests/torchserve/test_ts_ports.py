@@ -80,13 +80,15 @@ def rest_calls(url: str) -> list[tuple[int, Any]]:
     """The management port: its paths with and without the token, /ping, and what it does
     not serve."""
     out = []
-    with httpx.Client(base_url=url, timeout=20) as client:
-        requests = [
-            ("GET", "/models", {}), ("GET", "/models", {"Authorization": "Bearer nope"}), ("GET", "/models", BEARER),
-            ("GET", "/models/ts_stateful", {}), ("DELETE", "/models/nope", BEARER), ("GET", "/ping", {}),
-            ("POST", "/predictions/ts_stateful", BEARER), ("GET", "/v2/health/live", {}), ("GET", "/metrics", BEARER),
-        ]  # fmt: skip
-        for method, path, headers in requests:
+    requests = [
+        ("GET", "/models", {}), ("GET", "/models", {"Authorization": "Bearer nope"}), ("GET", "/models", BEARER),
+        ("GET", "/models/ts_stateful", {}), ("DELETE", "/models/nope", BEARER), ("GET", "/ping", {}),
+        ("POST", "/predictions/ts_stateful", BEARER), ("GET", "/v2/health/live", {}), ("GET", "/metrics", BEARER),
+    ]  # fmt: skip
+    for method, path, headers in requests:
+        # a connection each, as curl makes: a POST answered before its body arrived (the
+        # 404) closes its connection, and a client reusing it would see the close
+        with httpx.Client(base_url=url, timeout=20) as client:
             reply = client.request(method, path, headers=headers, content=b"2" if method == "POST" else None)
             body = reply.json()
             if isinstance(body, dict) and "models" in body:
