@@ -196,6 +196,17 @@ async def test_idle_keep_alive_connection_is_closed_after_the_timeout(launch: La
     assert await wire.closed()
 
 
+async def test_an_answer_before_the_body_says_it_closes(launch: Launch) -> None:
+    """A request answered before its body arrived (here: 401 on a management route)
+    cannot keep its connection; the response says so (h11 closes without saying)."""
+    wire = await connect(await launch(http_parser="httptools", no_auth=False, token="secret-token"))
+    head = post("/v2/repository/models/identity/unload", b"{}").partition(b"\r\n\r\n")[0]
+    await wire.send(head + b"\r\n\r\n")  # and never the body
+    reply = await wire.reply()
+    assert (reply.status, reply.headers["connection"]) == (401, "close")
+    assert await wire.closed()
+
+
 async def test_connection_close_is_honoured(server: Server) -> None:
     wire = await connect(server)
     await wire.send(get("/v2/health/ready", "Connection: close"))

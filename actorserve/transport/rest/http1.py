@@ -304,8 +304,8 @@ class HttpToolsProtocol:
                     parts.append(b"transfer-encoding: chunked\r\n")
             else:
                 self.keep_alive = False  # HTTP/1.0 without a length: the close ends the body
-        if self.keep_alive_requests >= self.config.keep_alive_max_requests:
-            self.keep_alive = False
+        if self.keep_alive_requests >= self.config.keep_alive_max_requests or not self.request_complete:
+            self.keep_alive = False  # answered before its body arrived (a 401, a 413): say we close
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
