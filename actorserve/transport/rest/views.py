@@ -86,8 +86,15 @@ class RestViews:
     async def ready(self) -> Response:
         if await self.engine.ready():
             return response(json_reply({"ready": True}))
-        not_ready = [f"{m.name}:{m.version}" for m in await self.engine.models() if not m.ready]
-        why = "the server is shutting down" if not not_ready else f"not ready: {', '.join(not_ready)}"
+        infos = await self.engine.models()
+        loading = [f"{m.name}:{m.version}" for m in infos if m.state is ModelState.LOADING]
+        unloading = [f"{m.name}:{m.version}" for m in infos if not m.ready and m.state is not ModelState.LOADING]
+        if loading:
+            why = f"not ready: {', '.join(loading)}"
+        elif unloading and len(unloading) < len(infos):  # one model is being unloaded
+            why = f"not ready: {', '.join(unloading)} (unloading)"
+        else:  # every model stopping (or none left): the engine is closing
+            why = "the server is shutting down"
         return response(error_reply(ModelNotReady(why)))
 
     async def server_metadata(self) -> Response:
