@@ -3,10 +3,10 @@ model, set its workers, set its default version), typed against
 :class:`~actorserve.api.EngineAPI` only. The REST routes of
 :mod:`actorserve.transport.rest.management` mean the same.
 
-:meth:`ManagementService.__mapping__` holds every management RPC, and only them: the
-one place to guard management over gRPC (an auth check wraps ``guard``). The OIP's own
-repository RPCs (RepositoryModelLoad / Unload) live in ``GRPCInferenceService``;
-``service.MANAGEMENT_METHODS`` names them for the same check.
+:meth:`ManagementService.__mapping__` holds every management RPC, and only them; the
+token check wraps every handler of the server by service and method name
+(:func:`.calls.guarded`). The OIP's own repository RPCs (RepositoryModelLoad / Unload)
+live in ``GRPCInferenceService``; ``service.MANAGEMENT_METHODS`` names them.
 """
 
 from __future__ import annotations
@@ -68,10 +68,9 @@ def description_to_pb(d: ModelDescription) -> ModelDescriptionPb:
 class ManagementService:
     """The grpclib handlers of ``actorserve.v1.Management``."""
 
-    def __init__(self, engine: EngineAPI, calls: Calls, guard: Callable[[Method], Method] | None = None) -> None:
+    def __init__(self, engine: EngineAPI, calls: Calls) -> None:
         self.engine = engine
         self.calls = calls
-        self.guard = guard
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = Cardinality.UNARY_UNARY
@@ -82,10 +81,7 @@ class ManagementService:
         ]
         handlers = {}
         for name, func, request in methods:
-            method = self.calls._tracked(func)
-            if self.guard is not None:
-                method = self.guard(method)
-            handlers[SERVICE + name] = Handler(method, unary, request, ModelDescriptionPb)
+            handlers[SERVICE + name] = Handler(self.calls._tracked(func), unary, request, ModelDescriptionPb)
         return handlers
 
     async def _reply(self, wire: Wire, name: str, version: str | None) -> None:

@@ -2,8 +2,8 @@
 (Triton's and MLServer's shape) and actorserve's own routes under
 ``/v2/repository/models/{name}/...`` (describe, workers, default version).
 
-:func:`register_management` registers every one of them, and only them: it is the one
-place to guard management (an auth check wraps ``guard``). Views call only
+:func:`register_management` registers every one of them, and only them; the token check
+is the app's, by path prefix (:mod:`actorserve.transport.auth`). Views call only
 :class:`~actorserve.api.EngineAPI` and raise domain errors (the app's error handler
 answers them).
 """
@@ -104,11 +104,8 @@ class ManagementViews:
         return response(json_reply(description_json(await self.engine.describe(name))))
 
 
-def register_management(app: QuartTrio, views: ManagementViews, guard: Callable[[View], View] | None = None) -> None:
-    """Register every management route on ``app``; ``guard`` (if given) wraps each view
-    (the seam for an authorization check)."""
+def register_management(app: QuartTrio, views: ManagementViews) -> None:
+    """Register every management route on ``app``."""
     for rule, endpoint, methods in MANAGEMENT_ROUTES:
         view: View = getattr(views, endpoint)
-        if guard is not None:
-            view = guard(view)
         app.add_url_rule(rule, f"management_{endpoint}_{rule.count('<')}", view, methods=list(methods))
