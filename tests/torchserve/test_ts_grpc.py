@@ -107,6 +107,28 @@ async def test_infer_stream2_a_sequence_with_errors_in_band(pb: SimpleNamespace,
         assert (fresh.prediction, fresh.sequence_id.startswith("ts-seq-")) == (b"6", True)
 
 
+async def test_infer_stream2_answers_keep_their_sequence_order(pb: SimpleNamespace, server: Server) -> None:
+    """Many requests of one sequence sent at once: answers that come back together (one
+    engine step, one link frame) must still be written in request order (the running
+    sums rise). Several sequences interleave on the one call."""
+    values = [2] * 40
+    ids = ["a", "b", "c"]
+
+    def feed() -> Iterator[Any]:
+        for n, value in enumerate(values):
+            for sequence in ids:
+                flags = {"ts_request_sequence_start": b"true"} if n == 0 else {}
+                data = {"data": str(value).encode(), **flags}
+                yield pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", sequence_id=sequence, input=data)
+
+    with channel(server) as chan:
+        stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
+        answers = await run(lambda: [(r.sequence_id, r.prediction) for r in stub.StreamPredictions2(feed())])
+    for sequence in ids:
+        sums = [int(p) for s, p in answers if s == sequence]
+        assert sums == [2 * (k + 1) for k in range(len(values))], (sequence, sums)
+
+
 async def test_management_like_the_client_script(
     pb: SimpleNamespace, make_archive: MakeArchive, launch: Launch
 ) -> None:

@@ -65,3 +65,27 @@ def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProces
         assert [r.prediction for r in stub.StreamPredictions(request)] == [b"m-g:0", b"m-g:1", b"m-g:2", b"m-g:done"]
         listed = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan).ListModels(pb.management_pb2.ListModelsRequest())
         assert '"later"' in listed.msg
+
+
+def test_stream_predictions2_answers_keep_their_order_across_the_link(
+    cluster: tuple[ServerProcess, str, str], pb: Any
+) -> None:
+    """Requests of a sequence sent at once over StreamPredictions2: their answers come
+    back from the engine process together (one frame) and must still be written in
+    request order (the running sums rise)."""
+    _, _, grpc_address = cluster
+    ids, count = ["a", "b", "c"], 40
+
+    def feed() -> Iterator[Any]:
+        for n in range(count):
+            for sequence in ids:
+                flags = {"ts_request_sequence_start": b"true"} if n == 0 else {}
+                yield pb.inference_pb2.PredictionsRequest(
+                    model_name="ts_stateful", sequence_id=sequence, input={"data": b"2", **flags}
+                )
+
+    with grpc.insecure_channel(grpc_address) as chan:
+        stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
+        answers = [(r.sequence_id, r.prediction) for r in stub.StreamPredictions2(feed(), timeout=60)]
+    for sequence in ids:
+        assert [int(p) for s, p in answers if s == sequence] == [2 * (k + 1) for k in range(count)], sequence

@@ -71,6 +71,29 @@ def rpc_status(error: TsError) -> RpcStatus:
     return RpcStatus(code=grpc_code(error.code).value, message=error.message, details=[detail])
 
 
+class _Turn:
+    """One request's place among its sequence's answers on a StreamPredictions2 call:
+    :meth:`wait` until the request before it (same sequence id) has sent its first
+    answer; :meth:`done` once this one has (or never will). No id: no order to keep."""
+
+    def __init__(self, first_sent: dict[str, trio.Event], sequence_id: str) -> None:
+        self._table, self._id = first_sent, sequence_id
+        self._before = first_sent.get(sequence_id) if sequence_id else None
+        self._mine = trio.Event()
+        if sequence_id:
+            first_sent[sequence_id] = self._mine
+
+    async def wait(self) -> None:
+        if self._before is not None:
+            await self._before.wait()
+            self._before = None
+
+    def done(self) -> None:
+        self._mine.set()
+        if self._table.get(self._id) is self._mine:
+            del self._table[self._id]
+
+
 def _call(message: PredictionsRequest, headers: Mapping[str, str]) -> Call:
     if not message.model_name:
         raise BadRequest("Parameter model_name is required.")
@@ -206,15 +229,19 @@ class TorchServeGrpc:
 
     async def _bidi(self, wire: Wire) -> None:
         """Read requests in order; each runs in a task of its own once the engine took
-        the one before (so a sequence's requests keep their order); one writer."""
+        the one before (so a sequence's requests keep their order); one writer. A
+        request's first answer waits for the first answer of the request of its sequence
+        before it: answers that arrive together (one engine frame) keep the order."""
         send, receive = trio.open_memory_channel[list[PredictionResponse]](STREAM2_INFLIGHT)
         slots = trio.Semaphore(STREAM2_INFLIGHT)
+        first_sent: dict[str, trio.Event] = {}  # sequence id -> its latest request's first answer
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write, wire, receive)
             async with send:
                 while (message := await to_aio(wire.recv)) is not None:
                     await slots.acquire()
-                    await nursery.start(self._one_of_bidi, message, send.clone(), slots)
+                    turn = _Turn(first_sent, message.sequence_id or "")
+                    await nursery.start(self._one_of_bidi, message, send.clone(), slots, turn)
 
     async def _write(self, wire: Wire, receive: trio.MemoryReceiveChannel[list[PredictionResponse]]) -> None:
         async with receive:
@@ -231,6 +258,7 @@ class TorchServeGrpc:
         message: PredictionsRequest,
         out: trio.MemorySendChannel[list[PredictionResponse]],
         slots: trio.Semaphore,
+        turn: _Turn,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
@@ -260,11 +288,15 @@ class TorchServeGrpc:
                                 if not envelope.ok_status(answer.status):
                                     reply = PredictionResponse(sequence_id=sequence_id, status=rpc_status(answer_error(answer)))
                                 batch.append(reply)
+                            await turn.wait()
                             await out.send(batch)
+                            turn.done()
                 except Exception as exc:
                     status = rpc_status(_error(exc))
+                    await turn.wait()
                     await out.send([PredictionResponse(sequence_id=sequence_id, status=status)])
         finally:
+            turn.done()
             slots.release()
             if not started:  # an error before the engine took it: read the next one
                 task_status.started()
