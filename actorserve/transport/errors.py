@@ -22,6 +22,10 @@ from ..errors import (
 )
 
 
+class BodyTooLarge(Exception):
+    """A REST request body (read or inflated) is over ``max_body_bytes``: answered 413."""
+
+
 class GrpcCode(enum.IntEnum):
     """The gRPC status codes this table uses (the numbers are the wire's; grpclib's
     ``Status`` has the same values). Kept here so REST never imports grpclib."""

@@ -66,6 +66,10 @@ class Exchange:
         self.first_at: float | None = None
         self.last_at = 0.0
 
+    def note_disconnect(self) -> None:
+        """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
+        self.disconnected = True
+
     def model_request(self, model: str, version: str | None) -> None:
         """This is an inference request for ``model`` (``version``: as asked)."""
         self.inference = True

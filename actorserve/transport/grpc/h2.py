@@ -150,6 +150,13 @@ class Wire:
         accepted = {a.strip().lower() for a in accept.split(",")} if accept else set()
         self.response_encoding = self.request_encoding if self.request_encoding in accepted else None
 
+    async def recv_one(self) -> Any:
+        """The request message of a unary-request call; INVALID_ARGUMENT if it has none."""
+        message = await self.recv()
+        if message is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        return message
+
     async def recv(self) -> Any:
         """The next message, or None when the client has half-closed."""
         if self.request_encoding is None:

@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import trio
-from grpclib.const import Cardinality, Handler, Status
-from grpclib.exceptions import GRPCError
+from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
 from ...api import EngineAPI, ModelState, TensorMetadata
@@ -220,9 +219,7 @@ class InferenceService:
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
-        message = await wire.recv()
-        if message is None:
-            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        message = await wire.recv_one()
         exchange = call_exchange()
         if exchange is not None:  # for the access line
             exchange.model = getattr(message, "name", None) or getattr(message, "model_name", None) or None

@@ -20,9 +20,10 @@ import orjson
 import trio
 
 from ...api import EngineAPI
-from ...errors import ModelNotFound
+from ...errors import BadInput, ModelNotFound
 from ...textgen import TextGeneration
-from ..errors import RETRY_AFTER_SECONDS
+from ..errors import RETRY_AFTER_SECONDS, BodyTooLarge
+from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
 from .encode import (
@@ -48,10 +49,6 @@ _EVENT_STREAM: Final = [(b"content-type", b"text/event-stream"), (b"cache-contro
                         (b"x-accel-buffering", b"no")]  # fmt: skip
 #: events buffered per choice between the engine and the writer
 _EVENTS_PER_CHOICE: Final = 16
-
-
-class _Disconnected(Exception):
-    """The client went away before its request body was read."""
 
 
 class OpenAIRoutes:
@@ -85,13 +82,13 @@ class OpenAIRoutes:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             body = await _read_body(receive, headers, self._limit)
-        except _Disconnected:
+        except Disconnected:
             return
         except OpenAIError as exc:
             await _send_error(send, exc)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
             await self._generate(send, body, headers, chat=path.endswith("/chat/completions"))
             nursery.cancel_scope.cancel()
 
@@ -251,31 +248,12 @@ async def _send_error(
 
 async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: int) -> bytes:
     """The whole request body; 413 as soon as it is known to be over ``limit``."""
-    too_large = OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413)
-    declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise OpenAIError(f"Content-Encoding {encoding!r} is not supported here", status=415)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
+    try:
+        return await read_body(receive, limit, headers.get("content-length"))
+    except BodyTooLarge:
+        raise OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413) from None
+    except BadInput as exc:
+        raise OpenAIError(exc.message) from None

@@ -22,10 +22,11 @@ from urllib.parse import parse_qsl
 import trio
 
 from ...api import EngineAPI
-from ...errors import BadInput, ModelNotFound
+from ...errors import ModelNotFound
 from ...types import InferenceRequest, InferenceResponse
-from ..errors import http_status
+from ..errors import BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
+from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .generate import (
     Encoder,
     encode_event_source,
@@ -38,7 +39,6 @@ from .sse import EVENT_STREAM_HEADERS, write_events
 from .wire import (
     GZIP_HEADERS,
     GZIP_IN_THREAD_BYTES,
-    BodyTooLarge,
     HttpReply,
     RequestHeaders,
     apply_sequence_headers,
@@ -63,10 +63,6 @@ ASGISend = Callable[[Any], Awaitable[None]]
 
 #: The ASGI headers of every event stream, built once.
 _EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in EVENT_STREAM_HEADERS)
-
-
-class Disconnected(Exception):
-    """The client went away before its request body was read."""
 
 
 # -- the one gzip rule ---------------------------------------------------------------------
@@ -150,7 +146,7 @@ class RawRoutes:
         ``exchange`` (metrics, access log)."""
         headers = RequestHeaders.from_asgi(scope["headers"])
         try:
-            body = await self._read_body(headers, receive)
+            body = await read_body(receive, self._limit, headers.content_length)
         except Disconnected:
             exchange.disconnected = True
             return
@@ -158,7 +154,7 @@ class RawRoutes:
             await self._send_reply(send, reply_for(exc, self._limit), headers)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, exchange)
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, exchange.note_disconnect)
             if op == "infer":
                 reply = await infer_reply(self.engine, name, version, body, headers, self._limit, exchange)
                 await self._send_reply(send, reply, headers)
@@ -262,39 +258,6 @@ class RawRoutes:
                 return
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _read_body(self, headers: RequestHeaders, receive: ASGIReceive) -> bytes:
-        """The whole body; :class:`BodyTooLarge` as soon as it is known to be over the
-        limit (from Content-Length, before reading); :class:`Disconnected`."""
-        limit = self._limit
-        if headers.content_length is not None:
-            try:
-                declared = int(headers.content_length)
-            except ValueError:
-                raise BadInput("invalid Content-Length") from None
-            if declared > limit:
-                raise BodyTooLarge
-        message = await receive()
-        if message["type"] != "http.request":
-            raise Disconnected
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(body) > limit:
-                raise BodyTooLarge
-            return body
-        chunks = [body]
-        size = len(body)
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
     async def _send_reply(self, send: ASGISend, reply: HttpReply, headers: RequestHeaders) -> None:
         await send_reply(send, reply, headers.accept_encoding, self._gzip_min)
 
@@ -325,10 +288,3 @@ def _query(scope: ASGIScope) -> list[tuple[str, list[str]]]:
     return list(grouped.items())
 
 
-async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope, exchange: Exchange) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            exchange.disconnected = True
-            scope.cancel()
-            return

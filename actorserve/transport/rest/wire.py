@@ -22,7 +22,7 @@ from ...errors import ActorServeError, BadInput
 from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .. import compression
-from ..errors import RETRY_AFTER_SECONDS, client_message, http_status
+from ..errors import RETRY_AFTER_SECONDS, BodyTooLarge, client_message, http_status
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ JSON_CONTENT_TYPE: Final = "application/json"
 BINARY_CONTENT_TYPE: Final = "application/octet-stream"
 
 Headers = list[tuple[str, str]]
-
-
-class BodyTooLarge(Exception):
-    """The request body (read or inflated) is over ``max_body_bytes``: answered 413."""
 
 
 # -- request headers ---------------------------------------------------------------------

@@ -170,9 +170,7 @@ class TorchServeGrpc:
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
-        message = await wire.recv()
-        if message is None:
-            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
+        message = await wire.recv_one()
         return wire, message
 
     # -- inference ------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...torchserve import envelope
+from ..errors import BodyTooLarge
+from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
 from .forms import split_body
 
@@ -33,10 +35,6 @@ _PREDICTIONS: Final = re.compile(r"/predictions/([^/]+)(?:/([^/]+))?/?")
 _EXPLANATIONS: Final = re.compile(r"/explanations/([^/]+)(?:/([^/]+))?/?")
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 async def send_json(send: ASGISend, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -45,23 +43,6 @@ async def send_json(send: ASGISend, status: int, body: bytes, headers: list[tupl
 
 async def send_error(send: ASGISend, error: TsError) -> None:
     await send_json(send, error.code, error.json())
-
-
-async def read_body(receive: ASGIReceive, limit: int) -> bytes | None:
-    """The whole request body (None: the client went away); :class:`BodyTooLarge`."""
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _content_type(answer: envelope.Answer) -> bytes:
@@ -124,7 +105,7 @@ class TorchServeInference:
         except BodyTooLarge:
             await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes"))
             return
-        if body is None:
+        except Disconnected:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
@@ -135,7 +116,7 @@ class TorchServeInference:
         call = Call(model, version, inputs, headers)
         with trio.CancelScope() as scope_:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, receive, scope_)
+                nursery.start_soon(cancel_on_disconnect, receive, scope_)
                 await self._answer(send, call)
                 nursery.cancel_scope.cancel()
 
@@ -171,9 +152,3 @@ class TorchServeInference:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _cancel_on_disconnect(receive: ASGIReceive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
