@@ -86,6 +86,13 @@ class Model:
     def parameters(self) -> dict[str, Any]:
         return dict(self.settings.parameters)
 
+    @property
+    def step_timeout(self) -> float | None:
+        """Seconds a step (a plain model: the wait for its next response) may take
+        before the engine gives up on it (the settings' ``step_timeout``); None: no
+        deadline. A model that enforces a deadline of its own returns None."""
+        return self.settings.step_timeout or None
+
     async def load(self) -> None:
         """Load weights etc. Called once before the model serves."""
 
@@ -167,6 +174,12 @@ class BatchModel(Model, Generic[StateT, WorkT]):
     #: cancel a stream of its own sequence). Requests still start in order, one at a
     #: time; the sequence is idle only when none of its requests runs.
     sequence_overlap: ClassVar[bool] = False
+    #: When ``step`` raises for a batch of several items, step each item alone to find
+    #: the ones that raise and fail only those (the others go on). This re-runs the
+    #: step for the items that did not raise, so a ``step`` that raises must leave the
+    #: work and state it was given unchanged (raise before changing anything, or undo).
+    #: Set False if it cannot: then a raising step fails every item of its batch.
+    isolate_failures: ClassVar[bool] = True
 
     @property
     def max_batch_size(self) -> int:

@@ -26,6 +26,11 @@ MODEL_SETTINGS_FILE = "model-settings.json"
 ANY_DATATYPE = "ANY"
 ANY_DATATYPE_SHOWN_AS = "FP32"
 
+#: The default ``step_timeout`` (seconds): one step is one iteration of a batch, so a
+#: minute is far past any healthy step yet short enough that a hung replica is noticed
+#: and replaced while its clients still wait.
+DEFAULT_STEP_TIMEOUT = 60.0
+
 
 class SettingsError(BadInput, ValueError):
     """A settings file or value is invalid; the message names the file and the problem.
@@ -113,6 +118,10 @@ class ModelSettings:
     #: the ``text_generation`` block (see :mod:`actorserve.textgen`), laid over the model
     #: class's declaration; None: the class's declaration as it is.
     text_generation: Mapping[str, Any] | None = None
+    #: seconds one step of a BatchModel replica (or a plain Model's wait for its next
+    #: response) may take before the replica is declared hung (its requests fail, it is
+    #: replaced); 0 turns the deadline off. See docs/writing-a-model.md, "Faults".
+    step_timeout: float = DEFAULT_STEP_TIMEOUT
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -123,6 +132,8 @@ class ModelSettings:
             raise SettingsError(f"model {self.name!r}: batch limits must be >= 0")
         if self.reply_buffer < 1 or self.max_pending < 1:
             raise SettingsError(f"model {self.name!r}: reply_buffer and max_pending must be >= 1")
+        if not self.step_timeout >= 0:  # also refuses NaN
+            raise SettingsError(f"model {self.name!r}: step_timeout must be >= 0 seconds (0: no deadline)")
 
 
 _TENSOR_KEYS = frozenset({"name", "datatype", "shape", "optional", "parameters"})
@@ -185,7 +196,7 @@ def model_settings_from_dict(
     known = {
         "name", "implementation", "parameters", "max_batch_size", "max_batch_time", "workers",
         "sequence", "reply_buffer", "max_pending", "platform", "inputs", "outputs", "versions",
-        "request", "text_generation",
+        "request", "text_generation", "step_timeout",
     }  # fmt: skip
     unknown = set(data) - known
     if unknown:
@@ -229,6 +240,7 @@ def model_settings_from_dict(
             folder=folder,
             request_parameters=request_parameters,
             text_generation=text_generation,
+            step_timeout=float(data.get("step_timeout", DEFAULT_STEP_TIMEOUT)),
         )
     except SettingsError as exc:
         raise SettingsError(f"{where}: {exc}") from None
@@ -265,6 +277,7 @@ def discover_models(folder: Path | str) -> list[ModelSettings]:
 __all__ = [
     "ANY_DATATYPE",
     "ANY_DATATYPE_SHOWN_AS",
+    "DEFAULT_STEP_TIMEOUT",
     "MODEL_SETTINGS_FILE",
     "ModelSettings",
     "SequenceSettings",

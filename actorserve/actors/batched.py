@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ..api import ResponseIterator, SequenceControl
-from ..errors import BadInput
+from ..errors import BadInput, ModelNotReady
 from ..model import BatchModel
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
@@ -29,7 +29,10 @@ from .supervisor import Supervisor
 
 
 def least_loaded(batchers: list[ContinuousBatcher]) -> ContinuousBatcher:
-    """The replica with the fewest items waiting or running."""
+    """The replica with the fewest items waiting or running; :class:`ModelNotReady`
+    when there is none (the only one hung and its replacement is loading)."""
+    if not batchers:
+        raise ModelNotReady("no replica of the model is running (a hung one is being replaced); retry shortly")
     return min(batchers, key=lambda b: b.load)
 
 

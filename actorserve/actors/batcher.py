@@ -20,26 +20,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from ..errors import ModelFailed, Overloaded, ShuttingDown
 from ..model import BatchModel, StepOutput
-from .counters import StepCounters
+from .counters import BatcherStatistics, StepCounters
+from .outputs import run_step
 from .scheduler import Scheduler
-from .steploop import StepLoop, StepReport, run_step
+from .steploop import ReplicaHung, StepLoop, StepReport
 from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
 __all__ = ["BatcherStatistics", "ContinuousBatcher", "WorkItem"]
-
-
-@attrs.frozen
-class BatcherStatistics:
-    waiting: int
-    running: int
-    steps: int
-    items_stepped: int
 
 
 class ContinuousBatcher:
@@ -83,6 +75,7 @@ class ContinuousBatcher:
         self._gather_deadline = 0.0
         self._thread_exited = trio.Event()
         self._thread_error: BaseException | None = None
+        self.hung = False  # a step ran past step_timeout: the thread was abandoned
 
     # -- submitting side --------------------------------------------------------------
 
@@ -178,6 +171,7 @@ class ContinuousBatcher:
             exited=self._on_thread_exit,
             name=self.name,
             on_step=self._on_step,
+            step_timeout=self.model.step_timeout,
         )
         self._loop = loop
         loop.start()
@@ -205,7 +199,8 @@ class ContinuousBatcher:
             self._loop = None
             held, self._held, self._gathering = self._held, set(), None
             self._running = 0
-            error = ShuttingDown(f"{self.name} stopped")
+            self.hung = isinstance(self._thread_error, ReplicaHung)
+            error = self._thread_error if self.hung else ShuttingDown(f"{self.name} stopped")
             for item in held:
                 item.fail(error)
         if self._thread_error is not None:
@@ -334,8 +329,13 @@ class ContinuousBatcher:
         """Run the model's step for ``batch`` now, on this thread (microsecond steps)."""
         started = time.perf_counter_ns()
         outputs = run_step(self.model, batch, self.name)
+        took = time.perf_counter_ns() - started
         if not isinstance(outputs, BaseException):
-            self.counters.stepped(len(batch), time.perf_counter_ns() - started)
+            self.counters.stepped(len(batch), took)
+        timeout = self.model.step_timeout
+        if timeout and took > timeout * 1e9:  # on the event loop: nothing could preempt it
+            log.warning("%s: a step ran %.1f s on the event loop, past its step_timeout of %g s (an inline "
+                        "step cannot be preempted: set step_in_thread for long steps)", self.name, took / 1e9, timeout)
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:

@@ -22,6 +22,16 @@ def elapsed_ns(since: float) -> int:
     return max(0, int((trio.current_time() - since) * 1e9))
 
 
+@attrs.frozen
+class BatcherStatistics:
+    """A replica's batcher at a glance: items waiting and running, steps so far."""
+
+    waiting: int
+    running: int
+    steps: int
+    items_stepped: int
+
+
 @attrs.define
 class StepCounters:
     """One replica's steps: how many, how many items they carried, the time each batch

@@ -31,6 +31,7 @@ from .counters import RequestCounters, StepCounters
 from .inflight import Inflight
 from .plain import PlainRunner
 from .replies import cancelled_response
+from .steploop import ReplicaHung
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -200,14 +201,35 @@ class ModelHost:
         try:
             with scope:
                 await batcher.run(task_status=task_status)
+        except ReplicaHung:  # its items failed with it
+            await self._replace_hung(batcher)
         finally:
             self._batcher_scopes.pop(batcher, None)
-            if batcher.model not in self.replicas:  # retired by scaling down: unload it now
+            if batcher.model not in self.replicas and not batcher.hung:  # retired by scaling down
                 with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
                     try:
                         await batcher.model.unload()
                     except Exception:
                         log.exception("model %r: unload raised", self.name)
+
+    async def _replace_hung(self, batcher: ContinuousBatcher) -> None:
+        """Take out a replica whose step hung (its items failed), end its sequences
+        (``failed``) and load another in its place. The hung one is not unloaded: its
+        abandoned thread may still be inside its step."""
+        self.retired.append(batcher.counters)
+        if batcher in self.batchers:
+            del self.replicas[self.batchers.index(batcher)]
+            self.batchers.remove(batcher)
+        if self.supervisor is not None:
+            self.supervisor.end_pinned(batcher, EndReason.FAILED, graceful=False)
+        async with self._scaling:
+            if self.state is ModelState.READY:
+                try:
+                    await self._add_replica()
+                except Exception:
+                    log.exception("model %r: loading a replica in place of a hung one failed", self.name)
+        if self.supervisor is not None and self.supervisor.model is batcher.model and self.replicas:
+            self.supervisor.model = self.replicas[0]  # new sequences begin on a healthy replica
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).

@@ -9,8 +9,10 @@ requests of one sequence run one after another), then runs here as well.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
+from typing import TypeVar
 
 import trio
 
@@ -20,9 +22,14 @@ from ..model import Model, merge_responses
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batcher import WorkItem
+from .outputs import malformed, response_problem
 from .replies import new_item, stamp
 from .sequence import Job
 from .supervisor import Supervisor
+
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def _one(request: InferenceRequest) -> AsyncIterator[InferenceRequest]:
@@ -73,13 +80,41 @@ class PlainRunner:
         self._load[index] += 1
         return index
 
-    async def _call(self, response: Awaitable[InferenceResponse]) -> InferenceResponse:
+    async def _call(self, model: Model, response: Awaitable[InferenceResponse]) -> InferenceResponse:
+        """A response of ``model``'s code, checked; its exceptions become
+        :class:`ModelFailed` (logged)."""
         try:
-            return await response
-        except ActorServeError:
+            result = await self._timed(model, response)
+        except (ActorServeError, StopAsyncIteration):
             raise
         except Exception as exc:
             raise ModelFailed.wrap(self.settings.name, exc) from None
+        problem = response_problem(result)
+        if problem is not None:
+            raise malformed(self.settings.name, problem)
+        return result
+
+    async def _timed(self, model: Model, call: Awaitable[T]) -> T:
+        """``call`` within the model's ``step_timeout``: cancelled past it (a call that
+        does not yield to the event loop cannot be, and is only logged)."""
+        timeout = model.step_timeout
+        if timeout is None:
+            return await call
+        started = trio.current_time()
+        try:
+            with trio.fail_after(timeout):
+                result = await call
+        except trio.TooSlowError:
+            error = ModelFailed(f"model {self.settings.name!r}: no response within its step_timeout of {timeout:g} s")
+            log.error("%s (the call was cancelled)", error)
+            raise error from None
+        if trio.current_time() - started > timeout:
+            log.warning(
+                "model %r: a call took %.1f s, past its step_timeout of %g s, without letting the event loop "
+                "cancel it (work computed inline cannot be preempted: run long work in a thread)",
+                self.settings.name, trio.current_time() - started, timeout,
+            )  # fmt: skip
+        return result
 
     # -- the operations (the host has parsed the sequence controls; cancel is its own) --
 
@@ -91,7 +126,8 @@ class PlainRunner:
             return merge_responses(self.replicas[0], request, responses)
         index = self._take_replica()
         try:
-            return stamp(await self._call(self.replicas[index].predict(request)), request.id)
+            model = self.replicas[index]
+            return stamp(await self._call(model, model.predict(request)), request.id)
         finally:
             self._load[index] -= 1
 
@@ -147,21 +183,21 @@ class PlainRunner:
         model = self.replicas[index]
         try:
             if unary:
-                yield stamp(await self._call(model.predict(request)), request.id, sequence_id)
+                yield stamp(await self._call(model, model.predict(request)), request.id, sequence_id)
                 return
             async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
                 while True:
                     try:
-                        response = await responses.__anext__()
+                        response = await self._call(model, responses.__anext__())
                     except StopAsyncIteration:
                         break
-                    except ActorServeError:
-                        raise
-                    except Exception as exc:
-                        raise ModelFailed.wrap(self.settings.name, exc) from None
                     if item is not None and item.cancelled:
                         raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
                     yield stamp(response, request.id, sequence_id)
+        except ModelFailed as exc:
+            if item is not None:
+                item.fail(exc)  # the sequence ends (failed): its state is suspect
+            raise
         finally:
             self._load[index] -= 1
             if item is not None:

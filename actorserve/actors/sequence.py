@@ -147,6 +147,9 @@ class SequenceActor:
                 if job.end and not job.item.finished:  # the last request streams on
                     await job.item.done.wait()
                 self.current = None
+                if isinstance(job.item.error, ModelFailed) and self.end_reason is None:
+                    self.end_reason = EndReason.FAILED  # the model broke on it: its state is suspect
+                    break
                 if (job.end or job.item.ends_sequence) and self.end_reason is None:
                     self.end_reason = EndReason.ENDED
                     break

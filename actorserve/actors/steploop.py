@@ -35,6 +35,7 @@ import trio
 
 from ..errors import ModelFailed
 from ..model import BatchModel, StepOutput
+from .outputs import run_step
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -47,21 +48,17 @@ log = logging.getLogger(__name__)
 #: more than two steps ahead of the readers.
 MAX_AHEAD = 1
 
+#: the watchdog looks at a running step this many times per ``step_timeout`` (at most
+#: once every WATCH_MAX_INTERVAL seconds, so a long deadline is still seen promptly)
+WATCH_PER_TIMEOUT = 4
+WATCH_MAX_INTERVAL = 1.0
 
-def run_step(model: BatchModel[Any, Any], batch: list[WorkItem], name: str) -> list[StepOutput] | BaseException:
-    """``model.step`` for ``batch``: its outputs, or the exception it raised, or
-    :class:`ModelFailed` when it did not return one output per item (logged)."""
-    try:
-        outputs = model.step([item.work for item in batch])
-    except Exception as exc:
-        log.exception("%s: step of %d items failed", name, len(batch))
-        return exc
-    if not isinstance(outputs, list) or len(outputs) != len(batch):
-        count = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-        error = ModelFailed(f"{model.name}: step returned {count} outputs for {len(batch)} items")
-        log.error("%s", error)
-        return error
-    return outputs
+
+class ReplicaHung(ModelFailed):
+    """A step ran past the model's ``step_timeout``: the step loop gave up on its thread
+    (it cannot be killed; it is abandoned, and what it returns later is dropped). The
+    batcher fails its items with this error and raises it, so the host replaces the
+    replica."""
 
 
 @attrs.define(eq=False, slots=True)
@@ -91,6 +88,11 @@ class StepLoop:
     calls ``report`` (via ``run_sync_soon``) once per round and ``exited(error)`` last
     (``error`` is None unless the loop itself broke). Every method but the thread's own
     is called on the trio thread and takes the lock only briefly.
+
+    With ``step_timeout`` (seconds), a watchdog thread looks at the running step; past
+    the deadline it declares the loop hung: ``exited(ReplicaHung(...))`` is called at
+    once, and the stepping thread, whenever its step returns, reports nothing more and
+    ends (:meth:`join` does not wait for it).
     """
 
     def __init__(
@@ -102,9 +104,11 @@ class StepLoop:
         exited: Callable[[BaseException | None], None],
         name: str,
         on_step: Callable[[list[WorkItem]], None] | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         self.model = model
         self.name = name
+        self.step_timeout = step_timeout
         self._report = report
         self._exited = exited
         self._on_step = on_step
@@ -117,18 +121,30 @@ class StepLoop:
         self._stopping = False
         self._posted = 0
         self._delivered = 0
+        self._step_started: float | None = None  # time.monotonic() of the running call
+        self.hung = False
         # --
         self._taken = 0  # thread-owned
         self._thread = threading.Thread(target=self._main, name=f"step loop: {name}", daemon=True)
+        self._watchdog: threading.Thread | None = None
+        self._watch_stop = threading.Event()
 
     # -- event-loop side -----------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+        if self.step_timeout:
+            self._watchdog = threading.Thread(target=self._watch, name=f"step watchdog: {self.name}", daemon=True)
+            self._watchdog.start()
 
     def join(self) -> None:
-        """Called after ``exited``: the thread is returning, so this does not block."""
-        self._thread.join()
+        """Called after ``exited``: the thread is returning (unless it hung: then it is
+        left to finish its step on its own), so this does not block."""
+        self._watch_stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+        if not self.hung:
+            self._thread.join()
 
     def submit(self, items: list[WorkItem]) -> None:
         with self._cond:
@@ -175,10 +191,41 @@ class StepLoop:
         except BaseException as exc:  # a bug or KeyboardInterrupt: the batcher re-raises it
             error = exc
         finally:
+            with self._cond:
+                hung = self.hung  # then the watchdog said the last word
+            if not hung:
+                try:
+                    self._token.run_sync_soon(self._exited, error)
+                except trio.RunFinishedError:
+                    pass
+
+    def _watch(self) -> None:
+        """The watchdog thread: declare the loop hung once a call of ``step`` has run
+        past ``step_timeout`` (real time: a thread's step does not run on trio's clock)."""
+        timeout = self.step_timeout
+        assert timeout
+        interval = min(timeout / WATCH_PER_TIMEOUT, WATCH_MAX_INTERVAL)
+        while not self._watch_stop.wait(interval):
+            with self._cond:
+                started = self._step_started
+                if started is None or time.monotonic() - started <= timeout:
+                    continue
+                self.hung = True
+                self._stopping = True
+            error = ReplicaHung(
+                f"model {self.model.name!r}: a step ran past its step_timeout of {timeout:g} s; "
+                "the replica was declared hung and is being replaced"
+            )
+            log.warning("%s: %s (its thread is abandoned)", self.name, error)
             try:
                 self._token.run_sync_soon(self._exited, error)
             except trio.RunFinishedError:
                 pass
+            return
+
+    def _call_started(self) -> None:
+        with self._cond:
+            self._step_started = time.monotonic()
 
     def _serve(self) -> None:
         while True:
@@ -197,6 +244,12 @@ class StepLoop:
                 started = time.perf_counter_ns()
                 outputs = self._step(batch)
                 step_ns = time.perf_counter_ns() - started
+                with self._cond:
+                    self._step_started = None
+                    if self.hung:  # too late: the items were failed, the replica replaced
+                        log.warning("%s: the abandoned step returned after %.1f s; its outputs are dropped",
+                                    self.name, step_ns / 1e9)
+                        return
                 left.extend(self._settle(batch, outputs))
             idle_after = self._taken if not len(self._scheduler) else None
             report = StepReport(batch or [], outputs, admitted, left, dropped, idle_after, step_ns)
@@ -239,7 +292,7 @@ class StepLoop:
             except Exception as exc:
                 log.exception("%s: on_step raised", self.name)
                 return exc
-        return run_step(self.model, batch, self.name)
+        return run_step(self.model, batch, self.name, self._call_started if self.step_timeout else None)
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> list[WorkItem]:
         """Items that are done or failed leave the schedule (their slots are refilled by

@@ -144,6 +144,13 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
 
     _thread: _HandlerThread | None = None
 
+    @property
+    def step_timeout(self) -> float | None:
+        """None: a step returns by itself once the handler passes ``response_timeout``
+        (TorchServe's responseTimeout), failing its requests and restarting the handler,
+        so the engine's step deadline is not needed on top."""
+        return None
+
     async def load(self) -> None:
         self.header_names = HeaderNames.from_environ()
         #: seconds the handler may take for its next response (responseTimeout)

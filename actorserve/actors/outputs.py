@@ -1,0 +1,139 @@
+"""Calling model code and checking what it hands back, so a model's fault fails only the
+requests it touches, with a message naming the model.
+
+- :func:`run_step`: one :meth:`BatchModel.step` for a batch. A step that raises for a
+  batch of several items is run again for each item alone (when the model allows it,
+  :attr:`BatchModel.isolate_failures`), so only the items that raise fail; a step that
+  returns the wrong number of outputs fails its batch; an output that is not a
+  :class:`StepOutput`, or whose response is malformed, fails its item.
+- :func:`response_problem`: what is wrong with a response a model made (None: nothing),
+  checked before any transport encodes it: the encoders may then trust every tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelFailed
+from ..model import BatchModel, StepOutput
+from ..types import DATATYPES, InferenceResponse, Tensor
+
+if TYPE_CHECKING:
+    from .workitem import WorkItem
+
+log = logging.getLogger(__name__)
+
+
+def _tensor_problem(index: int, tensor: object) -> str | None:
+    if not isinstance(tensor, Tensor):
+        return f"output {index} is a {type(tensor).__name__}, expected a Tensor"
+    name = tensor.name
+    expected = DATATYPES.get(tensor.datatype) if isinstance(tensor.datatype, str) else None
+    if expected is None:
+        return f"output {name!r}: unknown datatype {tensor.datatype!r}"
+    data = tensor.data
+    if not isinstance(data, np.ndarray):
+        return f"output {name!r}: data is a {type(data).__name__}, expected a numpy array"
+    if data.dtype != expected:
+        return f"output {name!r}: {tensor.datatype} data has numpy dtype {data.dtype} (expected {expected})"
+    try:
+        shape = tuple(tensor.shape)
+    except TypeError:
+        return f"output {name!r}: shape {tensor.shape!r} is not a list of sizes"
+    if data.shape != shape:
+        return f"output {name!r}: shape {list(shape)} but its data has shape {list(data.shape)}"
+    if tensor.datatype == "BYTES":
+        for value in data.reshape(-1):
+            if not isinstance(value, bytes):
+                return f"output {name!r}: a BYTES element is a {type(value).__name__}, expected bytes"
+    return None
+
+
+def response_problem(response: object) -> str | None:
+    """What is wrong with ``response`` as a model's answer (None: it can be encoded).
+    Checks its type, each output's datatype, numpy dtype and shape, and that BYTES
+    elements are bytes; costs a few microseconds per tensor (BYTES: per element)."""
+    if not isinstance(response, InferenceResponse):
+        return f"returned a {type(response).__name__}, expected an InferenceResponse"
+    if not isinstance(response.outputs, list):
+        return f"response outputs is a {type(response.outputs).__name__}, expected a list"
+    if not isinstance(response.parameters, dict):
+        return f"response parameters is a {type(response.parameters).__name__}, expected a dict"
+    for index, tensor in enumerate(response.outputs):
+        problem = _tensor_problem(index, tensor)
+        if problem is not None:
+            return problem
+    return None
+
+
+def malformed(model: str, problem: str) -> ModelFailed:
+    """The error of a request whose model answered with something malformed (logged)."""
+    error = ModelFailed(f"model {model!r} returned a malformed answer: {problem}")
+    log.error("%s", error)
+    return error
+
+
+def _checked(model: BatchModel[Any, Any], outputs: object, count: int) -> list[StepOutput] | ModelFailed:
+    """``outputs`` of a step of ``count`` items, each malformed one replaced by its error."""
+    if not isinstance(outputs, list) or len(outputs) != count:
+        got = f"{len(outputs)} outputs" if isinstance(outputs, list) else f"a {type(outputs).__name__}"
+        return malformed(model.name, f"step returned {got} for {count} items (one StepOutput per item)")
+    checked: list[StepOutput] | None = None
+    for index, out in enumerate(outputs):
+        problem: str | None
+        if not isinstance(out, StepOutput):
+            problem = f"step output {index} is a {type(out).__name__}, expected a StepOutput"
+        elif out.error is not None and not isinstance(out.error, Exception):
+            problem = f"step output {index}: error is a {type(out.error).__name__}, expected an exception"
+        elif out.response is not None:
+            problem = response_problem(out.response)
+        else:
+            continue
+        if problem is None:
+            continue
+        if checked is None:
+            checked = list(outputs)
+        checked[index] = StepOutput(error=malformed(model.name, problem), done=True)
+    return checked if checked is not None else outputs
+
+
+def run_step(
+    model: BatchModel[Any, Any],
+    batch: list[WorkItem],
+    name: str,
+    on_call: Callable[[], None] | None = None,
+) -> list[StepOutput] | BaseException:
+    """``model.step`` for ``batch``: one checked output per item, or why the whole batch
+    failed (the exception the step raised, or :class:`ModelFailed`), logged.
+
+    ``on_call`` is called before each call of ``step`` (the step loop's deadline starts
+    there: a batch being isolated item by item gets a deadline per call)."""
+    if on_call is not None:
+        on_call()
+    try:
+        outputs = model.step([item.work for item in batch])
+    except Exception as exc:
+        if len(batch) == 1 or not model.isolate_failures:
+            log.error("%s: step of %d items raised", name, len(batch), exc_info=exc)
+            return exc
+        log.warning(
+            "%s: step of %d items raised %s: %s; stepping each item alone to fail only those that raise",
+            name, len(batch), type(exc).__name__, exc,
+        )  # fmt: skip
+        return [_alone(model, item, on_call) for item in batch]
+    return _checked(model, outputs, len(batch))
+
+
+def _alone(model: BatchModel[Any, Any], item: WorkItem, on_call: Callable[[], None] | None) -> StepOutput:
+    if on_call is not None:
+        on_call()
+    try:
+        outputs = model.step([item.work])
+    except Exception as exc:
+        return StepOutput(error=ModelFailed.wrap(model.name, exc), done=True)
+    checked = _checked(model, outputs, 1)
+    return StepOutput(error=checked, done=True) if isinstance(checked, ModelFailed) else checked[0]

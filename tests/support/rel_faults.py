@@ -1,0 +1,190 @@
+"""Models that break on purpose, for the model-fault tests (tests/reliability/
+test_rel_model_faults*.py) and the soak (benchmarks/reliability/model_faults.py).
+
+A request chooses its fault with the parameter ``fault``:
+
+- ``raise``: the step (or predict) raises for this item only;
+- ``hang``: the step sleeps ``hang`` seconds (default 30) before answering;
+- ``count``: the step returns one output too few (the whole batch's fault);
+- ``notstep``: this item's output is not a StepOutput;
+- ``dtype`` / ``shape`` / ``bytes`` / ``notresponse``: this item's response is malformed
+  (FP32 data of another dtype, a shape that does not fit its data, a BYTES element that
+  is None, not an InferenceResponse);
+- ``leak``: the model keeps ``leak_kb`` KiB (default 256) for ever, per request;
+- anything else (or none): ``n`` good responses (default 2), one per step, each with
+  ``k`` (its index) and ``replica`` (which replica made it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, StepOutput
+from actorserve.codecs import tensor_from_numpy
+from actorserve.model import float_parameter, int_parameter
+from actorserve.settings import ModelSettings
+from actorserve.types import Tensor
+
+_replicas = itertools.count()
+
+#: Memory held by ``leak`` requests, per model instance (freed when it is dropped).
+LEAK_PARAMETER = "leak_kb"
+
+
+#: (sequence id, reason) of every sequence ended, in order, over every instance
+ENDED: list[tuple[str, str]] = []
+
+
+@attrs.define(eq=False)
+class Seq:
+    """A sequence's state: the steps its requests took, in order."""
+
+    id: str
+    steps: list[int] = attrs.field(factory=list)
+
+
+@attrs.define(eq=False)
+class Work:
+    request: InferenceRequest
+    fault: str
+    n: int
+    hang: float
+    k: int = 0
+    state: Seq | None = None
+
+
+def _fault(request: InferenceRequest) -> str:
+    value = request.parameters.get("fault", "")
+    return value if isinstance(value, str) else ""
+
+
+def good(model: Model, request: InferenceRequest, k: int, replica: int) -> InferenceResponse:
+    return model.response(
+        request,
+        [
+            tensor_from_numpy("k", np.array([k], dtype=np.int64)),
+            tensor_from_numpy("replica", np.array([replica], dtype=np.int64)),
+        ],
+    )
+
+
+def malformed(model: Model, request: InferenceRequest, fault: str) -> Any:
+    """A response broken the way ``fault`` says (None: ``fault`` is not a malformation)."""
+    if fault == "notresponse":
+        return {"outputs": []}
+    if fault == "dtype":
+        tensor = Tensor("y", (2,), "FP32", np.array(["a", "b"], dtype=object))
+    elif fault == "shape":
+        tensor = Tensor("y", (3,), "FP32", np.zeros(2, dtype=np.float32))
+    elif fault == "bytes":
+        tensor = Tensor("y", (1,), "BYTES", np.array([None], dtype=object))
+    else:
+        return None
+    return model.response(request, [tensor])
+
+
+class FaultyBatchModel(BatchModel[Seq, Work]):
+    """A BatchModel stepped in its replica's thread that breaks per item as each
+    request's ``fault`` says. A sequence's state counts the steps of its requests
+    (``on_sequence_end`` records the reason in :data:`ENDED`), so a step run twice
+    would show."""
+
+    default_max_batch_size = 8
+    request_parameters = frozenset({"fault", "n", "hang", LEAK_PARAMETER})
+
+    def __init__(self, settings: ModelSettings) -> None:
+        super().__init__(settings)
+        self.replica = next(_replicas)
+        self.leaked: list[bytes] = []
+
+    def new_state(self, sequence_id: str) -> Seq:
+        return Seq(sequence_id)
+
+    def begin(self, request: InferenceRequest, state: Seq | None) -> Work:
+        fault = _fault(request)
+        if fault == "begin":
+            raise RuntimeError(f"begin broke on {request.id}")
+        n = int_parameter(request, "n", 2, minimum=1, maximum=1000)
+        hang = float_parameter(request, "hang", 30.0, minimum=0)
+        return Work(request, fault, n, hang, state=state)
+
+    def step(self, batch: list[Work]) -> list[StepOutput]:
+        # The contract of isolate_failures: raise before changing any work or state.
+        for work in batch:
+            if work.fault == "raise":
+                raise RuntimeError(f"step broke on {work.request.id}")
+        for work in batch:
+            if work.fault == "hang":
+                time.sleep(work.hang)
+        outputs = []
+        for work in batch:
+            fault = work.fault
+            if fault == "notstep":
+                outputs.append("not a step output")
+                continue
+            bad = malformed(self, work.request, fault)
+            if bad is not None:
+                outputs.append(StepOutput(bad, done=True))
+                continue
+            if fault == "leak":
+                kb = int_parameter(work.request, LEAK_PARAMETER, 256, minimum=1)
+                self.leaked.append(np.ones(kb * 1024, dtype=np.uint8).tobytes())
+            work.k += 1
+            if work.state is not None:
+                work.state.steps.append(work.k)
+            outputs.append(StepOutput(good(self, work.request, work.k, self.replica), done=work.k >= work.n))
+        if any(w.fault == "count" for w in batch):
+            outputs.pop()
+        return outputs
+
+    def on_sequence_end(self, state: Seq, reason: str) -> None:
+        ENDED.append((state.id, str(reason)))
+
+
+class InlineFaultyBatchModel(FaultyBatchModel):
+    """The same, stepped on the event loop (``step_in_thread = False``)."""
+
+    step_in_thread = False
+
+
+class FaultyModel(Model):
+    """A plain Model: ``predict_stream`` streams ``n`` good responses (default 2), then
+    breaks as ``fault`` says: ``raise``; ``hang`` (awaits ``hang`` s on trio's clock);
+    ``thread`` (sleeps ``hang`` s in a thread it lets trio abandon); a malformation."""
+
+    request_parameters = frozenset({"fault", "n", "hang"})
+
+    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        async for request in requests:
+            fault = _fault(request)
+            n = int_parameter(request, "n", 2, minimum=0, maximum=1000)
+            hang = float_parameter(request, "hang", 30.0, minimum=0)
+            for k in range(1, n + 1):
+                yield good(self, request, k, -1)
+            if fault == "raise":
+                raise RuntimeError(f"predict broke on {request.id}")
+            if fault == "hang":
+                await trio.sleep(hang)
+            elif fault == "thread":
+                await trio.to_thread.run_sync(time.sleep, hang, abandon_on_cancel=True)
+            elif fault == "inline":
+                time.sleep(hang)  # blocks the event loop: cannot be preempted
+            bad = malformed(self, request, fault)
+            if bad is not None:
+                yield bad
+
+
+def fault_models(step_timeout: float = 60.0, **overrides: Any) -> tuple[ModelSettings, ...]:
+    """``faulty`` (2 threaded replicas), ``faulty_inline`` and ``faulty_plain``."""
+    return (
+        ModelSettings(name="faulty", implementation=FaultyBatchModel, workers=2, step_timeout=step_timeout, **overrides),
+        ModelSettings(name="faulty_inline", implementation=InlineFaultyBatchModel, step_timeout=step_timeout),
+        ModelSettings(name="faulty_plain", implementation=FaultyModel, step_timeout=step_timeout),
+    )
