@@ -199,8 +199,8 @@ class ContinuousBatcher:
             self._loop = None
             held, self._held, self._gathering = self._held, set(), None
             self._running = 0
-            self.hung = isinstance(self._thread_error, ReplicaHung)
-            error = self._thread_error if self.hung else ShuttingDown(f"{self.name} stopped")
+            hung = self._thread_error if isinstance(self._thread_error, ReplicaHung) else None
+            self.hung, error = hung is not None, hung or ShuttingDown(f"{self.name} stopped")
             for item in held:
                 item.fail(error)
         if self._thread_error is not None:

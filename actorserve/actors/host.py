@@ -224,6 +224,7 @@ class ModelHost:
             self.supervisor.end_pinned(batcher, EndReason.FAILED, graceful=False)
         async with self._scaling:
             if self.state is ModelState.READY:
+                log.warning("model %r: loading a replica in place of the hung one", self.name)
                 try:
                     await self._add_replica()
                 except Exception:

@@ -27,7 +27,6 @@ from .replies import new_item, stamp
 from .sequence import Job
 from .supervisor import Supervisor
 
-
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

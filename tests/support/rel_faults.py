@@ -11,6 +11,8 @@ A request chooses its fault with the parameter ``fault``:
   (FP32 data of another dtype, a shape that does not fit its data, a BYTES element that
   is None, not an InferenceResponse);
 - ``leak``: the model keeps ``leak_kb`` KiB (default 256) for ever, per request;
+- ``at``: the BatchModel's fault strikes at this step of the request (default 1: its
+  first), after ``at - 1`` good responses;
 - anything else (or none): ``n`` good responses (default 2), one per step, each with
   ``k`` (its index) and ``replica`` (which replica made it).
 """
@@ -56,8 +58,13 @@ class Work:
     fault: str
     n: int
     hang: float
+    at: int = 1
     k: int = 0
     state: Seq | None = None
+
+    def faulty(self, fault: str) -> bool:
+        """This step is where this work's ``fault`` strikes."""
+        return self.fault == fault and self.k + 1 >= self.at
 
 
 def _fault(request: InferenceRequest) -> str:
@@ -97,7 +104,7 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
     would show."""
 
     default_max_batch_size = 8
-    request_parameters = frozenset({"fault", "n", "hang", LEAK_PARAMETER})
+    request_parameters = frozenset({"fault", "n", "hang", "at", LEAK_PARAMETER})
 
     def __init__(self, settings: ModelSettings) -> None:
         super().__init__(settings)
@@ -113,19 +120,20 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
             raise RuntimeError(f"begin broke on {request.id}")
         n = int_parameter(request, "n", 2, minimum=1, maximum=1000)
         hang = float_parameter(request, "hang", 30.0, minimum=0)
-        return Work(request, fault, n, hang, state=state)
+        at = int_parameter(request, "at", 1, minimum=1)
+        return Work(request, fault, n, hang, at, state=state)
 
     def step(self, batch: list[Work]) -> list[StepOutput]:
         # The contract of isolate_failures: raise before changing any work or state.
         for work in batch:
-            if work.fault == "raise":
+            if work.faulty("raise"):
                 raise RuntimeError(f"step broke on {work.request.id}")
         for work in batch:
-            if work.fault == "hang":
+            if work.faulty("hang"):
                 time.sleep(work.hang)
         outputs = []
         for work in batch:
-            fault = work.fault
+            fault = work.fault if work.k + 1 >= work.at else ""
             if fault == "notstep":
                 outputs.append("not a step output")
                 continue
@@ -140,7 +148,7 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
             if work.state is not None:
                 work.state.steps.append(work.k)
             outputs.append(StepOutput(good(self, work.request, work.k, self.replica), done=work.k >= work.n))
-        if any(w.fault == "count" for w in batch):
+        if any(w.faulty("count") for w in batch):
             outputs.pop()
         return outputs
 
@@ -161,7 +169,9 @@ class FaultyModel(Model):
 
     request_parameters = frozenset({"fault", "n", "hang"})
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             fault = _fault(request)
             n = int_parameter(request, "n", 2, minimum=0, maximum=1000)
@@ -175,7 +185,7 @@ class FaultyModel(Model):
             elif fault == "thread":
                 await trio.to_thread.run_sync(time.sleep, hang, abandon_on_cancel=True)
             elif fault == "inline":
-                time.sleep(hang)  # blocks the event loop: cannot be preempted
+                time.sleep(hang)  # noqa: ASYNC251 (the fault: it blocks the event loop)
             bad = malformed(self, request, fault)
             if bad is not None:
                 yield bad
@@ -184,7 +194,9 @@ class FaultyModel(Model):
 def fault_models(step_timeout: float = 60.0, **overrides: Any) -> tuple[ModelSettings, ...]:
     """``faulty`` (2 threaded replicas), ``faulty_inline`` and ``faulty_plain``."""
     return (
-        ModelSettings(name="faulty", implementation=FaultyBatchModel, workers=2, step_timeout=step_timeout, **overrides),
+        ModelSettings(
+            name="faulty", implementation=FaultyBatchModel, workers=2, step_timeout=step_timeout, **overrides
+        ),
         ModelSettings(name="faulty_inline", implementation=InlineFaultyBatchModel, step_timeout=step_timeout),
         ModelSettings(name="faulty_plain", implementation=FaultyModel, step_timeout=step_timeout),
     )
