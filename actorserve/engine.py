@@ -20,7 +20,7 @@ import trio
 
 from .actors.host import ModelHost
 from .actors.inflight import Inflight
-from .actors.reports import describe, inference_statistics
+from .actors.reports import describe, inference_statistics, model_statistics
 from .api import (
     EngineAPI,
     InferenceStatistics,
@@ -260,7 +260,7 @@ class Engine:
         return self.catalog.index(loaded, scanned)
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
-        return self.host(name, version).statistics()
+        return model_statistics(self.host(name, version))
 
     async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
         try:

@@ -122,6 +122,10 @@ class ModelSettings:
     #: response) may take before the replica is declared hung (its requests fail, it is
     #: replaced); 0 turns the deadline off. See docs/writing-a-model.md, "Faults".
     step_timeout: float = DEFAULT_STEP_TIMEOUT
+    #: a BatchModel replica that has admitted this many requests is replaced by a fresh
+    #: one (its own work and sequences finish on it first, then it is unloaded): frees
+    #: what a leaking model holds, like gunicorn's max_requests. 0: never.
+    max_requests_per_replica: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -134,6 +138,8 @@ class ModelSettings:
             raise SettingsError(f"model {self.name!r}: reply_buffer and max_pending must be >= 1")
         if not self.step_timeout >= 0:  # also refuses NaN
             raise SettingsError(f"model {self.name!r}: step_timeout must be >= 0 seconds (0: no deadline)")
+        if self.max_requests_per_replica < 0:
+            raise SettingsError(f"model {self.name!r}: max_requests_per_replica must be >= 0 (0: never recycle)")
 
 
 _TENSOR_KEYS = frozenset({"name", "datatype", "shape", "optional", "parameters"})
@@ -196,7 +202,7 @@ def model_settings_from_dict(
     known = {
         "name", "implementation", "parameters", "max_batch_size", "max_batch_time", "workers",
         "sequence", "reply_buffer", "max_pending", "platform", "inputs", "outputs", "versions",
-        "request", "text_generation", "step_timeout",
+        "request", "text_generation", "step_timeout", "max_requests_per_replica",
     }  # fmt: skip
     unknown = set(data) - known
     if unknown:
@@ -241,6 +247,7 @@ def model_settings_from_dict(
             request_parameters=request_parameters,
             text_generation=text_generation,
             step_timeout=float(data.get("step_timeout", DEFAULT_STEP_TIMEOUT)),
+            max_requests_per_replica=int(data.get("max_requests_per_replica", 0)),
         )
     except SettingsError as exc:
         raise SettingsError(f"{where}: {exc}") from None

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..api import EndReason, ModelState, ModelStatistics, OneByOne, ResponseIterator, SequenceControl
+from ..api import EndReason, ModelState, OneByOne, ResponseIterator, SequenceControl
 from ..errors import BadInput, ModelFailed, ModelNotReady, Overloaded, ShuttingDown
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
@@ -82,6 +82,7 @@ class ModelHost:
         self.counters = RequestCounters()
         #: the step counters of replicas removed at run time (statistics keep them)
         self.retired: list[StepCounters] = []
+        self._recycling: set[ContinuousBatcher] = set()  # worn out (max_requests_per_replica)
         #: why the model is not READY (set by whoever stops it), else ""
         self.reason = ""
 
@@ -116,33 +117,6 @@ class ModelHost:
         if not self.replicas:
             raise ModelNotReady(f"model {self.name!r} version {self.version!r} is still loading")
         return self.model.metadata()
-
-    def statistics(self) -> ModelStatistics:
-        """Counters summed over the replicas; ``running`` of a plain model counts the
-        requests inside ``predict`` / ``predict_stream``."""
-        waiting = running = steps = stepped = 0
-        for batcher in self.batchers:
-            stats = batcher.statistics()
-            waiting += stats.waiting
-            running += stats.running
-            steps += stats.steps
-            stepped += stats.items_stepped
-        if isinstance(self._runner, PlainRunner):
-            running = self._runner.running
-        sequences = self.supervisor.statistics() if self.supervisor is not None else None
-        return ModelStatistics(
-            name=self.name,
-            version=self.version,
-            inflight=self.inflight,
-            waiting=waiting,
-            running=running,
-            steps=steps,
-            items_stepped=stepped,
-            open_sequences=sequences.open_sequences if sequences else 0,
-            sequences_started=sequences.started if sequences else 0,
-            sequences_ended=sequences.ended if sequences else {},
-            queued=sequences.queued if sequences else 0,
-        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -229,8 +203,6 @@ class ModelHost:
                     await self._add_replica()
                 except Exception:
                     log.exception("model %r: loading a replica in place of a hung one failed", self.name)
-        if self.supervisor is not None and self.supervisor.model is batcher.model and self.replicas:
-            self.supervisor.model = self.replicas[0]  # new sequences begin on a healthy replica
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).
@@ -257,6 +229,31 @@ class ModelHost:
                 while len(self.batchers) > workers:
                     await self._retire_batcher(grace)
             self.settings = attrs.evolve(self.settings, workers=workers)
+
+    async def _recycle(self, batcher: ContinuousBatcher) -> None:
+        """``batcher`` admitted ``max_requests_per_replica``: load a fresh replica for new
+        work; the worn one finishes what it holds and the sequences pinned to it (they
+        end as they would), then stops and is unloaded, freeing what its model kept."""
+        async with self._scaling:
+            if self.state is not ModelState.READY or batcher not in self.batchers:
+                return
+            try:
+                await self._add_replica()
+            except Exception:
+                log.exception("model %r: loading a fresh replica failed; the worn one serves on", self.name)
+                return
+            del self.replicas[self.batchers.index(batcher)]
+            self.batchers.remove(batcher)
+        log.info("model %r: %s recycled after %d requests (max_requests_per_replica)",
+                 self.name, batcher.name, batcher.counters.queue_count)  # fmt: skip
+        assert self.supervisor is not None
+        while batcher.load or self.supervisor.pinned_count(batcher):  # noqa: ASYNC110 (as below)
+            await trio.sleep(RETIRE_POLL)
+        self.retired.append(batcher.counters)
+        scope = self._batcher_scopes.get(batcher)
+        if scope is not None:
+            scope.cancel()  # its task unloads it (no longer a replica)
+        self._recycling.discard(batcher)
 
     async def _retire_batcher(self, grace: float) -> None:
         assert self.supervisor is not None
@@ -321,6 +318,10 @@ class ModelHost:
                 raise ModelNotReady(f"model {self.name!r} version {self.version!r} is still loading")
             raise ShuttingDown(f"model {self.name!r} version {self.version!r} is shutting down")
         assert self._runner is not None
+        for batcher in self.batchers if self.settings.max_requests_per_replica else ():
+            if batcher.counters.queue_count >= self.settings.max_requests_per_replica and batcher not in self._recycling:
+                self._recycling.add(batcher)
+                self._nursery.start_soon(self._recycle, batcher)  # type: ignore[union-attr]
         self._requests.enter()
         return self._runner
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..api import ModelStatistics
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -100,4 +101,32 @@ def inference_statistics(host: ModelHost) -> InferenceStatistics:
         queue=Duration(queue_count, queue_ns),
         compute_infer=Duration(steps, compute_ns),
         batches=tuple(BatchStatistics(size, Duration(c, ns)) for size, (c, ns) in sorted(by_size.items())),
+    )
+
+
+def model_statistics(host: ModelHost) -> ModelStatistics:
+    """``host``'s counters summed over the replicas; ``running`` of a plain model counts the
+    requests inside ``predict`` / ``predict_stream``."""
+    waiting = running = steps = stepped = 0
+    for batcher in host.batchers:
+        stats = batcher.statistics()
+        waiting += stats.waiting
+        running += stats.running
+        steps += stats.steps
+        stepped += stats.items_stepped
+    if isinstance(host.runner, PlainRunner):
+        running = host.runner.running
+    sequences = host.supervisor.statistics() if host.supervisor is not None else None
+    return ModelStatistics(
+        name=host.name,
+        version=host.version,
+        inflight=host.inflight,
+        waiting=waiting,
+        running=running,
+        steps=steps,
+        items_stepped=stepped,
+        open_sequences=sequences.open_sequences if sequences else 0,
+        sequences_started=sequences.started if sequences else 0,
+        sequences_ended=sequences.ended if sequences else {},
+        queued=sequences.queued if sequences else 0,
     )

@@ -215,15 +215,17 @@ class Supervisor:
             raise SequenceConflict(f"sequence {sequence_id!r} is already open")
         if len(self._actors) >= self.settings.max_sequences:
             self._make_room()
+        # The replica first: its own model instance makes, begins and ends the
+        # sequence's state (replicas are replaced when they hang or are recycled).
+        replica = self._pick_replica()
+        model = replica.model if replica is not None else self.model
         state: Any = None
-        if isinstance(self.model, BatchModel):
+        if isinstance(model, BatchModel):
             try:
-                state = self.model.new_state(sequence_id)
+                state = model.new_state(sequence_id)
             except Exception as exc:
-                raise ModelFailed.wrap(self.model.name, exc, f"to start sequence {sequence_id!r}") from None
-        actor = SequenceActor(
-            sequence_id, self, self.model, self._pick_replica(), self.settings.max_queue, state
-        )
+                raise ModelFailed.wrap(model.name, exc, f"to start sequence {sequence_id!r}") from None
+        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state)
         self._actors[sequence_id] = actor
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
         self._ended.pop(sequence_id, None)

@@ -247,3 +247,37 @@ async def test_work_computed_inline_past_the_deadline_is_logged(
         reply = await infer(client, "faulty_plain", "inline", fault="inline", hang=STEP_TIMEOUT + 0.2, n=1)
     assert outputs(reply)["k"] == [1]  # nothing could stop it; it answered late
     assert "past its step_timeout of 0.5 s" in caplog.text and "cannot be preempted" in caplog.text
+
+
+async def test_a_leaking_replica_is_recycled_without_losing_a_request_or_a_sequence(
+    client: httpx.AsyncClient, server: Server
+) -> None:
+    rel_faults.UNLOADED.clear()
+    rel_faults.ENDED.clear()
+    sequence = await start_sequence(client, "leaky", "s0")  # request 1 of the first replica
+    first = outputs(await infer(client, "leaky", "s1", sequence_id=sequence, n=1))["replica"][0]
+    replicas: list[int] = []
+    results: dict[str, httpx.Response] = {}
+
+    async def one(request_id: str) -> None:
+        results[request_id] = await infer(client, "leaky", request_id, fault="leak", n=2)
+
+    for wave in range(4):  # 32 requests, 8 at a time: several recyclings, some mid-wave
+        async with trio.open_nursery() as nursery:
+            for k in range(8):
+                nursery.start_soon(one, f"leak-{wave}-{k}")
+    for reply in results.values():
+        replicas.extend(outputs(reply)["replica"])
+    assert len(results) == 32 and all(r.status_code == 200 for r in results.values())
+    assert len(set(replicas)) >= 4, replicas  # recycled every 5 admitted requests
+    # the sequence stays on its (worn) replica until it ends; then that replica goes
+    assert first not in rel_faults.UNLOADED
+    reply = await infer(client, "leaky", "s2", sequence_id=sequence, sequence_end=True, n=2)
+    assert outputs(reply) == {"k": [1, 2], "replica": [first, first]}
+    with trio.fail_after(TIMEOUT):
+        while first not in rel_faults.UNLOADED:  # noqa: ASYNC110 (its task unloads it soon)
+            await trio.sleep(0.01)
+    assert rel_faults.ENDED == [(sequence, "ended")]
+    assert await settled(server) == {}
+    described = await server.engine.describe("leaky", "1")
+    assert len(described.replicas) == 1

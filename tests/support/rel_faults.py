@@ -42,6 +42,8 @@ LEAK_PARAMETER = "leak_kb"
 
 #: (sequence id, reason) of every sequence ended, in order, over every instance
 ENDED: list[tuple[str, str]] = []
+#: the replica number of every FaultyBatchModel unloaded, in order
+UNLOADED: list[int] = []
 
 
 @attrs.define(eq=False)
@@ -155,6 +157,10 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
     def on_sequence_end(self, state: Seq, reason: str) -> None:
         ENDED.append((state.id, str(reason)))
 
+    async def unload(self) -> None:
+        UNLOADED.append(self.replica)
+        self.leaked.clear()
+
 
 class InlineFaultyBatchModel(FaultyBatchModel):
     """The same, stepped on the event loop (``step_in_thread = False``)."""
@@ -192,8 +198,10 @@ class FaultyModel(Model):
 
 
 def fault_models(step_timeout: float = 60.0, **overrides: Any) -> tuple[ModelSettings, ...]:
-    """``faulty`` (2 threaded replicas), ``faulty_inline`` and ``faulty_plain``."""
+    """``faulty`` (2 threaded replicas), ``faulty_inline``, ``faulty_plain``, and
+    ``leaky`` (one replica, recycled every 5 requests)."""
     return (
+        ModelSettings(name="leaky", implementation=FaultyBatchModel, max_requests_per_replica=5),
         ModelSettings(
             name="faulty", implementation=FaultyBatchModel, workers=2, step_timeout=step_timeout, **overrides
         ),
