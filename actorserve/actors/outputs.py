@@ -28,6 +28,33 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+_INT_RANGE = range(-(2**63), 2**64)  # int64 or uint64: what every encoder can carry
+
+
+def _value_problem(value: object, depth: int = 0) -> str | None:
+    """Why a parameter value cannot be encoded (None: it can): JSON's scalars, numpy
+    scalars, and lists / str-keyed dicts of them (gRPC carries only the scalars)."""
+    if value is None or isinstance(value, (bool, float, str, np.generic)):
+        return None
+    if isinstance(value, int):
+        return None if value in _INT_RANGE else f"the integer {value} does not fit in 64 bits"
+    if depth < 8 and isinstance(value, (list, tuple)):
+        return next((p for p in (_value_problem(v, depth + 1) for v in value) if p), None)
+    if depth < 8 and isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a dict key is not a str"
+        return next((p for p in (_value_problem(v, depth + 1) for v in value.values()) if p), None)
+    return f"a {type(value).__name__} is not a parameter value (bool, int, float, str, lists and dicts of them)"
+
+
+def _parameters_problem(parameters: dict[str, Any], where: str) -> str | None:
+    for key, value in parameters.items():
+        problem = _value_problem(value)
+        if problem is not None:
+            return f"{where} parameter {key!r}: {problem}"
+    return None
+
+
 def _tensor_problem(index: int, tensor: object) -> str | None:
     if not isinstance(tensor, Tensor):
         return f"output {index} is a {type(tensor).__name__}, expected a Tensor"
@@ -50,13 +77,18 @@ def _tensor_problem(index: int, tensor: object) -> str | None:
         for value in data.reshape(-1):
             if not isinstance(value, bytes):
                 return f"output {name!r}: a BYTES element is a {type(value).__name__}, expected bytes"
+    if tensor.parameters:
+        if not isinstance(tensor.parameters, dict):
+            return f"output {name!r}: parameters is a {type(tensor.parameters).__name__}, expected a dict"
+        return _parameters_problem(tensor.parameters, f"output {name!r}:")
     return None
 
 
 def response_problem(response: object) -> str | None:
     """What is wrong with ``response`` as a model's answer (None: it can be encoded).
-    Checks its type, each output's datatype, numpy dtype and shape, and that BYTES
-    elements are bytes; costs a few microseconds per tensor (BYTES: per element)."""
+    Checks its type, each output's datatype, numpy dtype and shape, that BYTES
+    elements are bytes, and that parameter values can be encoded; costs a few
+    microseconds per tensor (BYTES: per element)."""
     if not isinstance(response, InferenceResponse):
         return f"returned a {type(response).__name__}, expected an InferenceResponse"
     if not isinstance(response.outputs, list):
@@ -67,7 +99,7 @@ def response_problem(response: object) -> str | None:
         problem = _tensor_problem(index, tensor)
         if problem is not None:
             return problem
-    return None
+    return _parameters_problem(response.parameters, "response") if response.parameters else None
 
 
 def malformed(model: str, problem: str) -> ModelFailed:

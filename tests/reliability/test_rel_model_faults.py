@@ -76,6 +76,8 @@ FAULTS = {
     "dtype": "model '{m}' returned a malformed answer: output 'y': FP32 data has numpy dtype object (expected float32)",
     "shape": "model '{m}' returned a malformed answer: output 'y': shape [3] but its data has shape [2]",
     "bytes": "model '{m}' returned a malformed answer: output 'y': a BYTES element is a NoneType, expected bytes",
+    "params": "model '{m}' returned a malformed answer: response parameter 'bad': a set is not a parameter value "
+    "(bool, int, float, str, lists and dicts of them)",
 }
 
 

@@ -91,6 +91,7 @@ def test_the_wrong_number_of_outputs_fails_the_batch_naming_the_model() -> None:
         ("dtype", "output 'y': FP32 data has numpy dtype object (expected float32)"),
         ("shape", "output 'y': shape [3] but its data has shape [2]"),
         ("bytes", "output 'y': a BYTES element is a NoneType, expected bytes"),
+        ("params", "response parameter 'bad': a set is not a parameter value (bool, int, float, str, lists and dicts of them)"),
     ],
 )
 def test_a_malformed_output_fails_only_its_item(fault: str, problem: str) -> None:
@@ -120,6 +121,16 @@ def test_response_problem_accepts_every_good_tensor_and_names_what_is_wrong() ->
     assert response_problem(unknown) == "output 'a': unknown datatype 'FLOAT'"
     not_array = InferenceResponse(model_name="m", outputs=[Tensor("a", (1,), "FP32", [1.0])])  # type: ignore[arg-type]
     assert response_problem(not_array) == "output 'a': data is a list, expected a numpy array"
+    fine = {"a": [1, 2.5, None, "x", {"b": True}], "n": np.int32(3), "u": 2**64 - 1}
+    assert response_problem(InferenceResponse(model_name="m", outputs=[], parameters=fine)) is None
+    huge = InferenceResponse(model_name="m", outputs=[], parameters={"n": [2**64]})
+    assert response_problem(huge) == "response parameter 'n': the integer 18446744073709551616 does not fit in 64 bits"
+    keyed = InferenceResponse(model_name="m", outputs=[], parameters={"d": {1: "x"}})
+    assert response_problem(keyed) == "response parameter 'd': a dict key is not a str"
+    tensor = Tensor("t", (1,), "INT8", np.zeros(1, np.int8), {"p": object()})
+    assert response_problem(InferenceResponse(model_name="m", outputs=[tensor])) == (
+        "output 't': parameter 'p': a object is not a parameter value (bool, int, float, str, lists and dicts of them)"
+    )
     error_not_exception = StepOutput(error="boom")  # type: ignore[arg-type]
     m = model()
     batch = items(m, "")

@@ -7,9 +7,9 @@ A request chooses its fault with the parameter ``fault``:
 - ``hang``: the step sleeps ``hang`` seconds (default 30) before answering;
 - ``count``: the step returns one output too few (the whole batch's fault);
 - ``notstep``: this item's output is not a StepOutput;
-- ``dtype`` / ``shape`` / ``bytes`` / ``notresponse``: this item's response is malformed
-  (FP32 data of another dtype, a shape that does not fit its data, a BYTES element that
-  is None, not an InferenceResponse);
+- ``dtype`` / ``shape`` / ``bytes`` / ``params`` / ``notresponse``: this item's response
+  is malformed (FP32 data of another dtype, a shape that does not fit its data, a BYTES
+  element that is None, a parameter no encoder can carry, not an InferenceResponse);
 - ``leak``: the model keeps ``leak_kb`` KiB (default 256) for ever, per request;
 - ``at``: the BatchModel's fault strikes at this step of the request (default 1: its
   first), after ``at - 1`` good responses;
@@ -88,6 +88,8 @@ def malformed(model: Model, request: InferenceRequest, fault: str) -> Any:
     """A response broken the way ``fault`` says (None: ``fault`` is not a malformation)."""
     if fault == "notresponse":
         return {"outputs": []}
+    if fault == "params":  # no encoder can carry a set
+        return model.response(request, [], parameters={"bad": {1, 2}})
     if fault == "dtype":
         tensor = Tensor("y", (2,), "FP32", np.array(["a", "b"], dtype=object))
     elif fault == "shape":
