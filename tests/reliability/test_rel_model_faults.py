@@ -280,6 +280,10 @@ async def test_a_leaking_replica_is_recycled_without_losing_a_request_or_a_seque
         while first not in rel_faults.UNLOADED:  # noqa: ASYNC110 (its task unloads it soon)
             await trio.sleep(0.01)
     assert rel_faults.ENDED == [(sequence, "ended")]
+    # a new sequence is made and begun by a live replica, not the first (unloaded) one
+    later = await start_sequence(client, "leaky", "t0")
+    reply = await infer(client, "leaky", "t1", sequence_id=later, sequence_end=True, n=1)
+    assert outputs(reply)["replica"] != [first]
     assert await settled(server) == {}
     described = await server.engine.describe("leaky", "1")
     assert len(described.replicas) == 1

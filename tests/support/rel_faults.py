@@ -113,12 +113,17 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
     def __init__(self, settings: ModelSettings) -> None:
         super().__init__(settings)
         self.replica = next(_replicas)
+        self.loaded = True  # until unload: then nothing may use this instance
         self.leaked: list[bytes] = []
 
     def new_state(self, sequence_id: str) -> Seq:
+        if not self.loaded:
+            raise RuntimeError(f"new_state on replica {self.replica}, which was unloaded")
         return Seq(sequence_id)
 
     def begin(self, request: InferenceRequest, state: Seq | None) -> Work:
+        if not self.loaded:
+            raise RuntimeError(f"begin on replica {self.replica}, which was unloaded")
         fault = _fault(request)
         if fault == "begin":
             raise RuntimeError(f"begin broke on {request.id}")
@@ -161,6 +166,7 @@ class FaultyBatchModel(BatchModel[Seq, Work]):
 
     async def unload(self) -> None:
         UNLOADED.append(self.replica)
+        self.loaded = False
         self.leaked.clear()
 
 
