@@ -79,11 +79,13 @@ class PlainRunner:
         self._load[index] += 1
         return index
 
-    async def _call(self, model: Model, response: Awaitable[InferenceResponse]) -> InferenceResponse:
-        """A response of ``model``'s code, checked; its exceptions become
-        :class:`ModelFailed` (logged)."""
+    async def _call(
+        self, model: Model, response: Awaitable[InferenceResponse], *, timed: bool = True
+    ) -> InferenceResponse:
+        """A response of ``model``'s code, checked (within ``step_timeout`` if
+        ``timed``); its exceptions become :class:`ModelFailed` (logged)."""
         try:
-            result = await self._timed(model, response)
+            result = await (self._timed(model, response) if timed else response)
         except (ActorServeError, StopAsyncIteration):
             raise
         except Exception as exc:
@@ -145,9 +147,22 @@ class PlainRunner:
         try:
             model = self.replicas[index]
             async with aclosing(model.predict_stream(requests)) as out:  # type: ignore[type-var]
-                yield OneByOne(out)
+                async with aclosing(self._checked(model, out)) as checked:
+                    yield OneByOne(checked)
         finally:
             self._load[index] -= 1
+
+    async def _checked(
+        self, model: Model, responses: AsyncIterator[InferenceResponse]
+    ) -> AsyncGenerator[InferenceResponse, None]:
+        """A stream-in model's responses, checked. No deadline: such a model may wait
+        for the client's next request as long as the client takes."""
+        while True:
+            try:
+                response = await self._call(model, responses.__anext__(), timed=False)
+            except StopAsyncIteration:
+                return
+            yield response
 
     # -- one request --------------------------------------------------------------------
 

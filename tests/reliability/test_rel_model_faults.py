@@ -19,6 +19,8 @@ from httpx_sse import aconnect_sse
 from support import rel_faults
 from support.rel_faults import fault_models
 
+from actorserve import InferenceRequest
+from actorserve.errors import ModelFailed
 from actorserve.server import Server, serve
 from actorserve.settings import Settings
 
@@ -287,3 +289,21 @@ async def test_a_leaking_replica_is_recycled_without_losing_a_request_or_a_seque
     assert await settled(server) == {}
     described = await server.engine.describe("leaky", "1")
     assert len(described.replicas) == 1
+
+
+async def test_a_stream_in_model_is_checked_but_not_timed(server: Server) -> None:
+    async def requests() -> AsyncIterator[InferenceRequest]:
+        yield InferenceRequest(inputs=[], id="r1")
+        await trio.sleep(STEP_TIMEOUT * 2)  # the client is slow: no deadline for that
+        yield InferenceRequest(inputs=[], id="r2", parameters={"fault": "shape"})
+
+    got = []
+    with pytest.raises(ModelFailed) as failed:
+        async with server.engine.stream(requests(), model="faulty_streamin") as responses:
+            async for response in responses:
+                got.append(int(response.output("k").data[0]))
+    assert got == [1, 2]
+    assert str(failed.value) == (
+        "model 'faulty_streamin' returned a malformed answer: output 'y': shape [3] but its data has shape [2]"
+    )
+    assert await settled(server) == {}

@@ -205,6 +205,22 @@ class FaultyModel(Model):
                 yield bad
 
 
+class StreamInFaultyModel(Model):
+    """Stream in (``stream_input``): one good response per request, then, for a request
+    whose ``fault`` is a malformation, that malformed answer."""
+
+    stream_input = True
+
+    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+        k = 0
+        async for request in requests:
+            k += 1
+            yield good(self, request, k, -1)
+            bad = malformed(self, request, _fault(request))
+            if bad is not None:
+                yield bad
+
+
 def fault_models(step_timeout: float = 60.0, **overrides: Any) -> tuple[ModelSettings, ...]:
     """``faulty`` (2 threaded replicas), ``faulty_inline``, ``faulty_plain``, and
     ``leaky`` (one replica, recycled every 5 requests)."""
@@ -215,4 +231,5 @@ def fault_models(step_timeout: float = 60.0, **overrides: Any) -> tuple[ModelSet
         ),
         ModelSettings(name="faulty_inline", implementation=InlineFaultyBatchModel, step_timeout=step_timeout),
         ModelSettings(name="faulty_plain", implementation=FaultyModel, step_timeout=step_timeout),
+        ModelSettings(name="faulty_streamin", implementation=StreamInFaultyModel, step_timeout=step_timeout),
     )
