@@ -25,6 +25,7 @@ from click.core import ParameterSource
 
 from . import processes
 from .errors import ModelFailed
+from .listeners import raise_open_file_limit
 from .logformat import TEXT_FORMAT, JsonFormatter
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
@@ -91,6 +92,10 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
+    "backlog": (
+        click.INT,
+        "connections each listening port queues before the server accepts them (capped by net.core.somaxconn)",
+    ),
     "http_parser": (
         click.Choice(HTTP_PARSERS),
         "HTTP/1.1 implementation: 'httptools' (llhttp, faster) or 'h11' (hypercorn's own)",
@@ -298,6 +303,7 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
     see :mod:`actorserve.processes`); the exit code, after a one-line message for a
     startup error."""
     role = processes.role()
+    raise_open_file_limit()  # a surge of connections can pass a soft limit of 1,024
     try:
         if role == "engine":
             trio.run(processes.run_engine_child, settings, repository)

@@ -224,6 +224,7 @@ async def _serve_http(
     config = HypercornConfig()
     config.graceful_timeout = settings.grace_period
     config.keep_alive_timeout = settings.keep_alive_timeout
+    config.backlog = settings.backlog  # unused on our own sockets (listeners.py listens), kept in step
     config.accesslog = None  # no per-request logging on the hot path
     config.errorlog = logging.getLogger("hypercorn.error")
     protocols.install()

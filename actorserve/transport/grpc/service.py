@@ -139,7 +139,8 @@ class InferenceService:
         server = GrpclibServer([*([] if only else [self, ManagementService(self.engine, self)]), *others])
         # every method of every service: the token check (by method path) and the call's record
         server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
-        await server.start(sock=listener)
+        # grpclib listens again on the socket it is given (its default backlog: 100)
+        await server.start(sock=listener, backlog=self.settings.backlog)
         return server
 
     async def shut_down(self, *servers: GrpclibServer) -> None:
