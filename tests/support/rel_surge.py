@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import trio
+import trio.lowlevel
 import trio.testing
 
 #: outcome of one client: an HTTP status, "reset" or "timeout"
@@ -32,10 +33,10 @@ def generate_request(host: str, port: int, model: str = "streamer", body: bytes 
     ).encode() + body
 
 
-async def one_http_client(host: str, port: int, request: bytes, start: trio.Event, timeout: float) -> Outcome:
+async def one_http_client(host: str, port: int, request: bytes, start: trio.Event, bound: float) -> Outcome:
     """Connect once ``start`` is set, send ``request``, read the status line."""
     await start.wait()
-    with trio.move_on_after(timeout):
+    with trio.move_on_after(bound):
         try:
             stream = await trio.open_tcp_stream(host, port)
         except OSError:
@@ -70,16 +71,16 @@ async def surge(clients: int, one: Callable[[trio.Event], Awaitable[Outcome]]) -
     async with trio.open_nursery() as nursery:
         for _ in range(clients):
             nursery.start_soon(client)
-        await trio.sleep(0)  # every client waits on the event
+        await trio.lowlevel.checkpoint()  # every client waits on the event
         await trio.testing.wait_all_tasks_blocked(0.01)
         start.set()
     return outcomes
 
 
-async def http_surge(host: str, port: int, clients: int, *, model: str = "streamer", timeout: float = 30.0) -> collections.Counter[Outcome]:
+async def http_surge(host: str, port: int, clients: int, *, model: str = "streamer", bound: float = 30.0) -> collections.Counter[Outcome]:
     """``clients`` fresh connections, all at once, each one request; the outcomes."""
     request = generate_request(host, port, model)
-    return await surge(clients, lambda start: one_http_client(host, port, request, start, timeout))
+    return await surge(clients, lambda start: one_http_client(host, port, request, start, bound))
 
 
 def handshakes_within(host: str, port: int, count: int, window: float) -> tuple[int, list[socket.socket]]:
@@ -109,7 +110,7 @@ def handshakes_within(host: str, port: int, count: int, window: float) -> tuple[
     return connected, socks
 
 
-async def answers_on(socks: list[socket.socket], request: bytes, timeout: float = 30.0) -> collections.Counter[Outcome]:
+async def answers_on(socks: list[socket.socket], request: bytes, bound: float = 30.0) -> collections.Counter[Outcome]:
     """Send ``request`` on each connected socket (taking them over: they are closed
     here) and count the status lines that come back."""
     outcomes: collections.Counter[Outcome] = collections.Counter()
@@ -118,7 +119,7 @@ async def answers_on(socks: list[socket.socket], request: bytes, timeout: float 
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         outcome: Outcome = "timeout"
         async with stream:
-            with trio.move_on_after(timeout):
+            with trio.move_on_after(bound):
                 try:
                     await stream.send_all(request)
                     head = b""
