@@ -74,6 +74,8 @@ class GrpcStream:
     url: str
     model: str = "slow"
     n_tokens: int = 10_000
+    #: seconds before each token (``streamer``'s ``delay``; 0: the model's default)
+    delay: float = 0.0
     results: int = 0
     error: Any = None
     ended: threading.Event = attrs.field(factory=threading.Event)
@@ -85,7 +87,10 @@ class GrpcStream:
         self._client.start_stream(callback=self._callback)
         text = grpcclient.InferInput("text_input", [1], "BYTES")
         text.set_data_from_numpy(np.array([b"a"], dtype=object))
-        self._client.async_stream_infer(self.model, [text], request_id="1", parameters={"n_tokens": self.n_tokens})
+        parameters: dict[str, Any] = {"n_tokens": self.n_tokens}
+        if self.delay:
+            parameters["delay"] = self.delay
+        self._client.async_stream_infer(self.model, [text], request_id="1", parameters=parameters)
 
     def _callback(self, result: Any, error: Any) -> None:
         if error is not None:
