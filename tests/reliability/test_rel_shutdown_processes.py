@@ -52,6 +52,7 @@ def _sse(url: str, box: list[str], started: threading.Event) -> None:
             started.set()
 
 
+@pytest.mark.parametrize("served", [2], indirect=True, ids=["api-workers-2"])  # 0: test_rel_shutdown.py
 def test_sigterm_ends_running_streams_with_a_last_message_then_exits_0(served: tuple[ServerProcess, str, str]) -> None:
     server, http, grpc_url = served
     lines: list[str] = []
