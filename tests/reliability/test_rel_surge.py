@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 import pytest
 import trio
@@ -72,10 +74,22 @@ async def test_every_port_of_one_process_queues_a_surge(nursery: trio.Nursery) -
     assert await answers_on(held["http"][1], request) == {200: SURGE}
 
 
+def _open_files_limits(pid: int) -> tuple[int, int]:
+    (line,) = [line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max open files")]
+    soft, hard = line.split()[3:5]
+    return int(soft), int(hard)
+
+
 @pytest.fixture
 def two_fronts() -> Iterator[ServerProcess]:
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth",
-                          "--log-level", "debug")  # fmt: skip
+    """Started with a soft open-file limit of 1,024 (inherited), which it must raise."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth",
+                              "--log-level", "debug")  # fmt: skip
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     try:
         server.wait_for(r"serving with 2 front process", 60)
         yield server
@@ -89,9 +103,13 @@ async def test_two_fronts_queue_a_surge_on_rest_and_grpc_and_answer_every_client
     queue the whole surge."""
     http_port = int(two_fronts.wait_for(r"processes: REST listening on http://127\.0\.0\.1:(\d+)")[1])
     grpc_port = int(two_fronts.wait_for(r"processes: gRPC listening on 127\.0\.0\.1:(\d+)")[1])
-    assert two_fronts.wait_for(r"open files: soft limit")
     fronts = [int(pid) for pid in re.findall(r"front \d process started \(pid (\d+)\)", two_fronts.text())]
     assert len(fronts) == 2
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    for pid in (two_fronts.process.pid, *fronts):  # raised at start, in every process
+        assert _open_files_limits(pid) == (hard, hard)
+    if hard > 1024:
+        assert two_fronts.wait_for(r"open files: soft limit raised from 1024 to")
     for pid in fronts:
         os.kill(pid, signal.SIGSTOP)
     try:
