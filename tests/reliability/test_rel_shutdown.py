@@ -87,7 +87,7 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
         elapsed = trio.current_time() - stopped_at
         await trio.to_thread.run_sync(lambda: grpc.ended.wait(TIMEOUT))
         grpc.close()
-    assert GRACE <= elapsed < GRACE + END_MARGIN
+    assert GRACE <= elapsed < GRACE + END_MARGIN + 1.0  # right after the grace period (slack: a busy CI machine)
     assert unary["reply"].status_code == 200
     assert len(unary["reply"].json()["text_output"]) == 5
     shutting_down = f'data: {{"error":"{SHUTTING_DOWN}","status":503}}'
@@ -119,4 +119,4 @@ async def test_an_idle_server_stops_at_once(nursery: trio.Nursery, grpc_open: bo
             await running.returned.wait()
     elapsed = trio.current_time() - stopped_at
     grpc.close()
-    assert elapsed < 0.5, elapsed
+    assert elapsed < 1.0, elapsed  # ~0.05 s; the grace period is 10 s
