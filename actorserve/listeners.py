@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
+from pathlib import Path
 from typing import Final
 
 import attrs
@@ -85,14 +87,44 @@ def _fd_variable(name: str) -> str:
     return f"_ACTORSERVE_{name.upper()}_FD"
 
 
-#: pending connections each listening socket queues before the server accepts them.
-BACKLOG = 128
+#: pending connections each listening socket queues before the server accepts them, by
+#: default (``Settings.backlog``). hypercorn's own default is 100 and grpclib's 100: a
+#: surge of clients then overflows the queue, and the kernel drops their handshakes
+#: (they retry after 1 s, 3 s, ...) or, with ``tcp_abort_on_overflow``, resets them.
+BACKLOG = 2048
+
+_SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
+
+
+def effective_backlog(backlog: int) -> int:
+    """``backlog`` as the kernel applies it: capped by ``net.core.somaxconn`` (Linux)."""
+    try:
+        return min(backlog, int(_SOMAXCONN.read_text()))
+    except (OSError, ValueError):
+        return backlog
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (a surge of
+    connections plus the models' files can pass the usual soft limit of 1,024); returns
+    the soft limit now in force. Logged at debug; a refusal is logged, not raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.debug("open files: soft limit %d (the hard limit)", soft)
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:  # e.g. an unlimited hard limit above fs.nr_open
+        log.debug("open files: soft limit stays %d (hard %d): %s", soft, hard, exc)
+        return soft
+    log.debug("open files: soft limit raised from %d to %d", soft, hard)
+    return hard
 
 
 def open_listeners(settings: Settings) -> Listeners:
     """Bind and listen on ``settings.host`` at ``http_port`` (REST), ``grpc_port`` (gRPC)
-    and the extra TorchServe ports (:data:`PORTS`); a port that is None gets no socket,
-    port 0 a free one.
+    and the extra TorchServe ports (:data:`PORTS`), each with ``settings.backlog``; a
+    port that is None gets no socket, port 0 a free one.
 
     Raises :class:`ListenError` naming the address and transport (a port in use, an
     address that is not this machine's, a host name that does not resolve); nothing is
@@ -102,15 +134,17 @@ def open_listeners(settings: Settings) -> Listeners:
         for name, (setting, transport) in PORTS.items():
             port = getattr(settings, setting)
             if port is not None:
-                opened[name] = _listen(settings.host, port, transport)
+                opened[name] = _listen(settings.host, port, transport, settings.backlog)
     except BaseException:
         for sock in opened.values():
             sock.close()
         raise
+    if opened:
+        log.debug("listen backlog %d (net.core.somaxconn allows %d)", settings.backlog, effective_backlog(settings.backlog))
     return Listeners(**opened)
 
 
-def _listen(host: str, port: int, transport: str) -> socket.socket:
+def _listen(host: str, port: int, transport: str, backlog: int = BACKLOG) -> socket.socket:
     try:
         # IPPROTO_TCP explicitly: asyncio (gRPC) sets TCP_NODELAY only on sockets whose
         # proto says TCP; without it every call waits ~40 ms for Nagle + delayed ACKs.
@@ -124,7 +158,7 @@ def _listen(host: str, port: int, transport: str) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(address)
-        sock.listen(BACKLOG)
+        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         raise ListenError(transport, host, port, exc) from None

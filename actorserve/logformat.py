@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 from typing import Any, Final
 
 import orjson
@@ -35,4 +36,25 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter"]
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """The logging of ``python -m actorserve``: ``level``, ``log_format`` on stderr, the
+    access lines batched in the same format. If the root logger has handlers already, they
+    are kept (and the access lines go to them)."""
+    from .transport.access import ACCESS_LOGGER, AccessHandler  # the access log's writer
+
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    ours = not logging.getLogger().handlers  # else basicConfig changes nothing: neither do we
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
+    # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
+    logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
+    if ours:  # access lines: written a batch at a time, in the same format (transport/access.py)
+        access = AccessHandler(sys.stderr, log_format)
+        access.setFormatter(formatter)
+        access_logger = logging.getLogger(ACCESS_LOGGER)
+        access_logger.handlers[:] = [access]
+        access_logger.propagate = False
+
+
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging"]

@@ -11,9 +11,11 @@ the gRPC transport, in one nursery.
 Startup, in a fixed order: bind the listening sockets (:func:`open_listeners`; a port in
 use fails here, before any model loads), load every model, then serve.
 
-Shutdown, in a fixed order: stop accepting connections and requests, give in-flight
-requests ``Settings.grace_period`` seconds, then cancel whatever is left (every sequence
-ends with reason ``shutdown``). Cancelling the surrounding scope skips the grace period.
+Shutdown, in a fixed order: refuse new requests (REST 503 with ``Retry-After``, gRPC
+UNAVAILABLE), give in-flight requests ``Settings.grace_period`` seconds, then end whatever
+is left with a last message saying the server is shutting down (an SSE ``event: error``,
+a gRPC status; never a bare cut) and stop (every sequence ends with reason ``shutdown``).
+With nothing in flight it stops at once. Cancelling the surrounding scope skips all that.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from .repository import ModelRepository
 from .settings import Settings, SettingsError
 from .transport.access import AccessLog
 from .transport.auth import Guard
-from .transport.rest import RestApp, create_app, protocols
+from .transport.rest import create_app, protocols
+from .transport.rest.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,9 @@ async def serve_transports(
         metrics=settings.auth_metrics,
     )
     http_stopped, ts_http_stopped = trio.Event(), trio.Event()
+    #: set once the REST ports have no request left (or the grace period ended them): hypercorn stops
+    http_done = trio.Event()
+    drains: list[Drain] = []
     grpc_scope = trio.CancelScope()
     ts_grpc = {kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))}
     async with trio.open_nursery() as nursery:
@@ -173,15 +179,17 @@ async def serve_transports(
             await nursery.start(access.run)
         if listeners.http is not None:
             app = create_app(engine, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
+            drains.append(Drain(app))
             server.http_address = await nursery.start(
-                _serve_http, app, listeners.http, settings, server._stopping, http_stopped
+                _serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
             )
         else:
             http_stopped.set()
         if listeners.ts_management_http is not None:  # only TorchServe's management paths and /ping
             app = create_app(engine, settings, metrics=metrics, access=access, guard=guard, torchserve_management=True)
+            drains.append(Drain(app))
             server.extra_addresses["ts_management_http"] = await nursery.start(
-                _serve_http, app, listeners.ts_management_http, settings, server._stopping, ts_http_stopped
+                _serve_http, drains[-1], listeners.ts_management_http, settings, http_done, ts_http_stopped
             )
         else:
             ts_http_stopped.set()
@@ -199,31 +207,63 @@ async def serve_transports(
         task_status.started(server)
         await server._stopping.wait()
         log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
-        grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
-        with trio.move_on_after(settings.grace_period + 1.0):
-            async with trio.open_nursery() as draining:
-                if drain is not None:
-                    draining.start_soon(drain, settings.grace_period)
-                draining.start_soon(http_stopped.wait)
-                draining.start_soon(ts_http_stopped.wait)
+        await _drain(settings.grace_period, drains, grpc_scope, http_done, drain)
+        with trio.move_on_after(END_MARGIN + 1.0):  # hypercorn writes the last chunks, closes
+            await http_stopped.wait()
+            await ts_http_stopped.wait()
         nursery.cancel_scope.cancel()
 
 
+#: seconds after the grace period for the requests it ended to send their last chunk
+#: and for the engine to stop (the transports ended every request by then)
+END_MARGIN = 1.0
+
+
+async def _drain(
+    grace: float,
+    drains: list[Drain],
+    grpc_scope: trio.CancelScope,
+    http_done: trio.Event,
+    drain: Callable[[float], Awaitable[None]] | None,
+) -> None:
+    """The ordered stop of the transports: refuse new requests (REST 503, gRPC
+    UNAVAILABLE), let the ones in flight finish within ``grace`` seconds, then end the
+    rest with a last message saying the server is shutting down; stop at once when
+    nothing is in flight. The in-process engine's ``drain`` runs beside it."""
+    for gate in drains:
+        gate.start()
+    grpc_scope.cancel()  # gRPC drains its calls (shielded, within the grace period)
+    async with trio.open_nursery() as draining:
+        if drain is not None:  # the in-process engine: its requests all come through the transports
+            draining.start_soon(drain, grace + END_MARGIN)
+        with trio.move_on_after(grace):
+            for gate in drains:
+                await gate.idle.wait()
+        left = sum(gate.running for gate in drains)
+        if left:
+            log.warning("REST: ending %d request(s) still running after the grace period", left)
+        for gate in drains:
+            gate.end_all()
+        http_done.set()
+
+
 async def _serve_http(
-    app: RestApp,
+    app: Drain,
     sock: socket.socket,
     settings: Settings,
-    stopping: trio.Event,
+    done: trio.Event,
     stopped: trio.Event,
     *,
     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """hypercorn's trio worker on the listening socket ``sock``. ``stopping`` stops
-    accepting and lets open connections finish within the grace period; ``stopped`` is
-    set when it is done."""
+    """hypercorn's trio worker on the listening socket ``sock``, serving ``app`` (which
+    refuses new requests while draining). ``done`` (no request left) stops accepting and
+    closes the connections, after at most :data:`END_MARGIN` s for their last writes;
+    ``stopped`` is set when it is done."""
     config = HypercornConfig()
-    config.graceful_timeout = settings.grace_period
+    config.graceful_timeout = END_MARGIN
     config.keep_alive_timeout = settings.keep_alive_timeout
+    config.backlog = settings.backlog  # unused on our own sockets (listeners.py listens), kept in step
     config.accesslog = None  # no per-request logging on the hot path
     config.errorlog = logging.getLogger("hypercorn.error")
     protocols.install()
@@ -236,7 +276,7 @@ async def _serve_http(
                 wrap_app(app, config.wsgi_max_body_size, None),
                 config,
                 sockets=HypercornSockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
-                shutdown_trigger=stopping.wait,
+                shutdown_trigger=done.wait,
             )
             await nursery.start(serve_app)
             task_status.started(_address(sock))

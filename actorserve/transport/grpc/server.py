@@ -19,7 +19,7 @@ import trio
 import trio_asyncio
 
 from ...api import EngineAPI
-from ...listeners import log_extra_address
+from ...listeners import BACKLOG, log_extra_address
 from ...metrics import Metrics
 from ...settings import Settings
 from ..access import AccessLog
@@ -69,7 +69,7 @@ async def serve_grpc(
     listeners: list[tuple[socket.socket, str | None]] = []
     try:
         if sock is not None or not extra:
-            listeners.append((sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0), None))
+            listeners.append((sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0, settings.backlog), None))
         listeners += [(extra_sock.dup(), only) for only, extra_sock in extra.items()]
         async with trio_asyncio.open_loop():
             servers = []
@@ -94,7 +94,7 @@ async def serve_grpc(
             listener.close()
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` (the caller owns it)."""
     # IPPROTO_TCP explicitly: asyncio and grpclib set TCP_NODELAY only on sockets whose
     # proto says TCP; without it every call waits ~40 ms for Nagle + delayed ACKs.
@@ -105,7 +105,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(address)
-        listener.listen(128)
+        listener.listen(backlog)
     except BaseException:
         listener.close()
         raise

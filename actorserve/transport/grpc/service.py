@@ -129,6 +129,9 @@ class InferenceService:
         #: set (on the trio side) when draining starts: streams stop reading then.
         self.drain_started = trio.Event()
         self._idle: asyncio.Event | None = None
+        #: the asyncio tasks of the calls running, and those the end of the drain cancelled
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ended: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle, on the asyncio side ---------------------------------------------------
 
@@ -139,12 +142,14 @@ class InferenceService:
         server = GrpclibServer([*([] if only else [self, ManagementService(self.engine, self)]), *others])
         # every method of every service: the token check (by method path) and the call's record
         server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
-        await server.start(sock=listener)
+        # grpclib listens again on the socket it is given (its default backlog: 100)
+        await server.start(sock=listener, backlog=self.settings.backlog)
         return server
 
     async def shut_down(self, *servers: GrpclibServer) -> None:
         """Stop listening, refuse new calls, give the calls in flight the grace period,
-        cancel the rest, close the connections (of every server :meth:`start` made)."""
+        end the rest with UNAVAILABLE "the server is shutting down", close the
+        connections (of every server :meth:`start` made)."""
         grace = self.settings.grace_period
         self.draining = True
         for server in servers:
@@ -154,7 +159,13 @@ class InferenceService:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
         if self.calls:
-            log.warning("gRPC: cancelling %d call(s) still running after the grace period", self.calls)
+            log.warning("gRPC: ending %d call(s) still running after the grace period (UNAVAILABLE)", self.calls)
+            self._ended = set(self._tasks)
+            for task in self._ended:
+                task.cancel()  # each ends with "the server is shutting down" (see _tracked)
+            with contextlib.suppress(asyncio.TimeoutError):
+                assert self._idle is not None
+                await asyncio.wait_for(self._idle.wait(), 1.0)
         for server in servers:
             server.close()
         for server in servers:
@@ -204,9 +215,19 @@ class InferenceService:
             if self.draining:
                 raise shutting_down()
             self.calls += 1
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.add(task)
             try:
                 await func(stream)
+            except asyncio.CancelledError:
+                if task is None or task not in self._ended:
+                    raise
+                task.uncancel()  # the grace period is over: a status, not a cut connection
+                raise shutting_down() from None
             finally:
+                if task is not None:
+                    self._tasks.discard(task)
                 self.calls -= 1
                 if not self.calls and self._idle is not None:
                     self._idle.set()

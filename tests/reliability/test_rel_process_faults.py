@@ -1,0 +1,138 @@
+"""Process faults with ``--api-workers 2`` (issue 14): kill -9 a front under load, kill -9
+the engine process under load.
+
+A front's death loses only the connections it held: the other front's streams finish
+with every token; the front is restarted on the same listening sockets and serves
+(``/metrics`` too); the engine lets go of the dead front's requests (no replica left
+running or waiting, as TorchServe's describe-model shows it). The engine's death stops
+the server with a log line naming it and exit code 1, quickly; every client gets an
+answer or a connection error, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.rel_process import established_connections, listening_inode, socket_inodes, stream_tokens
+from support.servers import ServerProcess, start_server
+
+STREAMS = 6
+#: kill -9 of the engine to the parent's exit (measured ~0.3 s; the fronts drain at once)
+ENGINE_DEATH_EXIT_BOUND = 5.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, int, int]]:
+    (tmp_path / "streamer").mkdir()
+    (tmp_path / "streamer" / "model-settings.json").write_text(
+        json.dumps({"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "workers": 1})
+    )
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(tmp_path))
+    try:
+        server.wait_for(r"serving with 2 front process", 60)
+        http = int(server.wait_for(r"processes: REST listening on http://127\.0\.0\.1:(\d+)")[1])
+        grpc = int(server.wait_for(r"processes: gRPC listening on 127\.0\.0\.1:(\d+)")[1])
+        yield server, http, grpc
+    finally:
+        server.stop()
+
+
+def _fronts(server: ServerProcess) -> dict[int, int]:
+    return {int(i): int(pid) for i, pid in re.findall(r"front (\d+) process started \(pid (\d+)\)", server.text())}
+
+
+def _engine_work(url: str) -> list[tuple[int, int]]:
+    """(running, waiting) of each replica of ``streamer``, by TorchServe's describe-model."""
+    reply = httpx.get(f"{url}/models/streamer", timeout=10)
+    assert reply.status_code == 200, reply.text
+    return [(w["running"], w["waiting"]) for w in reply.json()[0]["workers"]]
+
+
+def _start_streams(url: str, count: int, n_tokens: int, delay: float) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
+    boxes: list[dict[str, Any]] = [{} for _ in range(count)]
+    threads = [threading.Thread(target=stream_tokens, args=(url, n_tokens, delay, box)) for box in boxes]
+    for thread in threads:
+        thread.start()
+    return boxes, threads
+
+
+def _wait_connected(fronts: dict[int, int], port: int, count: int) -> dict[int, int]:
+    deadline = time.monotonic() + 10
+    while True:
+        held = {index: established_connections(pid, port) for index, pid in fronts.items()}
+        if sum(held.values()) == count or time.monotonic() > deadline:
+            return held
+        time.sleep(0.02)
+
+
+def test_a_killed_front_loses_only_its_streams_then_a_killed_engine_stops_the_server(
+    cluster: tuple[ServerProcess, int, int],
+) -> None:
+    server, http_port, grpc_port = cluster
+    url = f"http://127.0.0.1:{http_port}"
+    fronts = _fronts(server)
+    boxes, threads = _start_streams(url, STREAMS, 250, 0.01)  # ~2.5 s each
+    held = _wait_connected(fronts, http_port, STREAMS)
+    assert sum(held.values()) == STREAMS, held
+    victim = max(held, key=lambda index: held[index])
+    survivor = next(index for index in fronts if index != victim)
+    os.kill(fronts[victim], signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    complete = [b for b in boxes if "error" not in b and len(b["lines"]) == 250]
+    cut = [b for b in boxes if "error" in b]
+    assert (len(complete), len(cut)) == (STREAMS - held[victim], held[victim]), boxes
+    # restarted, on the very sockets the parent bound
+    server.wait_for(rf"front {victim} \(pid {fronts[victim]}\) exited with code -9: restarting it")
+    reborn = int(server.wait_for(rf"front {victim} process started \(pid (?!{fronts[victim]}\b)(\d+)\)")[1])
+    assert {listening_inode(http_port), listening_inode(grpc_port)} <= socket_inodes(reborn)
+    # it serves: with the other front stopped, every new connection is the new front's
+    os.kill(fronts[survivor], signal.SIGSTOP)
+    try:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/v2/health/ready").status_code == 200
+            metrics = client.get("/metrics")
+            assert metrics.status_code == 200 and "actorserve_requests_total" in metrics.text
+            generated = client.post("/v2/models/streamer/generate", json={"text_input": "r", "parameters": {"n_tokens": 2}})
+            assert generated.json()["text_output"] == ["r:0", "r:1"]
+    finally:
+        os.kill(fronts[survivor], signal.SIGCONT)
+    # the engine let go of the dead front's requests
+    deadline = time.monotonic() + 10
+    while (work := _engine_work(url)) != [(0, 0)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert work == [(0, 0)]
+    assert server.process.poll() is None
+    _kill_the_engine(server, url, http_port)
+
+
+def _kill_the_engine(server: ServerProcess, url: str, http_port: int) -> None:
+    """The engine's death under load: exit 1 with a line naming it, quickly, and no
+    client left hanging (each stream gets an error event or a cut connection)."""
+    engine = int(server.wait_for(r"engine process started \(pid (\d+)\)")[1])
+    boxes, threads = _start_streams(url, STREAMS, 100_000 // 10, 0.01)
+    held = _wait_connected(_fronts(server), http_port, STREAMS)
+    assert sum(held.values()) == STREAMS, held
+    time.sleep(0.2)
+    os.kill(engine, signal.SIGKILL)
+    killed = time.monotonic()
+    assert server.process.wait(timeout=30) == 1
+    took = time.monotonic() - killed
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)  # no client hangs
+    server.wait_for(rf"the engine process \(pid {engine}\) exited with code -9: stopping the server")
+    for box in boxes:  # each an error event naming the engine's loss, or a cut connection
+        assert "error" in box or box["lines"][-2] == "event: error", box
+    assert took < ENGINE_DEATH_EXIT_BOUND, took
