@@ -104,6 +104,19 @@ class SequenceActor:
     def idle(self) -> bool:
         return self.current is None and not len(self.mailbox) and not self.streaming
 
+    @property
+    def ending(self) -> EndReason | None:
+        """Why the sequence ends, if it does: the reason it was stopped with, or
+        ``ended`` once the request that ends it has finished well (its caller has its
+        answer, even if this actor has not woken up yet to see it)."""
+        current = self.current
+        if self.end_reason is None and current is not None:
+            item = current.item
+            if item.finished and item.error is None and (current.end or item.ends_sequence):
+                self.end_reason = EndReason.ENDED
+                self.mailbox.close()
+        return self.end_reason
+
     def deliver(self, job: Job) -> None:
         """Queue ``job``; :class:`Overloaded` if the mailbox is full,
         :class:`trio.ClosedResourceError` if the sequence is ending."""

@@ -115,30 +115,38 @@ class Supervisor:
 
     async def _reap(self) -> None:
         """Stop sequences whose idle time or total time ran out."""
-        idle = self.settings.idle_timeout_ms / 1000
-        heap = self._deadlines
         while True:
-            now = trio.current_time()
-            while heap and heap[0][0] <= now:
-                _, _, actor, max_duration = heappop(heap)
-                if actor.end_reason is not None:
-                    continue
-                if max_duration:
-                    actor.stop(EndReason.EXPIRED)
-                    continue
-                actor.idle_queued = False
-                if actor.idle_since is None:
-                    continue  # busy: queued again when it is idle again
-                due = actor.idle_since + idle
-                if due <= now:
-                    actor.stop(EndReason.EXPIRED)
-                else:  # it was used since this entry was made
-                    actor.idle_queued = True
-                    heappush(heap, (due, next(self._order), actor, False))
-            self._reaper_target = heap[0][0] if heap else math.inf
+            self._reaper_target = self.expire_due(trio.current_time())
             self._reaper_wake = trio.Event()
             with trio.move_on_at(self._reaper_target):
                 await self._reaper_wake.wait()
+
+    def expire_due(self, now: float) -> float:
+        """Stop every sequence whose deadline is ``now`` or earlier (the reaper's look;
+        synchronous, so a test can place it between two events). Returns when the
+        next deadline is due.
+
+        A sequence with a request queued in its mailbox is busy, not idle, even if its
+        actor has not picked the request up yet: the request came in time."""
+        idle = self.settings.idle_timeout_ms / 1000
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, actor, max_duration = heappop(heap)
+            if actor.end_reason is not None:
+                continue
+            if max_duration:
+                actor.stop(EndReason.EXPIRED)
+                continue
+            actor.idle_queued = False
+            if actor.idle_since is None or len(actor.mailbox):
+                continue  # busy: queued again when it is idle again
+            due = actor.idle_since + idle
+            if due <= now:
+                actor.stop(EndReason.EXPIRED)
+            else:  # it was used since this entry was made
+                actor.idle_queued = True
+                heappush(heap, (due, next(self._order), actor, False))
+        return heap[0][0] if heap else math.inf
 
     def pinned_count(self, replica: ContinuousBatcher) -> int:
         """How many open sequences ``replica`` serves (for routing new ones)."""
@@ -188,6 +196,8 @@ class Supervisor:
     def cancel(self, sequence_id: str | None) -> str:
         """Cancel an open sequence: its running request stops at the next step."""
         actor = self._find(sequence_id)
+        if actor.ending is not None:  # it ends anyway: say why, don't claim to cancel it
+            raise ended(actor.id, actor.ending)
         self._actors.pop(actor.id, None)
         actor.stop(EndReason.CANCELLED)
         return actor.id
@@ -212,7 +222,11 @@ class Supervisor:
         if sequence_id is None:
             sequence_id = f"{self._id_prefix}-{next(self._ids)}"
         elif sequence_id in self._actors:
-            raise SequenceConflict(f"sequence {sequence_id!r} is already open")
+            if self._actors[sequence_id].ending is None:
+                raise SequenceConflict(f"sequence {sequence_id!r} is already open")
+            # Ending (expired, ended, ...) but its actor has not finished yet: the id is
+            # free again. The old actor still ends once, with its own reason.
+            del self._actors[sequence_id]
         if len(self._actors) >= self.settings.max_sequences:
             self._make_room()
         state: Any = None
