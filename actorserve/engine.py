@@ -150,18 +150,23 @@ class Engine:
         versions = self._hosts.get(name)
         if not versions:
             raise ModelNotFound(f"model {name!r} is not loaded")
-        hosts = [versions[version]] if version is not None else list(versions.values())
         if version is not None and version not in versions:
             raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        hosts = [versions[version]] if version is not None else list(versions.values())
         for host in hosts:
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
-            versions.pop(host.version, None)
+            # Look again after the drain: another unload may have removed this host and
+            # a load put a new one (or a new table) in its place, which stays.
+            current = self._hosts.get(name)
+            if current is None or current.get(host.version) is not host:
+                continue
+            del current[host.version]
             self.catalog.failed(host.name, host.version, UNLOADED)
-        if not versions:
-            self._hosts.pop(name, None)
-            self._default_version.pop(name, None)
+            if not current:
+                self._hosts.pop(name, None)
+                self._default_version.pop(name, None)
         log.info("unloaded model %s%s", name, f" version {version}" if version else "")
 
     def host(self, name: str | None, version: str | None = None) -> ModelHost:

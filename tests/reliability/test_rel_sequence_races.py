@@ -238,6 +238,42 @@ async def test_unload_during_streams(autojump_clock: trio.testing.MockClock, gra
         assert reply.outputs[1].data.tolist() == [1, 2]
 
 
+async def test_unload_racing_unload_and_reload_keeps_the_new_model(autojump_clock: trio.testing.MockClock) -> None:
+    """Two unloads of the same model overlap (one waits for a stream to drain), and the
+    model is loaded again before the slower one resumes: the slower one must not take
+    the new version away (it did: 'model not loaded' with the new host still running)."""
+    settings = hook_settings(reply_buffer=1)
+    async with actorserve.open_engine([settings]) as engine, trio.open_nursery() as nursery:
+        await engine.infer(seq("open", "s", 0, start=True))
+        async with engine.infer_stream(seq("held", "s", 1000)) as stream:  # in flight
+            await stream.__anext__()
+            slow_done = trio.Event()
+
+            async def slow_unload() -> None:
+                await engine.unload("rec", grace=100)
+                slow_done.set()
+
+            nursery.start_soon(slow_unload)
+            await trio.testing.wait_all_tasks_blocked()
+            await engine.unload("rec", grace=0)
+            await engine.load(settings)
+            with pytest.raises(SequenceNotFound, match="'s' was shut down"):
+                async for _ in stream:
+                    pass
+        await slow_done.wait()  # the held request left: the slow unload resumed
+        await check_invariants(engine)
+        reply = await engine.infer(seq("after", "t", 2, start=True, end=True))
+        assert reply.outputs[1].data.tolist() == [1, 2]
+        assert [m.name for m in await engine.models()].count("rec") == 1
+
+
+async def test_unload_of_an_unknown_version_is_not_found(autojump_clock: trio.testing.MockClock) -> None:
+    async with actorserve.open_engine([hook_settings()]) as engine:
+        with pytest.raises(actorserve.ModelNotFound, match="model 'rec' has no version '7'"):
+            await engine.unload("rec", "7")
+        assert (await engine.infer(seq("r", "s", start=True, end=True))).outputs[1].data.tolist() == [1]
+
+
 async def test_sequence_start_vs_unload_is_refused_clearly(autojump_clock: trio.testing.MockClock) -> None:
     async with actorserve.open_engine([hook_settings()]) as engine:
         await engine.unload("rec", grace=0)
