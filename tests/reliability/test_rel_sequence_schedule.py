@@ -48,8 +48,9 @@ ANSWERS = re.compile(
 class Schedule:
     """One seeded schedule: spawns clients, records one answer per client."""
 
-    def __init__(self, engine: actorserve.Engine, rng: random.Random) -> None:
+    def __init__(self, engine: actorserve.Engine, rng: random.Random, scale: float = 1.0) -> None:
         self.engine = engine
+        self.scale = scale
         self.rng = rng
         self.answers: dict[str, list[str]] = {}
         self.models: list[HookModel] = []
@@ -67,7 +68,7 @@ class Schedule:
 
     async def client(self, rid: str, req: InferenceRequest, leave_after: int | None) -> None:
         """Send ``req``; read every response (or leave after ``leave_after``)."""
-        await trio.sleep(self.rng.choice([0, 0, 0.001, 0.01, 0.05]))
+        await trio.sleep(self.rng.choice([0, 0, 0.001, 0.01, 0.05]) * self.scale)
         count = 0
         try:
             with trio.fail_after(60):
@@ -87,8 +88,8 @@ class Schedule:
 
     async def unload_and_load(self) -> None:
         try:
-            await self.engine.unload("rec", grace=self.rng.choice([0, 0.1]))
-            await trio.sleep(self.rng.choice([0, 0.01]))
+            await self.engine.unload("rec", grace=self.rng.choice([0, 0.1]) * self.scale)
+            await trio.sleep(self.rng.choice([0, 0.01]) * self.scale)
             await self.engine.load(self.settings)
             self.note_model()
         finally:
@@ -127,7 +128,7 @@ class Schedule:
         nursery.start_soon(self.client, rid, req, leave)
 
     async def disconnect_early(self, rid: str, req: InferenceRequest) -> None:
-        with trio.move_on_after(self.rng.choice([0, 0.001, 0.02])):
+        with trio.move_on_after(self.rng.choice([0, 0.001, 0.02]) * self.scale):
             await self.client(rid, req, None)
             return
         self.answer(rid, "left")
@@ -144,11 +145,14 @@ async def check_hooks(schedule: Schedule) -> None:
         assert sorted(model.cancelled) == sorted(set(model.cancelled))
 
 
-async def run_schedule(seed: int) -> None:
+async def run_schedule(seed: int, *, threaded: bool = False, scale: float = 1.0) -> None:
+    """One schedule; ``threaded``: the model steps in a worker thread (real clock, every
+    time in the schedule multiplied by ``scale``)."""
     rng = random.Random(seed)
     settings = hook_settings(
-        idle_timeout_ms=rng.choice([300, 1000, 0]),
-        max_duration_ms=rng.choice([0, 0, 2500]),
+        threaded=threaded,
+        idle_timeout_ms=int(rng.choice([300, 1000, 0]) * scale),
+        max_duration_ms=int(rng.choice([0, 0, 2500]) * scale),
         max_sequences=rng.choice([2, 3, 4]),
         evict_idle=rng.random() < 0.6,
         max_queue=rng.choice([1, 2, 4]),
@@ -156,13 +160,13 @@ async def run_schedule(seed: int) -> None:
         max_batch_size=rng.choice([1, 2, 4]),
     )
     async with actorserve.open_engine([settings]) as engine:
-        schedule = Schedule(engine, rng)
+        schedule = Schedule(engine, rng, scale)
         schedule.settings = settings
         async with trio.open_nursery() as nursery:
             for n in range(STEPS):
                 for _ in range(rng.choice([1, 1, 2, 3])):
                     schedule.step(nursery, n * 10 + _)
-                await trio.sleep(rng.choice([0, 0, 0.001, 0.01, 0.05, 0.1, 0.3, 0.6]))
+                await trio.sleep(rng.choice([0, 0, 0.001, 0.01, 0.05, 0.1, 0.3, 0.6]) * scale)
                 await check_hooks(schedule)
         # every client answered exactly once, with an answer that says why
         for rid, answers in schedule.answers.items():
@@ -187,3 +191,13 @@ async def run_schedule(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(SEEDS))
 async def test_random_schedule(autojump_clock: trio.testing.MockClock, seed: int) -> None:
     await run_schedule(seed)
+
+
+THREADED_SEEDS = int(os.environ.get("ACTORSERVE_SCHEDULE_THREADED_SEEDS", "3"))
+
+
+@pytest.mark.parametrize("seed", range(THREADED_SEEDS))
+async def test_random_schedule_threaded(seed: int) -> None:
+    """The same schedules with the model stepping in its worker thread (the step loop's
+    own cancel and report paths), on the real clock with every time scaled by 0.05."""
+    await run_schedule(1000 + seed, threaded=True, scale=0.05)
