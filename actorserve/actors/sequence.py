@@ -102,7 +102,10 @@ class SequenceActor:
 
     @property
     def idle(self) -> bool:
-        return self.current is None and not len(self.mailbox) and not self.streaming
+        """No request runs, waits or streams (a request that has just finished counts
+        as gone: its caller has its answer, the actor only has not woken up yet)."""
+        current = self.current
+        return (current is None or current.item.finished) and not len(self.mailbox) and not self.streaming
 
     @property
     def ending(self) -> EndReason | None:

@@ -198,8 +198,7 @@ class Supervisor:
         actor = self._find(sequence_id)
         if actor.ending is not None:  # it ends anyway: say why, don't claim to cancel it
             raise ended(actor.id, actor.ending)
-        self._actors.pop(actor.id, None)
-        actor.stop(EndReason.CANCELLED)
+        self._let_go(actor, EndReason.CANCELLED)
         return actor.id
 
     def _find(self, sequence_id: str | None) -> SequenceActor:
@@ -255,21 +254,32 @@ class Supervisor:
         if self.settings.evict_idle:
             for actor in self._actors.values():  # least recently used first
                 if actor.idle:
-                    del self._actors[actor.id]
-                    actor.stop(EndReason.EVICTED)
+                    self._let_go(actor, EndReason.EVICTED)
                     return
         raise Overloaded(
             f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", bound="max_sequences"
         )
+
+    def _let_go(self, actor: SequenceActor, reason: EndReason) -> None:
+        """Stop ``actor`` and free its id now (its request may take a step to leave the
+        batch): a request for that id meanwhile hears why the sequence is gone."""
+        del self._actors[actor.id]
+        self._remember(actor.id, actor.ending or reason)
+        actor.stop(reason)
+
+    def _remember(self, sequence_id: str, reason: EndReason) -> None:
+        self._ended[sequence_id] = reason
+        self._ended.move_to_end(sequence_id)
+        if len(self._ended) > REMEMBER_ENDED:
+            self._ended.popitem(last=False)
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         self._pinned[actor.replica] -= 1
         if self._actors.get(actor.id) is actor:
             del self._actors[actor.id]
-        self._ended[actor.id] = reason
-        if len(self._ended) > REMEMBER_ENDED:
-            self._ended.popitem(last=False)
+        if actor.id not in self._actors:  # not opened again meanwhile
+            self._remember(actor.id, reason)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
         if self.metrics is not None:

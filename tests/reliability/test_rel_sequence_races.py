@@ -151,6 +151,32 @@ async def test_total_time_expiry_vs_running_request_and_restart(autojump_clock: 
         assert model.cancelled == ["long"]
 
 
+@pytest.mark.parametrize("how", ["cancel", "evict"])
+async def test_request_right_after_cancel_or_eviction_hears_why(autojump_clock: trio.testing.MockClock, how: str) -> None:
+    """Between a cancel (or an eviction) and the moment its actor has finished (its
+    running request still leaving the batch), a request for that id is told the
+    sequence was cancelled (evicted), not 'is not open (unknown id)' (found through
+    --api-workers 2, where the frames make that window wide)."""
+    settings = hook_settings(reply_buffer=1, max_sequences=1, evict_idle=True)
+    async with actorserve.open_engine([settings]) as engine:
+        await engine.infer(seq("open", "s", 0, start=True))
+        running = None
+        if how == "cancel":
+            running = await queue(engine, seq("long", "s", 1000))
+            await running.next_reply()
+            supervisor(engine).cancel("s")
+            why = "was cancelled"
+        else:
+            await queue(engine, seq("t", "t", 1, start=True))  # evicts idle 's' (max_sequences=1)
+            why = "was evicted"
+        with pytest.raises(SequenceNotFound, match=f"sequence 's' {why}"):
+            await queue(engine, seq("late", "s"))
+        if running is not None:
+            assert (await outcome(running)).endswith("sequence 's' was cancelled")
+        await check_invariants(engine)
+        assert hook_model(engine).ended[0] == ("s", "cancelled" if how == "cancel" else "evicted")
+
+
 # -- eviction under max_sequences --------------------------------------------------------
 
 
@@ -169,6 +195,24 @@ async def test_eviction_skips_a_sequence_with_a_queued_request(autojump_clock: t
             await engine.infer(seq("b2", "b"))
         await check_invariants(engine)
         assert model.ended == [("b", "evicted")]
+
+
+async def test_a_sequence_whose_last_request_just_finished_is_evictable(autojump_clock: trio.testing.MockClock) -> None:
+    """At the instant a sequence's request finishes (its caller has the answer, its actor
+    has not woken up yet) the sequence counts as idle, so a start that needs room evicts
+    it instead of being refused with 429 (it was refused when the start came first)."""
+    async with actorserve.open_engine([hook_settings(max_sequences=1, evict_idle=True)]) as engine:
+        sup = supervisor(engine)
+        await engine.infer(seq("open", "s", 0, start=True))
+        item = await queue(engine, seq("last", "s", 1))
+        idle_at_finish: list[bool] = []
+        item.on_finish = lambda: idle_at_finish.append(sup.actor("s").idle)  # type: ignore[union-attr]
+        assert await outcome(item) == "ok:1"
+        assert idle_at_finish == [True]
+        started = await queue(engine, seq("t", "t", 1, start=True))
+        assert await outcome(started) == "ok:1"
+        await check_invariants(engine)
+        assert hook_model(engine).ended == [("s", "evicted")]
 
 
 async def test_eviction_vs_expiry_and_busy(autojump_clock: trio.testing.MockClock) -> None:
