@@ -91,35 +91,45 @@ async def test_rest_idle_expiry_vs_new_request(client: httpx.AsyncClient, server
     assert hooks(server).ended == [("e", "expired"), ("e", "ended")]
 
 
+async def end_and_cancel(client: httpx.AsyncClient, sid: str, n: int) -> dict[str, Any]:
+    """Send a 3-token request ending ``sid`` (SSE) and a cancel of ``sid`` together."""
+    answers: dict[str, Any] = {}
+
+    async def end() -> None:
+        headers = {"sequence-id": sid, "sequence-end": "true"}
+        answers["end"] = await sse(client, "/v2/models/rec/infer_stream", body(f"end{n}", 3), **headers)
+
+    async def cancel() -> None:
+        await trio.sleep(0.001 * (n % 4))
+        payload = body(f"c{n}", 0, sequence_id=sid, sequence_cancel=True)
+        reply = await client.post("/v2/models/rec/infer", json=payload)
+        answers["cancel"] = (reply.status_code, reply.json())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(end)
+        nursery.start_soon(cancel)
+    return answers
+
+
 async def test_rest_cancel_vs_end_sent_at_once(client: httpx.AsyncClient, server: Server) -> None:
     """Twelve rounds of: a request ending the sequence (an SSE stream) and a cancel sent
     together. Whichever wins, both answer, and the hook's reason matches the answers."""
     model = hooks(server)
     for n in range(12):
         sid = f"ce{n}"
-        opened = await client.post("/v2/models/rec/infer", json=body(f"o{n}", 0), headers={"sequence-id": sid, "sequence-start": "1"})
+        headers = {"sequence-id": sid, "sequence-start": "1"}
+        opened = await client.post("/v2/models/rec/infer", json=body(f"o{n}", 0), headers=headers)
         assert opened.status_code == 200, opened.text
-        answers: dict[str, Any] = {}
-
-        async def end() -> None:
-            answers["end"] = await sse(client, "/v2/models/rec/infer_stream", body(f"end{n}", 3), **{"sequence-id": sid, "sequence-end": "true"})  # noqa: B023
-
-        async def cancel() -> None:
-            await trio.sleep(0.001 * (n % 4))  # noqa: B023
-            reply = await client.post("/v2/models/rec/infer", json=body(f"c{n}", 0, sequence_id=sid, sequence_cancel=True))  # noqa: B023
-            answers["cancel"] = (reply.status_code, reply.json())
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(end)
-            nursery.start_soon(cancel)
+        answers = await end_and_cancel(client, sid, n)
         await check_invariants(server.engine)  # type: ignore[arg-type]
-        reason = dict((s, r) for s, r in model.ended)[sid]
+        reason = dict(model.ended)[sid]
         if answers["cancel"][0] == 200:
             assert answers["cancel"][1]["parameters"] == {"sequence_id": sid, "sequence_cancelled": True}
             assert reason == "cancelled"
-            assert answers["end"][-1] == f"error:sequence '{sid}' was cancelled" or answers["end"] == [
-                f"status 404: sequence '{sid}' was cancelled"
-            ], answers
+            assert answers["end"][-1] in (
+                f"error:sequence '{sid}' was cancelled",
+                f"status 404: sequence '{sid}' was cancelled",
+            ), answers
         else:
             assert answers["cancel"] == (404, {"error": f"sequence '{sid}' has ended"}), answers
             assert reason == "ended"
@@ -133,7 +143,10 @@ async def test_rest_eviction_names_the_evicted_sequence(client: httpx.AsyncClien
         reply = await client.post(url, json=body(sid, sequence_id=sid, sequence_start=True))
         assert reply.status_code == 200, reply.text
     gone = await client.post(url, json=body("a2", sequence_id="a"))
-    assert (gone.status_code, gone.json()) == (404, {"error": "sequence 'a' was evicted (max_sequences reached)"})
+    assert (gone.status_code, gone.json()) == (
+        404,
+        {"error": "sequence 'a' was evicted (max_sequences reached)"},
+    )
     assert (await client.post(url, json=body("b2", sequence_id="b", sequence_end=True))).status_code == 200
     await check_invariants(server.engine, "evict")  # type: ignore[arg-type]
     assert hooks(server, "evict").ended == [("a", "evicted"), ("b", "ended")]
@@ -149,7 +162,9 @@ async def test_rest_unload_during_sse_streams(client: httpx.AsyncClient, server:
 
     async def stream(sid: str) -> None:
         headers = {"sequence-id": sid, "sequence-start": "true"}
-        async with aconnect_sse(client, "POST", "/v2/models/rec/infer_stream", json=body(sid, 10_000_000), headers=headers) as source:
+        async with aconnect_sse(
+            client, "POST", "/v2/models/rec/infer_stream", json=body(sid, 10_000_000), headers=headers
+        ) as source:
             events = streams[sid] = []
             async for event in source.aiter_sse():
                 events.append(event.event)
@@ -170,7 +185,11 @@ async def test_rest_unload_during_sse_streams(client: httpx.AsyncClient, server:
     assert sorted(model.ended) == [("u1", "shutdown"), ("u2", "shutdown"), ("u3", "shutdown")]
     assert model.doubles == []
     await server.engine.load(models()[0])  # type: ignore[attr-defined]
-    events = await sse(client, "/v2/models/rec/infer_stream", body("n", 2, sequence_id="u1", sequence_start=True, sequence_end=True))
+    events = await sse(
+        client,
+        "/v2/models/rec/infer_stream",
+        body("n", 2, sequence_id="u1", sequence_start=True, sequence_end=True),
+    )
     assert events == ["data:1", "data:2"]
     await check_invariants(server.engine)  # type: ignore[arg-type]
 
@@ -182,17 +201,25 @@ async def test_grpc_stream_races(server: Server) -> None:
     host, port = server.grpc_address
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(f"{host}:{port}")
-    await trio.to_thread.run_sync(lambda: client.start_stream(callback=lambda result, error: results.put((result, error))))
+    await trio.to_thread.run_sync(
+        lambda: client.start_stream(callback=lambda result, error: results.put((result, error)))
+    )
 
     def send(rid: str, sid: str, n_tokens: int = 1, **flags: Any) -> None:
-        client.async_stream_infer("rec", [], request_id=rid, sequence_id=sid, parameters={"n_tokens": n_tokens}, **flags)
+        client.async_stream_infer(
+            "rec", [], request_id=rid, sequence_id=sid, parameters={"n_tokens": n_tokens}, **flags
+        )
 
     def answer() -> str:
         result, error = results.get(timeout=TIMEOUT)
         if error is not None:
             return f"error:{error.message()}"
         response = result.get_response()
-        if response.parameters["sequence_cancelled"].bool_param if "sequence_cancelled" in response.parameters else False:
+        if (
+            response.parameters["sequence_cancelled"].bool_param
+            if "sequence_cancelled" in response.parameters
+            else False
+        ):
             return f"{response.id}:cancelled"
         return f"{response.id}:{int(result.as_numpy('total')[0])}"
 
@@ -208,7 +235,9 @@ async def test_grpc_stream_races(server: Server) -> None:
         send("c", "g", sequence_start=True)
         assert answer() == "c:1"
         send("d", "g", 2, sequence_end=True)
-        client.async_stream_infer("rec", [], request_id="x", sequence_id="g", parameters={"sequence_cancel": True})
+        client.async_stream_infer(
+            "rec", [], request_id="x", sequence_id="g", parameters={"sequence_cancel": True}
+        )
         # Whichever wins, each of the two gets its final answer, and they agree.
         finals = {"d:3", "error:sequence 'g' was cancelled", "x:cancelled", "error:sequence 'g' has ended"}
         got = [answer()]

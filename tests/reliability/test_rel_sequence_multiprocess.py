@@ -33,10 +33,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repo = tmp_path_factory.mktemp("seqrepo")
     shutil.copytree(MODEL, repo / "seqcount")
     settings = json.loads((repo / "seqcount" / "model-settings.json").read_text())
-    settings["sequence"] = {"idle_timeout_ms": 1500, "max_sequences": 4, "evict_idle": True, "max_queue": 4}
+    settings["sequence"] = {"idle_timeout_ms": 1000, "max_sequences": 4, "evict_idle": True, "max_queue": 4}
     (repo / "seqcount" / "model-settings.json").write_text(json.dumps(settings))
     server: ServerProcess = start_server(
-        "--http-port", "0", "--grpc-port", "off", "--api-workers", "2", "--no-auth", str(repo)
+        "--http-port", "0", "--grpc-port", "off", "--api-workers", "2", "--no-auth", "--grace-period", "0.3", str(repo)
     )  # fmt: skip
     try:
         server.wait_for(r"serving with 2 front process", 60)
@@ -74,9 +74,15 @@ def stream(url: str, rid: str, n_tokens: int, **parameters: Any) -> list[str]:
                     kind = line[7:]
                 elif line.startswith("data: "):
                     doc = json.loads(line[6:])
-                    events.append(f"error:{doc['error']}" if kind == "error" else f"data:{doc['outputs'][0]['data'][0]}")
+                    events.append(
+                        f"error:{doc['error']}" if kind == "error" else f"data:{doc['outputs'][0]['data'][0]}"
+                    )
                     kind = "data"
     return events
+
+
+def end_into(answers: dict[str, Any], url: str, rid: str, sid: str) -> None:
+    answers["end"] = stream(url, rid, 3, sequence_id=sid, sequence_end=True)
 
 
 def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
@@ -84,7 +90,7 @@ def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
     before = hooks(url)
     # idle expiry vs a new request, and a restart of the expired id
     assert post(url, "e1", sequence_id="e", sequence_start=True).status_code == 200
-    time.sleep(1.8)  # idle_timeout_ms=1500 (room for a slow, shared machine below)
+    time.sleep(1.3)  # idle_timeout_ms=1000 (room for a slow, shared machine below)
     late = post(url, "e2", sequence_id="e")
     assert (late.status_code, late.json()) == (404, {"error": "sequence 'e' expired"})
     again = post(url, "e3", sequence_id="e", sequence_start=True, sequence_end=True)
@@ -93,7 +99,10 @@ def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
     for sid in ("v1", "v2", "v3", "v4", "v5"):
         assert post(url, sid, sequence_id=sid, sequence_start=True).status_code == 200
     gone = post(url, "v1b", sequence_id="v1")
-    assert (gone.status_code, gone.json()) == (404, {"error": "sequence 'v1' was evicted (max_sequences reached)"})
+    assert (gone.status_code, gone.json()) == (
+        404,
+        {"error": "sequence 'v1' was evicted (max_sequences reached)"},
+    )
     for sid in ("v2", "v3", "v4", "v5"):
         reply = post(url, f"{sid}-end", 0, sequence_id=sid, sequence_end=True)
         assert reply.status_code == 200, reply.text
@@ -103,13 +112,16 @@ def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
         sid = f"ce{n}"
         assert post(url, f"o{n}", 0, sequence_id=sid, sequence_start=True).status_code == 200
         answers: dict[str, Any] = {}
-        end = threading.Thread(target=lambda: answers.__setitem__("end", stream(url, f"end{n}", 3, sequence_id=sid, sequence_end=True)))  # noqa: B023
+        end = threading.Thread(target=end_into, args=(answers, url, f"end{n}", sid))
         end.start()
         cancel = post(url, f"c{n}", 0, sequence_id=sid, sequence_cancel=True)
         end.join(TIMEOUT)
         if cancel.status_code == 200:
             assert cancel.json()["parameters"] == {"sequence_id": sid, "sequence_cancelled": True}
-            assert answers["end"][-1] in (f"error:sequence {sid!r} was cancelled", f"status 404: sequence {sid!r} was cancelled")
+            assert answers["end"][-1] in (
+                f"error:sequence {sid!r} was cancelled",
+                f"status 404: sequence {sid!r} was cancelled",
+            )
             outcomes.append("cancelled")
         else:
             assert (cancel.status_code, cancel.json()) == (404, {"error": f"sequence {sid!r} has ended"})
@@ -121,14 +133,21 @@ def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
     samples = parse(httpx.get(f"{url}/metrics").text)
     assert value(samples, "actorserve_sequences_open", model="seqcount", version="1") == 0
     for reason, count in {"expired": 1, "evicted": 1, "cancelled": outcomes.count("cancelled")}.items():
-        assert value(samples, "actorserve_sequences_ended_total", model="seqcount", version="1", reason=reason) == count
+        assert (
+            value(samples, "actorserve_sequences_ended_total", model="seqcount", version="1", reason=reason)
+            == count
+        )
 
 
 def test_unload_during_sse_streams_and_load_again(cluster: str) -> None:
     url = cluster
     results: dict[str, list[str]] = {}
     threads = [
-        threading.Thread(target=lambda sid=sid: results.__setitem__(sid, stream(url, sid, 1_000_000, sequence_id=sid, sequence_start=True)))
+        threading.Thread(
+            target=lambda sid=sid: results.__setitem__(
+                sid, stream(url, sid, 1_000_000, sequence_id=sid, sequence_start=True)
+            )
+        )
         for sid in ("u1", "u2")
     ]
     for thread in threads:
@@ -145,7 +164,9 @@ def test_unload_during_sse_streams_and_load_again(cluster: str) -> None:
         after = post(url, "x", sequence_id="u1")
         assert after.status_code in (404, 503), after.text
         assert client.post("/v2/repository/models/seqcount/load", json={}).status_code == 200
-    assert post(url, "new", 2, sequence_id="u1", sequence_start=True, sequence_end=True).json()["outputs"][0]["data"] == [1, 2]
+    assert post(url, "new", 2, sequence_id="u1", sequence_start=True, sequence_end=True).json()["outputs"][0][
+        "data"
+    ] == [1, 2]
     assert hooks(url)[2] == 0  # the new model instance: no hook ran twice
     samples = parse(httpx.get(f"{url}/metrics").text)
     assert value(samples, "actorserve_sequences_open", model="seqcount", version="1") == 0

@@ -25,6 +25,7 @@ from support.rel_sequences import (
 
 import actorserve
 from actorserve import SequenceConflict, SequenceNotFound
+from actorserve.actors.inflight import Inflight
 
 # -- idle expiry vs a queued request -----------------------------------------------------
 
@@ -131,7 +132,9 @@ async def test_idle_expiry_vs_new_request(autojump_clock: trio.testing.MockClock
         assert model.ended == [("s", "expired")] + ([("s", "ended")] if kind == "restart" else [])
 
 
-async def test_total_time_expiry_vs_running_request_and_restart(autojump_clock: trio.testing.MockClock) -> None:
+async def test_total_time_expiry_vs_running_request_and_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """``max_duration_ms`` passes while a request streams: the request gets 'expired',
     leaves the batch (one on_request_cancelled), and a start of the same id while the
     old actor still waits for that is a new sequence."""
@@ -152,7 +155,9 @@ async def test_total_time_expiry_vs_running_request_and_restart(autojump_clock: 
 
 
 @pytest.mark.parametrize("how", ["cancel", "evict"])
-async def test_request_right_after_cancel_or_eviction_hears_why(autojump_clock: trio.testing.MockClock, how: str) -> None:
+async def test_request_right_after_cancel_or_eviction_hears_why(
+    autojump_clock: trio.testing.MockClock, how: str
+) -> None:
     """Between a cancel (or an eviction) and the moment its actor has finished (its
     running request still leaving the batch), a request for that id is told the
     sequence was cancelled (evicted), not 'is not open (unknown id)' (found through
@@ -180,7 +185,9 @@ async def test_request_right_after_cancel_or_eviction_hears_why(autojump_clock: 
 # -- eviction under max_sequences --------------------------------------------------------
 
 
-async def test_eviction_skips_a_sequence_with_a_queued_request(autojump_clock: trio.testing.MockClock) -> None:
+async def test_eviction_skips_a_sequence_with_a_queued_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """The least recently used sequence gets a request at the instant a new start needs
     room: the next idle one is evicted instead, and the queued request runs."""
     settings = hook_settings(max_sequences=2, evict_idle=True)
@@ -197,7 +204,9 @@ async def test_eviction_skips_a_sequence_with_a_queued_request(autojump_clock: t
         assert model.ended == [("b", "evicted")]
 
 
-async def test_a_sequence_whose_last_request_just_finished_is_evictable(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_sequence_whose_last_request_just_finished_is_evictable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """At the instant a sequence's request finishes (its caller has the answer, its actor
     has not woken up yet) the sequence counts as idle, so a start that needs room evicts
     it instead of being refused with 429 (it was refused when the start came first)."""
@@ -282,7 +291,9 @@ async def test_unload_during_streams(autojump_clock: trio.testing.MockClock, gra
         assert reply.outputs[1].data.tolist() == [1, 2]
 
 
-async def test_unload_racing_unload_and_reload_keeps_the_new_model(autojump_clock: trio.testing.MockClock) -> None:
+async def test_unload_racing_unload_and_reload_keeps_the_new_model(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """Two unloads of the same model overlap (one waits for a stream to drain), and the
     model is loaded again before the slower one resumes: the slower one must not take
     the new version away (it did: 'model not loaded' with the new host still running)."""
@@ -340,3 +351,17 @@ async def test_start_with_the_id_of_a_cancelled_sequence(autojump_clock: trio.te
             await queue(engine, seq("dup", "s", 1, start=True))
         await check_invariants(engine)
         assert model.ended == [("s", "cancelled")]
+
+
+def test_a_second_leave_is_logged_and_never_makes_a_count_negative(caplog: pytest.LogCaptureFixture) -> None:
+    """The in-flight count (drain and wait_idle wait on it) cannot go below zero: a
+    leave without its enter is logged as the bug it is, and changes nothing."""
+    parent = Inflight()
+    child = Inflight(parent)
+    child.enter()
+    child.leave()
+    child.leave()
+    assert (child.count, parent.count) == (0, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "a request left an in-flight count twice (count stays 0)"
+    ]

@@ -21,6 +21,7 @@ import re
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from support.rel_sequences import HookModel, check_invariants, hook_settings, seq
 
@@ -137,7 +138,7 @@ class Schedule:
 
 
 async def check_hooks(schedule: Schedule) -> None:
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
     for model in schedule.models:
         assert model.doubles == []
         started = len(model.states)
