@@ -52,7 +52,7 @@ def post(url: str, rid: str, n_tokens: int = 1, **parameters: Any) -> httpx.Resp
 
 
 def hooks(url: str) -> list[int]:
-    """[states, ended, doubles, cancelled, open] as the model counts them."""
+    """[states, ended, doubles, cancelled, open, slots held] as the model counts them."""
     reply = post(url, "report", report=True)
     assert reply.status_code == 200, reply.text
     data: list[int] = reply.json()["outputs"][0]["data"]
@@ -127,8 +127,8 @@ def test_expiry_eviction_and_cancel_vs_end(cluster: str) -> None:
             assert (cancel.status_code, cancel.json()) == (404, {"error": f"sequence {sid!r} has ended"})
             assert answers["end"] == ["data:1", "data:2", "data:3"], answers
             outcomes.append("ended")
-    states, ended, doubles, _, open_now = (a - b for a, b in zip(hooks(url), before, strict=True))
-    assert (doubles, open_now) == (0, 0)
+    states, ended, doubles, _, open_now, held = (a - b for a, b in zip(hooks(url), before, strict=True))
+    assert (doubles, open_now, held) == (0, 0, 0)
     assert states == ended == 2 + 5 + 8
     samples = parse(httpx.get(f"{url}/metrics").text)
     assert value(samples, "actorserve_sequences_open", model="seqcount", version="1") == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from support.models import request
 from support.rel_sequences import (
     check_invariants,
     hook_model,
@@ -351,6 +352,22 @@ async def test_start_with_the_id_of_a_cancelled_sequence(autojump_clock: trio.te
             await queue(engine, seq("dup", "s", 1, start=True))
         await check_invariants(engine)
         assert model.ended == [("s", "cancelled")]
+
+
+async def test_a_start_that_streams_nothing_still_returns_the_server_made_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A unary request whose step produced no response (n_tokens=0) starting a sequence
+    without an id: the answer carries the id the server made (it had none, so the
+    client could not continue, end or cancel the sequence; found by the soak run)."""
+    async with actorserve.open_engine([hook_settings()]) as engine:
+        reply = await engine.infer(request("r", 0, sequence_start=True))
+        sid = reply.parameters["sequence_id"]
+        assert isinstance(sid, str) and sid
+        assert reply.id == "r"
+        last = await engine.infer(seq("end", sid, 1, end=True))
+        assert last.outputs[1].data.tolist() == [1]
+        await check_invariants(engine)
 
 
 def test_a_second_leave_is_logged_and_never_makes_a_count_negative(caplog: pytest.LogCaptureFixture) -> None:

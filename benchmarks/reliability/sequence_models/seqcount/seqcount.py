@@ -5,13 +5,21 @@ the model object.
 
 A request of a sequence streams ``n_tokens`` responses (default 1), each with output
 ``total`` (INT64: tokens the sequence emitted so far). A request with parameter
-``report`` (no sequence) answers output ``hooks`` (INT64 [5]): states made, sequences
+``report`` (no sequence) answers output ``hooks`` (INT64 [6]): states made, sequences
 ended, hooks run twice (``on_sequence_end`` of one state, ``on_request_cancelled`` of one
-request), requests told they were cancelled, and states open now.
+request), requests told they were cancelled, states open now, and the other items in the
+batch of the step that answers it (batch slots held; 0 when the server is quiet).
+
+When the model version stops (``unload``) it writes the same counts to
+``tally-<pid>-<id>.json`` in its model folder, so a run that unloads and loads the model
+again still sees every instance's counts.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -64,7 +72,7 @@ class SeqCountModel(BatchModel[Tally, Tokens]):
         outputs = []
         for work in batch:
             if work.report:
-                hooks = [self.states, self.ended, self.doubles, self.cancelled, self.states - self.ended]
+                hooks = [*self.counts(), len(batch) - 1]
                 tensor = tensor_from_numpy("hooks", np.array(hooks, dtype=np.int64))
                 outputs.append(StepOutput(self.response(work.request, [tensor]), done=True))
                 continue
@@ -79,6 +87,15 @@ class SeqCountModel(BatchModel[Tally, Tokens]):
             tensor = tensor_from_numpy("total", np.array([total], dtype=np.int64))
             outputs.append(StepOutput(self.response(work.request, [tensor]), done=work.emitted >= work.n))
         return outputs
+
+    def counts(self) -> list[int]:
+        return [self.states, self.ended, self.doubles, self.cancelled, self.states - self.ended]
+
+    async def unload(self) -> None:
+        folder = self.settings.folder
+        if folder is not None:
+            path = Path(folder) / f"tally-{os.getpid()}-{id(self)}.json"
+            path.write_text(json.dumps(self.counts()))
 
     def on_sequence_end(self, state: Tally, reason: Any) -> None:
         if state.ended:
