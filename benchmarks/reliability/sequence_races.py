@@ -24,6 +24,7 @@ after the run, the open-sequences gauge, and the server's RSS before and after.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
@@ -31,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import itertools
 import threading
 import time
 from collections import Counter
@@ -248,7 +248,7 @@ def row(api_workers: int, args: argparse.Namespace) -> dict[str, Any]:
         repo = Path(tmp)
         shutil.copytree(MODEL, repo / "seqcount")
         settings = json.loads((repo / "seqcount" / "model-settings.json").read_text())
-        settings["sequence"] = {"idle_timeout_ms": IDLE_MS, "max_duration_ms": 4000, "max_sequences": args.clients,
+        settings["sequence"] = {"idle_timeout_ms": IDLE_MS, "max_duration_ms": 4000, "max_sequences": 2 * args.clients,
                                 "evict_idle": True, "max_queue": 2}  # fmt: skip
         (repo / "seqcount" / "model-settings.json").write_text(json.dumps(settings))
         server = Server(repo, api_workers)
