@@ -44,7 +44,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MODEL = HERE / "sequence_models" / "seqcount"
-IDLE_MS = 300
+IDLE_MS = 1000
 URL = "/v2/models/seqcount/infer"
 
 #: answers that are final and say why (anything else is "other": lost)
@@ -248,7 +248,7 @@ def row(api_workers: int, args: argparse.Namespace) -> dict[str, Any]:
         repo = Path(tmp)
         shutil.copytree(MODEL, repo / "seqcount")
         settings = json.loads((repo / "seqcount" / "model-settings.json").read_text())
-        settings["sequence"] = {"idle_timeout_ms": IDLE_MS, "max_duration_ms": 4000, "max_sequences": 2 * args.clients,
+        settings["sequence"] = {"idle_timeout_ms": IDLE_MS, "max_duration_ms": 15000, "max_sequences": 2 * args.clients,
                                 "evict_idle": True, "max_queue": 2}  # fmt: skip
         (repo / "seqcount" / "model-settings.json").write_text(json.dumps(settings))
         server = Server(repo, api_workers)
