@@ -148,22 +148,17 @@ class Engine:
         if grace is None:
             grace = self.settings.grace_period
         versions = self._hosts.get(name)
-        if not versions:
-            raise ModelNotFound(f"model {name!r} is not loaded")
-        if version is not None and version not in versions:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}")
-        hosts = [versions[version]] if version is not None else list(versions.values())
+        if not versions or (version and version not in versions):
+            raise ModelNotFound(f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded")
+        hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
-            # Look again after the drain: another unload may have removed this host and
-            # a load put a new one (or a new table) in its place, which stays.
-            current = self._hosts.get(name)
-            if current is None or current.get(host.version) is not host:
-                continue
-            del current[host.version]
-            self.catalog.failed(host.name, host.version, UNLOADED)
+            current = self._hosts.get(name, {})  # again: a load may have replaced it meanwhile
+            if current.get(host.version) is host:
+                del current[host.version]
+                self.catalog.failed(host.name, host.version, UNLOADED)
             if not current:
                 self._hosts.pop(name, None)
                 self._default_version.pop(name, None)
