@@ -148,20 +148,20 @@ class Engine:
         if grace is None:
             grace = self.settings.grace_period
         versions = self._hosts.get(name)
-        if not versions:
-            raise ModelNotFound(f"model {name!r} is not loaded")
-        hosts = [versions[version]] if version is not None else list(versions.values())
-        if version is not None and version not in versions:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        if not versions or (version and version not in versions):
+            raise ModelNotFound(f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded")
+        hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
-            versions.pop(host.version, None)
-            self.catalog.failed(host.name, host.version, UNLOADED)
-        if not versions:
-            self._hosts.pop(name, None)
-            self._default_version.pop(name, None)
+            current = self._hosts.get(name, {})  # again: a load may have replaced it meanwhile
+            if current.get(host.version) is host:
+                del current[host.version]
+                self.catalog.failed(host.name, host.version, UNLOADED)
+            if not current:
+                self._hosts.pop(name, None)
+                self._default_version.pop(name, None)
         log.info("unloaded model %s%s", name, f" version {version}" if version else "")
 
     def host(self, name: str | None, version: str | None = None) -> ModelHost:

@@ -45,6 +45,10 @@ class ItemResponses:
     def __init__(self, item: WorkItem) -> None:
         self._item = item
 
+    @property
+    def sequence_id(self) -> str | None:
+        return self._item.sequence_id
+
     def __aiter__(self) -> ItemResponses:
         return self
 
@@ -117,10 +121,13 @@ class BatchedRunner:
                 self._watch_leftover(item)
 
     async def infer(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
-        """One response: the item's responses merged by the model."""
+        """One response: the item's responses merged by the model (stamped too: a
+        request that streamed nothing still tells its caller the sequence's id, which
+        the server may have made)."""
         async with self.infer_stream(request, control) as stream:
             responses = [r async for r in stream]
-        return self.model.merge(request, responses)
+        assert isinstance(stream, ItemResponses)
+        return stamp(self.model.merge(request, responses), request.id, stream.sequence_id)
 
     def _watch_leftover(self, item: WorkItem) -> None:
         if self.closed:  # the batchers are gone: they failed every item they held

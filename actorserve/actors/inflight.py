@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import trio
+
+log = logging.getLogger(__name__)
 
 
 class Inflight:
@@ -26,6 +30,9 @@ class Inflight:
             self._parent.enter()
 
     def leave(self) -> None:
+        if self.count <= 0:  # a leave without its enter: a bug, but never a negative count
+            log.error("a request left an in-flight count twice (count stays 0)", stack_info=True)
+            return
         self.count -= 1
         if self.count == 0 and self._idle is not None:
             self._idle.set()

@@ -102,7 +102,23 @@ class SequenceActor:
 
     @property
     def idle(self) -> bool:
-        return self.current is None and not len(self.mailbox) and not self.streaming
+        """No request runs, waits or streams (a request that has just finished counts
+        as gone: its caller has its answer, the actor only has not woken up yet)."""
+        current = self.current
+        return (current is None or current.item.finished) and not len(self.mailbox) and not self.streaming
+
+    @property
+    def ending(self) -> EndReason | None:
+        """Why the sequence ends, if it does: the reason it was stopped with, or
+        ``ended`` once the request that ends it has finished well (its caller has its
+        answer, even if this actor has not woken up yet to see it)."""
+        current = self.current
+        if self.end_reason is None and current is not None:
+            item = current.item
+            if item.finished and item.error is None and (current.end or item.ends_sequence):
+                self.end_reason = EndReason.ENDED
+                self.mailbox.close()
+        return self.end_reason
 
     def deliver(self, job: Job) -> None:
         """Queue ``job``; :class:`Overloaded` if the mailbox is full,

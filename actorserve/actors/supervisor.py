@@ -115,30 +115,38 @@ class Supervisor:
 
     async def _reap(self) -> None:
         """Stop sequences whose idle time or total time ran out."""
-        idle = self.settings.idle_timeout_ms / 1000
-        heap = self._deadlines
         while True:
-            now = trio.current_time()
-            while heap and heap[0][0] <= now:
-                _, _, actor, max_duration = heappop(heap)
-                if actor.end_reason is not None:
-                    continue
-                if max_duration:
-                    actor.stop(EndReason.EXPIRED)
-                    continue
-                actor.idle_queued = False
-                if actor.idle_since is None:
-                    continue  # busy: queued again when it is idle again
-                due = actor.idle_since + idle
-                if due <= now:
-                    actor.stop(EndReason.EXPIRED)
-                else:  # it was used since this entry was made
-                    actor.idle_queued = True
-                    heappush(heap, (due, next(self._order), actor, False))
-            self._reaper_target = heap[0][0] if heap else math.inf
+            self._reaper_target = self.expire_due(trio.current_time())
             self._reaper_wake = trio.Event()
             with trio.move_on_at(self._reaper_target):
                 await self._reaper_wake.wait()
+
+    def expire_due(self, now: float) -> float:
+        """Stop every sequence whose deadline is ``now`` or earlier (the reaper's look;
+        synchronous, so a test can place it between two events). Returns when the
+        next deadline is due.
+
+        A sequence with a request queued in its mailbox is busy, not idle, even if its
+        actor has not picked the request up yet: the request came in time."""
+        idle = self.settings.idle_timeout_ms / 1000
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, actor, max_duration = heappop(heap)
+            if actor.end_reason is not None:
+                continue
+            if max_duration:
+                actor.stop(EndReason.EXPIRED)
+                continue
+            actor.idle_queued = False
+            if actor.idle_since is None or len(actor.mailbox):
+                continue  # busy: queued again when it is idle again
+            due = actor.idle_since + idle
+            if due <= now:
+                actor.stop(EndReason.EXPIRED)
+            else:  # it was used since this entry was made
+                actor.idle_queued = True
+                heappush(heap, (due, next(self._order), actor, False))
+        return heap[0][0] if heap else math.inf
 
     def pinned_count(self, replica: ContinuousBatcher) -> int:
         """How many open sequences ``replica`` serves (for routing new ones)."""
@@ -188,8 +196,9 @@ class Supervisor:
     def cancel(self, sequence_id: str | None) -> str:
         """Cancel an open sequence: its running request stops at the next step."""
         actor = self._find(sequence_id)
-        self._actors.pop(actor.id, None)
-        actor.stop(EndReason.CANCELLED)
+        if actor.ending is not None:  # it ends anyway: say why, don't claim to cancel it
+            raise ended(actor.id, actor.ending)
+        self._let_go(actor, EndReason.CANCELLED)
         return actor.id
 
     def _find(self, sequence_id: str | None) -> SequenceActor:
@@ -212,7 +221,11 @@ class Supervisor:
         if sequence_id is None:
             sequence_id = f"{self._id_prefix}-{next(self._ids)}"
         elif sequence_id in self._actors:
-            raise SequenceConflict(f"sequence {sequence_id!r} is already open")
+            if self._actors[sequence_id].ending is None:
+                raise SequenceConflict(f"sequence {sequence_id!r} is already open")
+            # Ending (expired, ended, ...) but its actor has not finished yet: the id is
+            # free again. The old actor still ends once, with its own reason.
+            del self._actors[sequence_id]
         if len(self._actors) >= self.settings.max_sequences:
             self._make_room()
         # The replica first: its own model instance makes, begins and ends the
@@ -243,21 +256,32 @@ class Supervisor:
         if self.settings.evict_idle:
             for actor in self._actors.values():  # least recently used first
                 if actor.idle:
-                    del self._actors[actor.id]
-                    actor.stop(EndReason.EVICTED)
+                    self._let_go(actor, EndReason.EVICTED)
                     return
         raise Overloaded(
             f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", bound="max_sequences"
         )
+
+    def _let_go(self, actor: SequenceActor, reason: EndReason) -> None:
+        """Stop ``actor`` and free its id now (its request may take a step to leave the
+        batch): a request for that id meanwhile hears why the sequence is gone."""
+        del self._actors[actor.id]
+        self._remember(actor.id, actor.ending or reason)
+        actor.stop(reason)
+
+    def _remember(self, sequence_id: str, reason: EndReason) -> None:
+        self._ended[sequence_id] = reason
+        self._ended.move_to_end(sequence_id)
+        if len(self._ended) > REMEMBER_ENDED:
+            self._ended.popitem(last=False)
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         self._pinned[actor.replica] -= 1
         if self._actors.get(actor.id) is actor:
             del self._actors[actor.id]
-        self._ended[actor.id] = reason
-        if len(self._ended) > REMEMBER_ENDED:
-            self._ended.popitem(last=False)
+        if actor.id not in self._actors:  # not opened again meanwhile
+            self._remember(actor.id, reason)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
         if self.metrics is not None:

@@ -83,9 +83,12 @@ class WorkItem:
             self.finish()
 
     def fail(self, error: BaseException) -> None:
-        """Finish with ``error``: the reader gets it after the outputs already buffered."""
+        """Finish with ``error``: the reader gets it after the outputs already buffered.
+        An item stopped with a reason (:meth:`cancel` with an error) keeps that reason:
+        it says why (``sequence 's' expired``) better than what came after."""
         if not self.finished:
-            self.error = error
+            if self.error is None or not self.cancelled:
+                self.error = error
             self.finish()
 
     def finish(self) -> None:
