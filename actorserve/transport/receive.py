@@ -3,7 +3,7 @@ under a limit, and a watch that cancels the work when the client goes away."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -16,6 +16,18 @@ ASGIReceive = Callable[[], Awaitable[Any]]
 
 class Disconnected(Exception):
     """The client went away before its request body was read."""
+
+
+def too_large(scope: Mapping[str, Any], limit: int) -> bool:
+    """True when the request's Content-Length announces a body over ``limit``: the
+    routes that refuse it this way answer 413 without reading a byte of it."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value) > limit
+            except ValueError:
+                return False  # the HTTP parser has refused it already
+    return False
 
 
 async def read_body(receive: ASGIReceive, limit: int, content_length: str | None = None) -> bytes:
@@ -57,4 +69,4 @@ async def cancel_on_disconnect(
             return
 
 
-__all__ = ["BodyTooLarge", "Disconnected", "cancel_on_disconnect", "read_body"]
+__all__ = ["BodyTooLarge", "Disconnected", "cancel_on_disconnect", "read_body", "too_large"]

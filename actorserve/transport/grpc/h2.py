@@ -112,9 +112,9 @@ class GrpclibServer(Server):
 class Wire:
     """Reads and writes one call's messages (on grpclib's asyncio loop).
 
-    Without compression, reading and unary replies are grpclib's own ``recv_message`` /
-    ``send_message``. With a request in gzip or deflate, this reads the frames itself,
-    and answers in that encoding when the client also accepts it. :meth:`send_many`
+    Reading frames messages itself (bounded by ``max_bytes``, see :meth:`recv`); unary
+    replies without compression are grpclib's own ``send_message``. With a request in
+    gzip or deflate, it answers in that encoding when the client also accepts it. :meth:`send_many`
     always frames itself: one HTTP/2 write for the lot.
 
     Errors are :class:`GRPCError`: UNIMPLEMENTED for an unknown encoding (raised by the
@@ -158,20 +158,38 @@ class Wire:
         return message
 
     async def recv(self) -> Any:
-        """The next message, or None when the client has half-closed."""
-        if self.request_encoding is None:
-            return await self.stream.recv_message()
+        """The next message, or None when the client has half-closed.
+
+        Framed here, not by grpclib (which buffers whatever length a prefix announces,
+        up to 4 GiB, and fails on a short or invalid message with an unexplained
+        INTERNAL): a prefix over ``max_bytes`` is RESOURCE_EXHAUSTED before its message
+        is read; a stream ending inside a message, or a compressed flag on a call
+        without ``grpc-encoding``, INTERNAL (the gRPC spec's framing errors); a message
+        that does not parse, INVALID_ARGUMENT."""
         h2 = self.stream._stream
         prefix = await h2.recv_data(PREFIX.size)
         if not prefix:
             return None
+        if len(prefix) < PREFIX.size:
+            raise GRPCError(Status.INTERNAL, f"the request ended inside a message prefix ({len(prefix)} of 5 bytes)")
         compressed, size = PREFIX.unpack(prefix)
         if size > self.max_bytes:
             raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}")
         data = await h2.recv_data(size)
+        if len(data) < size:
+            raise GRPCError(Status.INTERNAL, f"the request ended inside a message ({len(data)} of {size} bytes)")
         if compressed:
+            if self.request_encoding is None:
+                raise GRPCError(Status.INTERNAL, "a compressed message on a call without grpc-encoding")
             data = self._decompress(data)
-        return self.recv_type.FromString(data)
+        h2.connection.messages_received += 1  # what grpclib's recv_message counts
+        h2.connection.last_message_received = time.monotonic()
+        try:
+            return self.recv_type.FromString(data)
+        except Exception as exc:  # betterproto2 raises several kinds on bad wire data
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"the request is not a valid {self.recv_type.__name__} message ({exc})"
+            ) from None
 
     def _decompress(self, data: bytes) -> bytes:
         assert self.request_encoding is not None
