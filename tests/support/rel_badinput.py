@@ -18,9 +18,11 @@ import trio
 from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
 from actorserve.models import builtin_settings
+from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.server import Server, serve
 from actorserve.settings import Settings
+from support.grpcframes import frame, unframe
 
 #: Bound on every wait: a hang fails the test instead of freezing the run.
 TIMEOUT = 10.0
@@ -173,10 +175,6 @@ async def h2_exchange(port: int, conn: h2.connection.H2Connection, raw: bytes = 
 
 async def good_grpc_call(port: int, rid: str = "ok", value: int = 7) -> list[int]:
     """One well-formed ModelInfer on a new connection: the identity model's output."""
-    from support.grpcframes import frame, unframe
-
-    from actorserve.proto import inference as pb
-
     conn = h2_client()
     sid = conn.get_next_available_stream_id()
     conn.send_headers(sid, grpc_headers(port))
