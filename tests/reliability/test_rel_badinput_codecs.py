@@ -17,9 +17,9 @@ import struct
 from typing import Any
 
 import msgpack
-import pytest
 import numpy as np
 import orjson
+import pytest
 from httpx_sse._decoders import SSEDecoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
