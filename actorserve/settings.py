@@ -165,6 +165,8 @@ class Settings:
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
     #: seconds an idle keep-alive HTTP connection is kept open.
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    #: seconds a REST request's body has to arrive once its head has (slower: 408, closed).
+    read_timeout: float = attrs.field(default=30.0, validator=_seconds)
     #: HTTP/1.1 implementation under hypercorn: "httptools" (llhttp) or "h11" (hypercorn's own).
     http_parser: str = attrs.field(default="httptools", validator=_one_of(*HTTP_PARSERS))
     #: ModelStreamInfer flavour: "triton" (ModelStreamInferResponse envelope) or "mlserver".

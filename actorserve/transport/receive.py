@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from ..errors import BadInput
-from .errors import BodyTooLarge
+from .errors import BodyTimeout, BodyTooLarge
 
 ASGIReceive = Callable[[], Awaitable[Any]]
 
@@ -56,6 +56,32 @@ async def read_body(receive: ASGIReceive, limit: int, content_length: str | None
         chunks.append(chunk)
 
 
+def body_deadline(receive: ASGIReceive, seconds: float) -> ASGIReceive:
+    """``receive`` that raises :class:`BodyTimeout` when the request body is not complete
+    within ``seconds`` from now (the head has arrived; 0: no limit). Once the body is
+    complete it is ``receive`` itself, so watching for a disconnect is never timed.
+
+    A slow-loris body is thus answered 408 before any model work starts: the routes read
+    the whole body before they call the engine."""
+    if not seconds:
+        return receive
+    deadline = trio.current_time() + seconds
+    complete = False
+
+    async def receive_in_time() -> Any:
+        nonlocal complete
+        if complete:
+            return await receive()
+        with trio.move_on_at(deadline):
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+        raise BodyTimeout(f"the request body did not arrive within {seconds:g} s (read_timeout)")
+
+    return receive_in_time
+
+
 async def cancel_on_disconnect(
     receive: ASGIReceive, scope: trio.CancelScope, on_disconnect: Callable[[], None] | None = None
 ) -> None:
@@ -69,4 +95,4 @@ async def cancel_on_disconnect(
             return
 
 
-__all__ = ["BodyTooLarge", "Disconnected", "cancel_on_disconnect", "read_body", "too_large"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "Disconnected", "body_deadline", "cancel_on_disconnect", "read_body", "too_large"]

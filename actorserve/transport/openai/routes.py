@@ -22,7 +22,7 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput, ModelNotFound
 from ...textgen import TextGeneration
-from ..errors import RETRY_AFTER_SECONDS, BodyTooLarge
+from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
@@ -262,5 +262,7 @@ async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: in
         return await read_body(receive, limit, headers.get("content-length"))
     except BodyTooLarge:
         raise _too_large(limit) from None
+    except BodyTimeout as exc:
+        raise OpenAIError(str(exc), status=408) from None
     except BadInput as exc:
         raise OpenAIError(exc.message) from None

@@ -25,7 +25,7 @@ from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
-from ..receive import too_large
+from ..receive import body_deadline, too_large
 from ..torchserve import TorchServeInference, TorchServeManagement, not_on_management_port, on_management_port
 from ..torchserve.calls import TsError
 from ..torchserve.rest import send_error as send_ts_error
@@ -96,6 +96,8 @@ class RestApp:
                     send = self.cors.wrap(send, origin)
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
+        quart_receive = receive  # Quart times its own body reads (BODY_TIMEOUT)
+        receive = body_deadline(receive, self.settings.read_timeout)
 
         async def tracked(message: dict[str, object]) -> None:
             if message["type"] == "http.response.start":
@@ -136,7 +138,7 @@ class RestApp:
                     scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
                 elif path.startswith(MANAGEMENT_PREFIX):  # for the access line
                     exchange.model = path[len(MANAGEMENT_PREFIX) :].split("/", 1)[0]
-                await self.quart(scope, receive, tracked)  # type: ignore[arg-type]
+                await self.quart(scope, quart_receive, tracked)  # type: ignore[arg-type]
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 
@@ -198,6 +200,7 @@ def create_app(
     views = RestViews(engine, settings)
     app = QuartTrio("actorserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = settings.read_timeout or None  # 408 past it, as on the raw paths
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
     def route(rule: str, endpoint: str, methods: tuple[str, ...]) -> None:

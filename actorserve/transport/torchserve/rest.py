@@ -22,7 +22,7 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...torchserve import envelope
-from ..errors import BodyTooLarge
+from ..errors import BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
 from .forms import split_body
@@ -111,6 +111,9 @@ class TorchServeInference:
             body = await read_body(receive, self.limit, _header(scope, b"content-length"))
         except BodyTooLarge:
             await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes (max_body_bytes)"))
+            return
+        except BodyTimeout as exc:
+            await send_error(send, TsError(408, "RequestTimeoutException", str(exc)))
             return
         except BadInput as exc:
             await send_error(send, ts_error(exc))
