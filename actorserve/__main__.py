@@ -91,11 +91,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
-    "read_timeout": (
-        click.FLOAT,
-        "seconds a REST request's body has to arrive once its head has; a slower one is answered "
-        "408 and its connection closed (0: no limit)",
-    ),
+    "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has (slower: 408, closed; 0: off)"),
     "http_parser": (
         click.Choice(HTTP_PARSERS),
         "HTTP/1.1 implementation: 'httptools' (llhttp, faster) or 'h11' (hypercorn's own)",
