@@ -83,7 +83,7 @@ def params_from_pb(params: Mapping[str, InferParameter], *, where: str = "reques
     """
     out: dict[str, Any] = {}
     for key, param in params.items():
-        if param is None:  # a map entry without its value, which betterproto2 lets through
+        if not isinstance(param, InferParameter):  # betterproto2 lets None or an int through
             raise BadInput(f"{where}: parameter {key!r} has no value")
         # Written out rather than betterproto2.which_one_of: this runs for every parameter.
         if param.bool_param is not None:

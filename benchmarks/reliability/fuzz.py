@@ -13,7 +13,7 @@ One row per case:
   (codecs, SSE, link frames, protobuf) with ``--codec-examples`` each and random seeds;
 - ``grpc-garbage``: connections to the gRPC port carrying random bytes after the HTTP/2
   preface, or calls with random message bytes; counts how each ended (a gRPC status,
-  GOAWAY, close), UNKNOWN statuses (in the 5xx column) and calls left without an answer
+  GOAWAY, close), unexpected exceptions (UNKNOWN, or "internal error: ..."; the 5xx column) and calls left without an answer
   (crashes column), with a good call after every 50 to show the server serves. Random
   bytes after the preface that start a frame and stop part way wait for its rest, as
   HTTP/2 allows (counted apart).
@@ -135,7 +135,9 @@ async def grpc_garbage_row(connections: int, seed: int) -> int:
                 outcomes["waiting for the rest of a frame"] += 1 if kind == "bytes after the preface" else 0
                 hangs += kind != "bytes after the preface"
                 continue
-            if out.grpc_status is not None:
+            if out.grpc_message.startswith("internal error:"):  # an unexpected exception: a bug
+                outcomes[f"internal error ({out.grpc_message})"] += 1
+            elif out.grpc_status is not None:
                 outcomes[f"grpc-status {out.grpc_status}"] += 1
             elif out.goaway is not None:
                 outcomes[f"GOAWAY {out.goaway}"] += 1
@@ -146,7 +148,9 @@ async def grpc_garbage_row(connections: int, seed: int) -> int:
             if k % 50 == 49:
                 good += await good_grpc_call(port, value=k) == [k]
         nursery.cancel_scope.cancel()
-    unknown = outcomes.get("grpc-status 2", 0)  # UNKNOWN: gRPC's unexplained server error
+    # UNKNOWN (grpclib's answer to an exception it did not expect) or actorserve's
+    # "internal error: <exception>": an exception nobody expected, gRPC's 5xx
+    unknown = outcomes.get("grpc-status 2", 0) + sum(n for k, n in outcomes.items() if k.startswith("internal error"))
     print(ROW.format("grpc-garbage", connections, unknown, hangs, "-", outcomes.get("other", 0),
                      f"{time.monotonic() - started:.0f}"))  # fmt: skip
     print(f"    outcomes: {dict(sorted(outcomes.items()))}; good calls in between: {good}/{connections // 50}")

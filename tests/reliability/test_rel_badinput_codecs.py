@@ -339,6 +339,7 @@ def test_protobuf_garbage_that_parses_is_a_request_or_bad_input(raw: bytes) -> N
         (b"+", "input 0 is malformed (not a tensor message)"),  # a group where an input belongs
         (b"0\x00", "requested output 0 is malformed (not a tensor message)"),  # a varint there
         (b'"\x00', "request: parameter '' has no value"),  # a map entry without its value
+        (b'"\x05\n\x01k\x10\x05', "request: parameter 'k' has no value"),  # a varint as its value (found by the fuzz soak)
         (b"*\x02\x08\x01", "input 0: name is not a string"),  # a varint where a string belongs
         (b"\x08\x01", "model_name is not a string"),
         (b"*\x02(\x00", "input 0: contents is malformed (not an InferTensorContents message)"),
