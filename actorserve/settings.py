@@ -159,6 +159,8 @@ class Settings:
     ts_management_http_port: int | None = attrs.field(default=None, validator=_port)
     #: largest request body accepted over REST, in bytes.
     max_body_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_at_least(1))
+    #: seconds a REST request's body has to arrive once its head has (slower: 408, closed).
+    read_timeout: float = attrs.field(default=30.0, validator=_seconds)
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.

@@ -22,6 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
+import betterproto2
 import numpy as np
 
 from ..codecs import check_shape
@@ -82,6 +83,8 @@ def params_from_pb(params: Mapping[str, InferParameter], *, where: str = "reques
     """
     out: dict[str, Any] = {}
     for key, param in params.items():
+        if not isinstance(param, InferParameter):  # betterproto2 lets None or an int through
+            raise BadInput(f"{where}: parameter {key!r} has no value")
         # Written out rather than betterproto2.which_one_of: this runs for every parameter.
         if param.bool_param is not None:
             out[key] = param.bool_param
@@ -165,12 +168,17 @@ def tensor_contents_from_pb(
             f"{what} {name!r}: shape {list(dims)} needs {count} elements, contents.{field} has {len(values)}"
         )
     if datatype == "BYTES":
+        if not all(type(v) is bytes for v in values):  # betterproto2 lets a varint in
+            raise BadInput(f"{what} {name!r}: an element of contents.{field} is not bytes")
         array = np.empty(count, dtype=object)
         array[:] = values
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     # betterproto2 already decoded the values into the wire type's range, so this cannot
     # overflow; only narrower datatypes (INT8/16, UINT8/16) need a range check.
-    array = np.array(values, dtype=wire_dtype)
+    try:
+        array = np.array(values, dtype=wire_dtype)
+    except (TypeError, ValueError):  # bytes where numbers belong (wire types unchecked)
+        raise BadInput(f"{what} {name!r}: contents.{field} holds values that are not numbers") from None
     if dtype != wire_dtype:
         info = np.iinfo(dtype)
         if count and (int(array.min()) < info.min or int(array.max()) > info.max):
@@ -219,6 +227,7 @@ def _decode_tensors(
     raw_field: str,
 ) -> list[Tensor]:
     tensors = []
+    _no_missing(entries, what)
     if raw:
         if len(raw) != len(entries):
             raise BadInput(
@@ -226,6 +235,8 @@ def _decode_tensors(
                 f"raw contents need exactly one entry per {what}, in order"
             )
         for entry, data in zip(entries, raw, strict=True):
+            if not isinstance(data, bytes):
+                raise BadInput(f"{raw_field}: an entry is not bytes")
             if entry.contents:
                 raise BadInput(f"{what} {entry.name!r}: contents must not be given when {raw_field} is used")
             params = params_from_pb(entry.parameters, where=f"{what} {entry.name!r}")
@@ -241,6 +252,27 @@ def _decode_tensors(
     return tensors
 
 
+def _no_missing(entries: Sequence[Any], what: str) -> None:
+    """betterproto2 does not check wire types: a group or a varint where a message
+    belongs decodes to None or an int, a varint where a string belongs to an int. Such an
+    entry is a :class:`BadInput` here, not an AttributeError later."""
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, betterproto2.Message):
+            raise BadInput(f"{what} {position} is malformed (not a tensor message)")
+        for field in ("name", "datatype"):
+            if type(getattr(entry, field, "")) is not str:
+                raise BadInput(f"{what} {position}: {field} is not a string")
+        contents = getattr(entry, "contents", None)
+        if contents is not None and not isinstance(contents, InferTensorContents):
+            raise BadInput(f"{what} {position}: contents is malformed (not an InferTensorContents message)")
+
+
+def _strings(msg: Any, *fields: str) -> None:
+    for field in fields:
+        if type(getattr(msg, field)) is not str:
+            raise BadInput(f"{field} is not a string")
+
+
 def _use_raw(tensors: Sequence[Tensor], raw: bool) -> bool:
     # Raw contents are all-or-nothing, and FP16 only exists raw: one FP16 tensor makes
     # the whole message raw.
@@ -252,6 +284,8 @@ def _use_raw(tensors: Sequence[Tensor], raw: bool) -> bool:
 
 def request_from_pb(msg: ModelInferRequest) -> InferenceRequest:
     """Decode a ``ModelInferRequest`` (raw or typed contents) into an :class:`InferenceRequest`."""
+    _strings(msg, "model_name", "model_version", "id")
+    _no_missing(msg.outputs, "requested output")
     return InferenceRequest(
         inputs=_decode_tensors(
             msg.inputs, msg.raw_input_contents, what="input", raw_field="raw_input_contents"

@@ -26,6 +26,11 @@ class BodyTooLarge(Exception):
     """A REST request body (read or inflated) is over ``max_body_bytes``: answered 413."""
 
 
+class BodyTimeout(Exception):
+    """A REST request body did not arrive within ``read_timeout`` of its head: answered
+    408 (and the connection closed)."""
+
+
 class GrpcCode(enum.IntEnum):
     """The gRPC status codes this table uses (the numbers are the wire's; grpclib's
     ``Status`` has the same values). Kept here so REST never imports grpclib."""

@@ -3,19 +3,31 @@ under a limit, and a watch that cancels the work when the client goes away."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 
 from ..errors import BadInput
-from .errors import BodyTooLarge
+from .errors import BodyTimeout, BodyTooLarge
 
 ASGIReceive = Callable[[], Awaitable[Any]]
 
 
 class Disconnected(Exception):
     """The client went away before its request body was read."""
+
+
+def too_large(scope: Mapping[str, Any], limit: int) -> bool:
+    """True when the request's Content-Length announces a body over ``limit``: the
+    routes that refuse it this way answer 413 without reading a byte of it."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value) > limit
+            except ValueError:
+                return False  # the HTTP parser has refused it already
+    return False
 
 
 async def read_body(receive: ASGIReceive, limit: int, content_length: str | None = None) -> bytes:
@@ -44,6 +56,32 @@ async def read_body(receive: ASGIReceive, limit: int, content_length: str | None
         chunks.append(chunk)
 
 
+def body_deadline(receive: ASGIReceive, seconds: float) -> ASGIReceive:
+    """``receive`` that raises :class:`BodyTimeout` when the request body is not complete
+    within ``seconds`` from now (the head has arrived; 0: no limit). Once the body is
+    complete it is ``receive`` itself, so watching for a disconnect is never timed.
+
+    A slow-loris body is thus answered 408 before any model work starts: the routes read
+    the whole body before they call the engine."""
+    if not seconds:
+        return receive
+    deadline = trio.current_time() + seconds
+    complete = False
+
+    async def receive_in_time() -> Any:
+        nonlocal complete
+        if complete:
+            return await receive()
+        with trio.move_on_at(deadline):
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+        raise BodyTimeout(f"the request body did not arrive within {seconds:g} s (read_timeout)")
+
+    return receive_in_time
+
+
 async def cancel_on_disconnect(
     receive: ASGIReceive, scope: trio.CancelScope, on_disconnect: Callable[[], None] | None = None
 ) -> None:
@@ -57,4 +95,4 @@ async def cancel_on_disconnect(
             return
 
 
-__all__ = ["BodyTooLarge", "Disconnected", "cancel_on_disconnect", "read_body"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "Disconnected", "body_deadline", "cancel_on_disconnect", "read_body", "too_large"]

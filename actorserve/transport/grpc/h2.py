@@ -29,6 +29,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
+from h2.errors import ErrorCodes
+from h2.exceptions import ProtocolError
 
 from .. import compression
 
@@ -89,6 +91,14 @@ class GrpclibServer(Server):
             accept(stream, headers, release_stream)
 
         handler.accept = accept_keeping_headers  # type: ignore[method-assign]
+        received = protocol.data_received
+
+        def data_received_checked(data: bytes) -> None:
+            _flush_goaway_on_protocol_errors(protocol)
+            received(data)
+            _refuse_overlong_frame(protocol)
+
+        protocol.data_received = data_received_checked  # type: ignore[method-assign]
         self._protocols.add(protocol)
         return protocol
 
@@ -109,12 +119,61 @@ class GrpclibServer(Server):
                 connection.close()
 
 
+def _flush_goaway_on_protocol_errors(protocol: H2Protocol) -> None:
+    """Send the GOAWAY h2 queues when a frame breaks HTTP/2: grpclib closes the socket
+    on h2's ProtocolError without writing it, so the client saw a bare close."""
+    connection = getattr(protocol, "connection", None)
+    if connection is None or getattr(connection, "_actorserve_flushes", False):
+        return
+    feed = connection.feed
+
+    def feed_flushing(data: bytes) -> Any:
+        try:
+            return feed(data)
+        except ProtocolError:
+            connection.flush()
+            raise
+
+    connection.feed = feed_flushing
+    connection._actorserve_flushes = True
+
+
+def _refuse_overlong_frame(protocol: H2Protocol) -> None:
+    """End the connection with GOAWAY FRAME_SIZE_ERROR as soon as the frame waiting in
+    its buffer announces more than SETTINGS_MAX_FRAME_SIZE: h2 checks the length only
+    once the whole frame has arrived, so a client announcing 16 MiB and sending a few
+    bytes held the connection (and up to 16 MiB of buffer) for as long as it liked."""
+    connection = getattr(protocol, "connection", None)
+    if connection is None or connection.is_closing():
+        return
+    h2 = connection._connection
+    buffer = h2.incoming_buffer
+    pending = buffer._data
+    if buffer._preamble_len or len(pending) < 9:
+        return
+    length = int.from_bytes(pending[:3], "big")
+    if length > h2.max_inbound_frame_size:
+        h2.close_connection(error_code=ErrorCodes.FRAME_SIZE_ERROR, additional_data=b"frame too large")
+        connection.flush()
+        protocol.processor.close("frame too large")
+
+
+async def _read(h2: Any, size: int, short: str) -> bytes:
+    """``size`` bytes of the HTTP/2 stream ``h2`` (b"" at its end); INTERNAL ``short``
+    when it ends part way (grpclib's buffer asserts on that)."""
+    try:
+        data: bytes = await h2.recv_data(size)
+    except AssertionError:
+        raise GRPCError(Status.INTERNAL, short) from None
+    return data
+
+
 class Wire:
     """Reads and writes one call's messages (on grpclib's asyncio loop).
 
-    Without compression, reading and unary replies are grpclib's own ``recv_message`` /
-    ``send_message``. With a request in gzip or deflate, this reads the frames itself,
-    and answers in that encoding when the client also accepts it. :meth:`send_many`
+    Reading frames messages itself (bounded by ``max_bytes``, see :meth:`recv`); unary
+    replies without compression are grpclib's own ``send_message``. With a request in
+    gzip or deflate, it answers in that encoding when the client also accepts it. :meth:`send_many`
     always frames itself: one HTTP/2 write for the lot.
 
     Errors are :class:`GRPCError`: UNIMPLEMENTED for an unknown encoding (raised by the
@@ -158,20 +217,36 @@ class Wire:
         return message
 
     async def recv(self) -> Any:
-        """The next message, or None when the client has half-closed."""
-        if self.request_encoding is None:
-            return await self.stream.recv_message()
+        """The next message, or None when the client has half-closed.
+
+        Framed here, not by grpclib (which buffers whatever length a prefix announces,
+        up to 4 GiB, and fails on a short or invalid message with an unexplained
+        INTERNAL): a prefix over ``max_bytes`` is RESOURCE_EXHAUSTED before its message
+        is read; a stream ending inside a message, or a compressed flag on a call
+        without ``grpc-encoding``, INTERNAL (the gRPC spec's framing errors); a message
+        that does not parse, INVALID_ARGUMENT."""
         h2 = self.stream._stream
-        prefix = await h2.recv_data(PREFIX.size)
+        prefix = await _read(h2, PREFIX.size, "the request ended inside a message prefix")
         if not prefix:
             return None
         compressed, size = PREFIX.unpack(prefix)
         if size > self.max_bytes:
             raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}")
-        data = await h2.recv_data(size)
+        data = await _read(h2, size, f"the request ended inside a message of {size} bytes")
+        if len(data) < size:  # the stream ended right after the prefix
+            raise GRPCError(Status.INTERNAL, f"the request ended inside a message of {size} bytes")
         if compressed:
+            if self.request_encoding is None:
+                raise GRPCError(Status.INTERNAL, "a compressed message on a call without grpc-encoding")
             data = self._decompress(data)
-        return self.recv_type.FromString(data)
+        h2.connection.messages_received += 1  # what grpclib's recv_message counts
+        h2.connection.last_message_received = time.monotonic()
+        try:
+            return self.recv_type.FromString(data)
+        except Exception as exc:  # betterproto2 raises several kinds on bad wire data
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"the request is not a valid {self.recv_type.__name__} message ({exc})"
+            ) from None
 
     def _decompress(self, data: bytes) -> bytes:
         assert self.request_encoding is not None

@@ -22,8 +22,8 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput, ModelNotFound
 from ...textgen import TextGeneration
-from ..errors import RETRY_AFTER_SECONDS, BodyTooLarge
-from ..receive import Disconnected, cancel_on_disconnect, read_body
+from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
+from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
 from .encode import (
@@ -77,6 +77,9 @@ class OpenAIRoutes:
             await _send_error(send, error, [(b"allow", allowed.encode())])
             return
         if allowed == "GET":
+            if too_large(scope, self._limit):  # a body nobody reads is still refused unread
+                await _send_error(send, _too_large(self._limit))
+                return
             await self._models(send, path.removeprefix("/v1/models").removeprefix("/"))
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -246,6 +249,10 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413)
+
+
 async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: int) -> bytes:
     """The whole request body; 413 as soon as it is known to be over ``limit``."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
@@ -254,6 +261,8 @@ async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: in
     try:
         return await read_body(receive, limit, headers.get("content-length"))
     except BodyTooLarge:
-        raise OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413) from None
+        raise _too_large(limit) from None
+    except BodyTimeout as exc:
+        raise OpenAIError(str(exc), status=408) from None
     except BadInput as exc:
         raise OpenAIError(exc.message) from None

@@ -25,13 +25,16 @@ from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
+from ..receive import body_deadline, too_large
 from ..torchserve import TorchServeInference, TorchServeManagement, not_on_management_port, on_management_port
+from ..torchserve.calls import TsError
+from ..torchserve.rest import send_error as send_ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
 from .management import ManagementViews, register_management
 from .openapi import DOCUMENT_PATH, openapi_document
 from .views import RestViews, http_error_reply, response
-from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply
+from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply, too_large_reply
 
 #: ``/v2/models/{name}[/versions/{version}]/{op}`` for the operations on the raw path.
 _MODEL_OP: Final = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|infer_stream|generate|generate_stream)")
@@ -93,6 +96,8 @@ class RestApp:
                     send = self.cors.wrap(send, origin)
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
+        quart_receive = receive  # Quart times its own body reads (BODY_TIMEOUT)
+        receive = body_deadline(receive, self.settings.read_timeout)
 
         async def tracked(message: dict[str, object]) -> None:
             if message["type"] == "http.response.start":
@@ -119,6 +124,8 @@ class RestApp:
                     await send_reply(tracked, method_not_allowed_reply(scope["method"], path, allowed))
             elif path.startswith("/v1/"):  # the OpenAI API
                 await self.openai(scope, receive, tracked)
+            elif too_large(scope, self.settings.max_body_bytes):  # refused unread, read or not
+                await self._too_large(path, tracked)
             elif path == "/metrics":
                 await self._metrics(scope, tracked)
             elif await self.torchserve.serve(scope, receive, tracked):
@@ -131,9 +138,19 @@ class RestApp:
                     scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
                 elif path.startswith(MANAGEMENT_PREFIX):  # for the access line
                     exchange.model = path[len(MANAGEMENT_PREFIX) :].split("/", 1)[0]
-                await self.quart(scope, receive, tracked)  # type: ignore[arg-type]
+                await self.quart(scope, quart_receive, tracked)  # type: ignore[arg-type]
         finally:
             self.recorder.finish(exchange, exchange.outcome())
+
+    async def _too_large(self, path: str, send: ASGISend) -> None:
+        """413 for a body announced over ``max_body_bytes``, in the route family's error
+        format, before any of it is read (the protocol then closes the connection)."""
+        limit = self.settings.max_body_bytes
+        if on_management_port(path) or path.startswith(("/predictions/", "/explanations/")):
+            message = f"request body is over {limit} bytes (max_body_bytes)"
+            await send_ts_error(send, TsError(413, "RequestTooLargeException", message))
+        else:
+            await send_reply(send, too_large_reply(limit))
 
     def _authorized(self, scope: ASGIScope, path: str, model_op: bool) -> bool:
         assert self.guard is not None
@@ -183,6 +200,7 @@ def create_app(
     views = RestViews(engine, settings)
     app = QuartTrio("actorserve")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = settings.read_timeout or None  # 408 past it, as on the raw paths
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
     def route(rule: str, endpoint: str, methods: tuple[str, ...]) -> None:

@@ -24,7 +24,7 @@ import trio
 from ...api import EngineAPI
 from ...errors import ModelNotFound
 from ...types import InferenceRequest, InferenceResponse
-from ..errors import BodyTooLarge, http_status
+from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .generate import (
@@ -48,6 +48,7 @@ from .wire import (
     encode_oip,
     error_reply,
     gzip,
+    json_reply,
     sequence_header,
     should_gzip,
     too_large_reply,
@@ -83,6 +84,8 @@ async def gzip_if_wanted(body: bytes, already_encoded: bool, accept_encoding: st
 
 def reply_for(error: BaseException, limit: int) -> HttpReply:
     """The error reply for anything raised while serving a request."""
+    if isinstance(error, BodyTimeout):
+        return json_reply({"error": str(error)}, 408)
     return too_large_reply(limit) if isinstance(error, BodyTooLarge) else error_reply(error)
 
 

@@ -28,7 +28,7 @@ def _json(schema: Json) -> Json:
 
 
 _ERROR = {"description": "error", "content": _json(_ref("Error"))}
-_ERRORS: Final = {str(code): _ERROR for code in (400, 404, 409, 413, 429, 500, 503)}
+_ERRORS: Final = {str(code): _ERROR for code in (400, 404, 408, 409, 413, 429, 500, 503)}
 _UNAUTHORIZED: Final = {"401": {"description": "missing or wrong bearer token", "content": _json(_ref("Error"))}}
 _EVENT_STREAM: Final[Json] = {"text/event-stream": {"schema": {"type": "string"}}}
 _SSE: Final = {

@@ -22,7 +22,7 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...torchserve import envelope
-from ..errors import BodyTooLarge
+from ..errors import BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
 from .forms import split_body
@@ -63,6 +63,13 @@ def _headers(answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: 
     return raw
 
 
+def _header(scope: ASGIScope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
 class TorchServeInference:
     """The inference routes; :meth:`serve` answers a request to one of them (and
     returns True) or leaves it to the next router (False)."""
@@ -101,9 +108,15 @@ class TorchServeInference:
 
     async def _predict(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None) -> None:
         try:
-            body = await read_body(receive, self.limit)
+            body = await read_body(receive, self.limit, _header(scope, b"content-length"))
         except BodyTooLarge:
-            await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes"))
+            await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes (max_body_bytes)"))
+            return
+        except BodyTimeout as exc:
+            await send_error(send, TsError(408, "RequestTimeoutException", str(exc)))
+            return
+        except BadInput as exc:
+            await send_error(send, ts_error(exc))
             return
         except Disconnected:
             return

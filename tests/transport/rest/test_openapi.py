@@ -82,6 +82,16 @@ def test_management_routes_say_they_need_a_token() -> None:
     assert len(secured) == 11  # 7 of the repository API, 4 of TorchServe's management API
 
 
+def test_operations_with_a_body_document_its_refusals() -> None:
+    """Every operation that takes a body says it may be refused: 413 past max_body_bytes
+    (announced or read), 408 past read_timeout (tests/reliability/test_rel_badinput_*)."""
+    paths = openapi_document()["paths"]
+    with_body = [(method, path, op) for path, item in paths.items() for method, op in item.items()
+                 if isinstance(op, dict) and "requestBody" in op]  # fmt: skip
+    assert len(with_body) >= 20
+    assert [(m, p) for m, p, op in with_body if not {"408", "413"} <= set(op["responses"])] == []
+
+
 async def test_the_routes_matched_by_path_answer(engine: Engine) -> None:
     """Each route of OPENAI_ROUTES and TORCHSERVE_ROUTES is served (answered by its API,
     not by the app's 404 for unknown paths), and a path beside them is not."""
