@@ -83,6 +83,8 @@ async def _recorded(
     """Pump ``engine_call``'s responses, recording the request (``exchange``) if there
     is a ``recorder``; errors propagate."""
     outcome: int | None = None
+    if recorder is not None:
+        recorder.open(exchange)
     try:
         async with engine_call as responses:
             await _pump(responses, outbox, wrap, recorder, exchange)
