@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import trio
 from support.rel_load import (
-    Cut,
     RestConn,
+    cut_sequences,
     grpc_storm,
     in_asyncio_thread,
     sse_storm,
@@ -31,7 +31,7 @@ from support.servers import ServerProcess, start_server
 
 from actorserve import BatchModel, InferenceRequest, ModelSettings, StepOutput
 from actorserve.codecs import tensor_from_numpy
-from actorserve.metrics import REFRESH_INTERVAL
+from actorserve.metrics import REFRESH_INTERVAL, count_tasks
 from actorserve.model import int_parameter
 from actorserve.models import builtin_settings
 from actorserve.server import Server, serve
@@ -105,45 +105,13 @@ async def baseline(client: httpx.AsyncClient) -> float:
     return max(counts)
 
 
-def add(value: int, sequence_id: str, **flags: Any) -> dict[str, Any]:
-    inputs = [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}]
-    return {"inputs": inputs, "parameters": {"sequence_id": sequence_id, **flags}}
-
-
-async def cut_sequences(client: httpx.AsyncClient, host: str, port: int, count: int) -> None:
-    """``count`` sequences: a first request (1), a second (10) cut at a varying point, then
-    a third (100) by the same id must be answered, with a sum that holds the cut one or
-    not (1+100 or 1+10+100); then each is ended."""
-    wheres = [Cut("body"), Cut("first"), Cut("mid")]
-    for k in range(count):
-        sid = f"cut-{port}-{k}"
-        first = await client.post("/v2/models/accumulator/infer", json=add(1, sid, sequence_start=True))
-        assert first.status_code == 200, first.text
-        conn = RestConn(host, port)
-        try:
-            body = json.dumps(add(10, sid)).encode()
-            await conn.call("/v2/models/accumulator/infer_stream", body, stream=True, cut=wheres[k % 3])
-        except OSError:
-            pass
-        finally:
-            await conn.aclose()
-        with trio.fail_after(SETTLE_TIMEOUT):
-            while True:  # the cut request may still be running in its sequence: a 409 says so
-                third = await client.post("/v2/models/accumulator/infer", json=add(100, sid, sequence_end=True))
-                if third.status_code != 409:
-                    break
-                await trio.sleep(0.05)
-        assert third.status_code == 200, third.text
-        assert third.json()["outputs"][0]["data"][0] in (101, 111), third.text
-
-
 async def storm_and_check(http_url: str, grpc_host: str, grpc_port: int, streams: int, sequences: int) -> None:
     host, port = http_url.removeprefix("http://").rsplit(":", 1)
     async with httpx.AsyncClient(base_url=http_url, timeout=30) as client:  # one kept-alive scraper
         # warm every path once, so lazily made series and caches are in the baseline
         await sse_storm(host, int(port), streamer_case(3), 3, seed=0)
         await in_asyncio_thread(partial(grpc_storm, grpc_host, grpc_port, streamer_case(3), 3, 0))
-        await cut_sequences(client, host, int(port), 1)
+        await cut_sequences(host, int(port), 1, "warm")
         base = await baseline(client)
 
         cuts: dict[str, Any] = {}
@@ -158,7 +126,7 @@ async def storm_and_check(http_url: str, grpc_host: str, grpc_port: int, streams
 
             nursery.start_soon(sse, "streamer", streamer_case(20, delay=0.002))
             nursery.start_soon(grpc, "streamer", streamer_case(20, delay=0.002))
-            nursery.start_soon(cut_sequences, client, host, int(port), sequences)
+            nursery.start_soon(cut_sequences, host, int(port), sequences, "cut")
         for name, counts in cuts.items():  # every kind of cut happened
             assert {"body", "first", "mid"} <= set(counts), (name, counts)
 
@@ -216,3 +184,30 @@ async def test_a_storm_through_two_api_workers_leaves_nothing_behind(two_fronts:
     _, http_url, grpc_target = two_fronts
     grpc_host, grpc_port = grpc_target.rsplit(":", 1)
     await storm_and_check(http_url, grpc_host, int(grpc_port), streams=100, sequences=20)
+
+
+async def test_a_connection_the_client_closed_ends_at_once_not_after_the_keep_alive_timeout(
+    nursery: trio.Nursery,
+) -> None:
+    """hypercorn kept the connection task (and socket) of a client that hung up until its
+    keep-alive timeout: after a storm the task count stayed up for that long, and a
+    server scraped on new connections never got back to its baseline."""
+    settings = Settings(http_port=0, grpc_port=None, host="127.0.0.1", models=storm_models()[:1], no_auth=True,
+                        keep_alive_timeout=30)  # fmt: skip
+    server: Server = await nursery.start(serve, settings)
+    assert server.http_address is not None
+    await trio.sleep(0.1)
+    before = count_tasks()
+    conns = [RestConn(*server.http_address) for _ in range(5)]
+    body = b'{"inputs": [], "parameters": {"n_tokens": 2}}'
+    for conn in conns:
+        status, _, _ = await conn.call("/v2/models/streamer/infer", body, stream=False)
+        assert status == 200
+    assert count_tasks() > before  # five kept-alive connections
+    for conn in conns:
+        await conn.aclose()
+    for _ in range(60):  # 3 s, not the 30 s of the keep-alive timeout
+        if count_tasks() <= before:
+            break
+        await trio.sleep(0.05)
+    assert count_tasks() <= before

@@ -21,7 +21,7 @@ from actorserve.settings import SequenceSettings, Settings
 
 CONNECTIONS = 8
 #: (requests, sequences) of the warm-up and of the measured part
-WARMUP, MEASURED = (1_000, 500), (3_000, 1_500)
+WARMUP, MEASURED = (1_000, 500), (2_000, 1_000)
 #: RSS growth allowed over the measured part
 GROWTH = 0.10
 

@@ -40,7 +40,7 @@ from actorserve.server import Server, serve
 from actorserve.settings import SequenceSettings, Settings
 
 #: requests started per second, for how long, and at most how many at once (client side)
-RATE, SECONDS, LIMIT = 400.0, 1.0, 1000
+RATE, SECONDS, LIMIT = 400.0, 0.6, 1000
 #: the server's bounds in these tests: a streamer request takes >= 4 x 20 ms
 MAX_PENDING, MAX_SEQUENCES = 8, 16
 #: the accumulator's sequences (left open by these clients) expire after this long

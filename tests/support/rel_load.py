@@ -50,6 +50,8 @@ T = TypeVar("T")
 
 #: A call that has no final answer after this many seconds is lost (timeout).
 CALL_TIMEOUT = 60.0
+#: the server's default keep-alive timeout: a connection silent that long may be closed
+IDLE_TIMEOUT = 5.0
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 #: words of the Overloaded messages (``errors.Overloaded``): how a Triton stream's
@@ -194,12 +196,16 @@ class RestConn:
         self.host, self.port = host, port
         self.stream: trio.SocketStream | None = None
         self.conn = h11.Connection(h11.CLIENT)
+        #: when the connection was made, and how long after it the request was sent (-1: not yet)
+        self.opened_at, self.sent_after = time.monotonic(), -1.0
 
     async def _open(self) -> trio.SocketStream:
         if self.stream is None or self.conn.our_state is not h11.IDLE:
             await self.aclose()
             self.stream = await trio.open_tcp_stream(self.host, self.port)
             self.conn = h11.Connection(h11.CLIENT)
+            self.opened_at = time.monotonic()
+            self.sent_after = -1.0
         return self.stream
 
     async def aclose(self) -> None:
@@ -236,6 +242,7 @@ class RestConn:
             await self.aclose()
             return 0, {}, []
         await self._send(request, h11.Data(data=body), h11.EndOfMessage())
+        self.sent_after = time.monotonic() - self.opened_at
         if cut is not None and cut.where == "first":
             await self.aclose()
             return 0, {}, []
@@ -330,6 +337,8 @@ async def rest_call(host: str, port: int, case: Case, k: int, *, stream: bool, c
         return Outcome("lost", "timeout")
     except (OSError, trio.BrokenResourceError, h11.RemoteProtocolError) as exc:
         await conn.aclose()
+        if conn.sent_after < 0 or conn.sent_after > IDLE_TIMEOUT:  # the client's own loop was late
+            return Outcome("lost", f"client late: closed idle ({type(exc).__name__})")
         return Outcome("lost", type(exc).__name__)
     finally:
         if own:
@@ -434,10 +443,13 @@ def in_asyncio_thread(fn: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
 # --------------------------------------------------------------------------- load shapes
 
 
-async def open_loop_trio(rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]]) -> tuple[Tally, int]:
+async def open_loop_trio(
+    rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]], *, on_time: bool = False
+) -> tuple[Tally, int]:
     """Start ``call(k)`` ``rate`` times a second for ``seconds`` whatever the answers
-    (open loop), at most ``limit`` at once; (the tally, calls not started because
-    ``limit`` were running)."""
+    (open loop), at most ``limit`` at once; (the tally, calls not started: ``limit``
+    were running, or, with ``on_time``, this client could not start them all within
+    ``seconds`` and stopped then)."""
     tally, skipped = Tally(), 0
     running = 0
 
@@ -453,6 +465,9 @@ async def open_loop_trio(rate: float, seconds: float, limit: int, call: Callable
     async with trio.open_nursery() as nursery:
         for k in range(total):
             await trio.sleep_until(start + k / rate)
+            if on_time and trio.current_time() > start + seconds:  # this client fell behind: stop
+                skipped += total - k
+                break
             if running >= limit:
                 skipped += 1
                 continue
@@ -461,7 +476,9 @@ async def open_loop_trio(rate: float, seconds: float, limit: int, call: Callable
     return tally, skipped
 
 
-async def open_loop_asyncio(rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]]) -> tuple[Tally, int]:
+async def open_loop_asyncio(
+    rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]], *, on_time: bool = False
+) -> tuple[Tally, int]:
     """:func:`open_loop_trio` on asyncio (for grpclib)."""
     tally, skipped = Tally(), 0
     running: set[asyncio.Task[None]] = set()
@@ -479,6 +496,9 @@ async def open_loop_asyncio(rate: float, seconds: float, limit: int, call: Calla
         delay = start + k / rate - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if on_time and loop.time() > start + seconds:  # this client fell behind: stop
+            skipped += total - k
+            break
         if len(running) >= limit:
             skipped += 1
             continue
@@ -577,6 +597,48 @@ async def grpc_storm(host: str, port: int, case: Case, count: int, seed: int, co
     return done
 
 
+async def cut_sequences(host: str, port: int, count: int, prefix: str, within: float = 30.0) -> Counter[str]:
+    """``count`` accumulator sequences over kept-alive REST: a first request (1), a
+    second (10) cut at a varying point (half its body, nothing read, mid-answer), then a
+    third (100, ending it) by the same id must be answered with a sum that holds the cut
+    one or not (101 or 111). Raises AssertionError otherwise; the sums seen."""
+    wheres = [Cut("body"), Cut("first"), Cut("mid")]
+    case = Case("accumulator")
+    seen: Counter[str] = Counter()
+    conn = RestConn(host, port)
+
+    def body(value: int, sid: str, **flags: Any) -> bytes:
+        inputs = [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}]
+        return json.dumps({"inputs": inputs, "parameters": {"sequence_id": sid, **flags}}).encode()
+
+    try:
+        for k in range(count):
+            sid = f"{prefix}-{k}"
+            status, _, chunks = await conn.call(rest_path(case, False), body(1, sid, sequence_start=True), stream=False)
+            assert status == 200, (status, chunks)
+            cut = RestConn(host, port)
+            try:
+                await cut.call(rest_path(case, True), body(10, sid), stream=True, cut=wheres[k % 3])
+            except (OSError, trio.BrokenResourceError, h11.RemoteProtocolError):
+                pass
+            finally:
+                await cut.aclose()
+            with trio.fail_after(within):
+                while True:  # the cut request may still run in its sequence: a 409 says so
+                    status, _, chunks = await conn.call(rest_path(case, False), body(100, sid, sequence_end=True), stream=False)
+                    if status != 409:
+                        break
+                    await trio.sleep(0.05)
+            answer = json.loads(b"".join(chunks))
+            assert status == 200, (status, answer)
+            total = answer["outputs"][0]["data"][0]
+            assert total in (101, 111), answer
+            seen[str(total)] += 1
+    finally:
+        await conn.aclose()
+    return seen
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -630,6 +692,7 @@ __all__ = [
     "accumulator_case",
     "closed_loop_asyncio",
     "closed_loop_trio",
+    "cut_sequences",
     "grpc_call",
     "grpc_storm",
     "in_asyncio_thread",

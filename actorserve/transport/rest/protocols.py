@@ -55,21 +55,31 @@ def _waiting_bytes(stream: object) -> bool:
 
 async def _idle_timeout(self: Any) -> None:
     """hypercorn's idle timeout of a connection (armed when it is accepted and after each
-    response, stopped when a request starts), with one extension: if the client sent
-    bytes since it was armed (read, or still waiting in the socket), it gets one more
-    ``keep_alive_timeout`` before the close. Under load the server's loop reaches a new
-    connection's request later than ``keep_alive_timeout`` after accepting it, and
-    closing the connection then lost a request that was sent in time (no answer); a
-    client that trickles bytes still gets at most twice the timeout."""
+    response, stopped when a request starts), with two changes:
+
+    - if the client sent bytes since it was armed (read, or still waiting in the
+      socket), it gets one more ``keep_alive_timeout`` before the close. Under load the
+      server's loop reaches a new connection's request later than ``keep_alive_timeout``
+      after accepting it, and closing the connection then lost a request that was sent
+      in time (no answer); a client that trickles bytes still gets at most twice the
+      timeout;
+    - once the client has closed its side, the connection closes at once instead of
+      waiting out the timeout (hypercorn's connection task, and its socket, outlived
+      every client that hung up by ``keep_alive_timeout``)."""
     protocol = self.protocol
-    if isinstance(protocol, ProtocolWrapper):
+    ours = isinstance(protocol, ProtocolWrapper)
+    if ours:
         protocol.bytes_seen = False
     extended = False
-    while True:
-        with trio.move_on_after(self.config.keep_alive_timeout):
+    while not (ours and protocol.client_closed):
+        with trio.move_on_after(self.config.keep_alive_timeout) as scope:
+            if ours:
+                protocol.idle_scope = scope
             await self.context.terminated.wait()
             break
-        seen = getattr(protocol, "bytes_seen", False) or _waiting_bytes(self.stream)
+        if ours and protocol.client_closed:
+            break
+        seen = (ours and protocol.bytes_seen) or _waiting_bytes(self.stream)
         if extended or not seen:
             break
         extended = True
@@ -107,6 +117,10 @@ class ProtocolWrapper(HypercornProtocolWrapper):
                  alpn_protocol: str | None = None) -> None:
         #: the client sent bytes since the idle timeout was last armed (:func:`_idle_timeout`)
         self.bytes_seen = False
+        #: the connection is closed (the client hung up, or the server closed it)
+        self.client_closed = False
+        #: the scope of the idle timeout running now, if any (a close ends it at once)
+        self.idle_scope: trio.CancelScope | None = None
         parser = getattr(config, _MARK, None)
         if parser is not None:
             send = _shielded_ends(send)
@@ -123,6 +137,10 @@ class ProtocolWrapper(HypercornProtocolWrapper):
     async def handle(self, event: Event) -> None:
         if isinstance(event, RawData) and event.data:
             self.bytes_seen = True
+        elif isinstance(event, Closed):
+            self.client_closed = True
+            if self.idle_scope is not None:
+                self.idle_scope.cancel()
         await super().handle(event)
 
 
