@@ -598,44 +598,49 @@ async def grpc_storm(host: str, port: int, case: Case, count: int, seed: int, co
 
 
 async def cut_sequences(host: str, port: int, count: int, prefix: str, within: float = 30.0) -> Counter[str]:
-    """``count`` accumulator sequences over kept-alive REST: a first request (1), a
+    """``count`` accumulator sequences over REST (a connection per request: a kept-alive
+    one may be closed by the server while idle, as the cut runs): a first request (1), a
     second (10) cut at a varying point (half its body, nothing read, mid-answer), then a
     third (100, ending it) by the same id must be answered with a sum that holds the cut
     one or not (101 or 111). Raises AssertionError otherwise; the sums seen."""
     wheres = [Cut("body"), Cut("first"), Cut("mid")]
     case = Case("accumulator")
     seen: Counter[str] = Counter()
-    conn = RestConn(host, port)
+
+    async def call(data: bytes) -> tuple[int, list[bytes]]:
+        conn = RestConn(host, port)
+        try:
+            status, _, chunks = await conn.call(rest_path(case, False), data, stream=False)
+        finally:
+            await conn.aclose()
+        return status, chunks
 
     def body(value: int, sid: str, **flags: Any) -> bytes:
         inputs = [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}]
         return json.dumps({"inputs": inputs, "parameters": {"sequence_id": sid, **flags}}).encode()
 
-    try:
-        for k in range(count):
-            sid = f"{prefix}-{k}"
-            status, _, chunks = await conn.call(rest_path(case, False), body(1, sid, sequence_start=True), stream=False)
-            assert status == 200, (status, chunks)
-            cut = RestConn(host, port)
-            try:
-                await cut.call(rest_path(case, True), body(10, sid), stream=True, cut=wheres[k % 3])
-            except (OSError, trio.BrokenResourceError, h11.RemoteProtocolError):
-                pass
-            finally:
-                await cut.aclose()
-            with trio.fail_after(within):
-                while True:  # the cut request may still run in its sequence: a 409 says so
-                    status, _, chunks = await conn.call(rest_path(case, False), body(100, sid, sequence_end=True), stream=False)
-                    if status != 409:
-                        break
-                    await trio.sleep(0.05)
-            answer = json.loads(b"".join(chunks))
-            assert status == 200, (status, answer)
-            total = answer["outputs"][0]["data"][0]
-            assert total in (101, 111), answer
-            seen[str(total)] += 1
-    finally:
-        await conn.aclose()
+    for k in range(count):
+        sid = f"{prefix}-{k}"
+        status, chunks = await call(body(1, sid, sequence_start=True))
+        assert status == 200, (status, chunks)
+        cut = RestConn(host, port)
+        try:
+            await cut.call(rest_path(case, True), body(10, sid), stream=True, cut=wheres[k % 3])
+        except (OSError, trio.BrokenResourceError, h11.RemoteProtocolError):
+            pass
+        finally:
+            await cut.aclose()
+        with trio.fail_after(within):
+            while True:  # the cut request may still run in its sequence: a 409 says so
+                status, chunks = await call(body(100, sid, sequence_end=True))
+                if status != 409:
+                    break
+                await trio.sleep(0.05)
+        answer = json.loads(b"".join(chunks))
+        assert status == 200, (status, answer)
+        total = answer["outputs"][0]["data"][0]
+        assert total in (101, 111), answer
+        seen[str(total)] += 1
     return seen
 
 
