@@ -11,10 +11,14 @@ import os
 
 import attrs
 import httpx
+import numpy as np
 import trio
 from support.rel_load import RestConn, Tally, accumulator_case, rest_call, streamer_case, tree_rss
 from support.scrape import parse
 
+from actorserve import InferenceRequest, open_engine
+from actorserve.actors.sequence import SequenceActor
+from actorserve.codecs import tensor_from_numpy
 from actorserve.models import builtin_settings
 from actorserve.server import Server, serve
 from actorserve.settings import SequenceSettings, Settings
@@ -76,3 +80,20 @@ async def test_rss_stays_flat_over_thousands_of_requests_and_sequences(nursery: 
     live = ("actorserve_requests_in_flight", "actorserve_model_requests_in_flight",
             "actorserve_batch_waiting", "actorserve_batch_running")  # fmt: skip
     assert {n: v for (n, _), v in samples.items() if n in live and v} == {}
+
+
+async def test_ended_sequences_are_freed_before_their_idle_deadline() -> None:
+    """A sequence's idle deadline stayed in the reaper's heap after the sequence ended,
+    holding its actor (state, mailbox) until the deadline was due: with the
+    accumulator's 600 s idle timeout the memory soak grew by 16 % over 100,000
+    sequences. Ended sequences are now freed as they go."""
+    accumulator = next(m for m in builtin_settings() if m.name == "accumulator")
+    assert accumulator.sequence.idle_timeout_ms >= 600_000
+    async with open_engine([accumulator]) as engine:
+        for k in range(2_000):
+            request = InferenceRequest([tensor_from_numpy("INPUT", np.array([k], dtype=np.int64))],
+                                       parameters={"sequence_id": f"s{k}", "sequence_start": True, "sequence_end": True})  # fmt: skip
+            assert (await engine.infer(request, model="accumulator")).outputs[0].data[0] == k
+        gc.collect()
+        alive = sum(isinstance(o, SequenceActor) for o in gc.get_objects())
+    assert alive <= 128, f"{alive} ended sequences still held"  # the sweep's slack (64) and a margin
