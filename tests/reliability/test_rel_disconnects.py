@@ -147,7 +147,7 @@ async def test_a_storm_of_cut_streams_leaves_no_task_slot_or_request_behind(nurs
     settings = Settings(http_port=0, grpc_port=0, host="127.0.0.1", models=storm_models(), no_auth=True)
     server: Server = await nursery.start(serve, settings)
     assert server.http_url is not None and server.grpc_address is not None
-    await storm_and_check(server.http_url, *server.grpc_address, streams=150, sequences=30)
+    await storm_and_check(server.http_url, *server.grpc_address, streams=100, sequences=20)
     # and a BatchModel's slots: the ticker stream cut mid-batch gives its slot back
     host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
     ticker = attrs.evolve(streamer_case(20), model="ticker", parameters=lambda k: {"n": 20})
@@ -183,7 +183,7 @@ def two_fronts(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
 async def test_a_storm_through_two_api_workers_leaves_nothing_behind(two_fronts: tuple[ServerProcess, str, str]) -> None:
     _, http_url, grpc_target = two_fronts
     grpc_host, grpc_port = grpc_target.rsplit(":", 1)
-    await storm_and_check(http_url, grpc_host, int(grpc_port), streams=100, sequences=20)
+    await storm_and_check(http_url, grpc_host, int(grpc_port), streams=60, sequences=12)
 
 
 async def test_a_connection_the_client_closed_ends_at_once_not_after_the_keep_alive_timeout(
