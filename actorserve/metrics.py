@@ -22,12 +22,13 @@ see ``docs/metrics.md`` for the measurement); nothing here does I/O on the reque
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
 import attrs
 import prometheus_client
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -54,6 +55,9 @@ OUTCOMES: Final = ("success", "invalid", "overloaded", "unavailable", "failed", 
 
 #: ``reason`` of a rejection: which bound was full.
 REJECTIONS: Final = ("mailbox_full", "max_pending", "max_sequences")
+
+#: seconds between two refreshes of the gauges read from live state (:meth:`Metrics.keep_fresh`)
+REFRESH_INTERVAL: Final = 1.0
 
 MODEL_LABELS: Final = ("model", "version")
 FRONT_LABELS: Final = ("model", "version", "transport")
@@ -202,7 +206,45 @@ class Metrics:
             "Requests refused because a bound was full (each also answered 429 / RESOURCE_EXHAUSTED).",
             (*MODEL_LABELS, "reason"),
         )
+        # -- read from live state (:meth:`refresh`) or kept by the transports --
+        self.requests_in_flight = Gauge(
+            "actorserve_requests_in_flight",
+            "Inference requests the transports are serving now (arrived, not yet answered).",
+            ("transport",),
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.model_in_flight = Gauge(
+            "actorserve_model_requests_in_flight",
+            "Requests a model version accepted and has not answered yet.",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.batch_waiting = Gauge(
+            "actorserve_batch_waiting",
+            "BatchModel: requests waiting for a batch slot.",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.batch_running = Gauge(
+            "actorserve_batch_running",
+            "Batch slots held now: BatchModel items in the running batch (plain models: requests inside predict).",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.tasks = Gauge(
+            "actorserve_tasks",
+            "trio tasks alive in the server's processes (multi-process: one series per process, label pid).",
+            registry=own,
+            multiprocess_mode="liveall",
+        )
+        #: called on the trio thread by :meth:`refresh`: each sets gauges from live state
+        self.refreshers: list[Callable[[], None]] = [self._count_tasks]
         self._fronts: dict[tuple[str, str, str], FrontSeries] = {}
+        self._in_flight: dict[str, Gauge] = {}
 
     @property
     def multiprocess(self) -> bool:
@@ -230,6 +272,13 @@ class Metrics:
             self._fronts[key] = series
         return series
 
+    def in_flight(self, transport: str) -> Gauge:
+        """The in-flight gauge of a transport (cached)."""
+        gauge = self._in_flight.get(transport)
+        if gauge is None:
+            gauge = self._in_flight[transport] = self.requests_in_flight.labels(transport)
+        return gauge
+
     def request(self, model: str, version: str, transport: str, status: int, seconds: float) -> None:
         """One request answered with (HTTP) ``status`` after ``seconds``."""
         series = self.front(model, version, transport)
@@ -240,9 +289,44 @@ class Metrics:
         """The client went away before its answer was complete."""
         self.front(model, version, transport).outcomes["disconnected"].inc()
 
+    def refresh(self) -> None:
+        """Set the gauges read from live state (on the trio thread: before a scrape, and
+        every :data:`REFRESH_INTERVAL` from :meth:`keep_fresh`)."""
+        for refresher in self.refreshers:
+            refresher()
+
+    async def keep_fresh(self, interval: float = REFRESH_INTERVAL) -> None:
+        """:meth:`refresh` every ``interval`` seconds until cancelled: in the multi-process
+        server a scrape reads the other processes' values from their files, so each
+        process keeps its own up to date (at most ``interval`` old)."""
+        while True:
+            self.refresh()
+            await trio.sleep(interval)
+
+    def _count_tasks(self) -> None:
+        self.tasks.set(count_tasks())
+
     def expose(self) -> bytes:
         """The Prometheus text exposition of the server."""
         return prometheus_client.generate_latest(self.registry)
+
+
+def count_tasks() -> int:
+    """trio tasks alive in this process's run now (the root task and every descendant);
+    0 outside a trio run."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return 0
+    if root is None:
+        return 0
+    count, stack = 0, [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
 
 
 class ProcessCollector(Collector):
@@ -302,6 +386,7 @@ __all__ = [
     "Metrics",
     "ModelMetrics",
     "ProcessCollector",
+    "count_tasks",
     "multiprocess_dir",
     "outcome_of",
 ]

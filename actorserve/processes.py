@@ -39,6 +39,7 @@ import trio
 
 from .auth import remove_token_file, with_token
 from .engine import open_engine
+from .gauges import watch_engine
 from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
@@ -343,6 +344,8 @@ async def run_engine_child(settings: Settings, repository: ModelRepository) -> N
     listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
     async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, nursery.cancel_scope)
+        watch_engine(engine)
+        nursery.start_soon(engine.metrics.keep_fresh)  # the live-work gauges the fronts' scrapes read
         await nursery.start(serve_fronts, engine, listener)
         say_ready()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

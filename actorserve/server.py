@@ -36,6 +36,7 @@ from hypercorn.utils import wrap_app
 from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
+from .gauges import watch_engine
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
@@ -119,6 +120,7 @@ async def serve(
     try:
         settings, generated = with_token(settings)
         async with open_engine(settings, repository=repository) as engine:
+            watch_engine(engine)  # its live-work gauges, read at each scrape
             await serve_transports(
                 engine,
                 settings,
@@ -174,6 +176,7 @@ async def serve_transports(
     grpc_scope = trio.CancelScope()
     ts_grpc = {kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))}
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(metrics.keep_fresh)  # this process's live gauges, for the other processes' scrapes
         access = AccessLog() if settings.access_log else None
         if access is not None:
             await nursery.start(access.run)

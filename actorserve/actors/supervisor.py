@@ -13,7 +13,7 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 import attrs
@@ -29,6 +29,8 @@ from .sequence import Job, SequenceActor, ended
 
 #: how many ended sequence ids are remembered to explain a late request.
 REMEMBER_ENDED = 4096
+#: deadlines of ended sequences tolerated before they are swept out of the heap
+COMPACT_SLACK = 64
 
 
 @attrs.frozen
@@ -103,7 +105,14 @@ class Supervisor:
     # -- timeouts ------------------------------------------------------------------------
 
     def _schedule(self, when: float, actor: SequenceActor, max_duration: bool) -> None:
-        heappush(self._deadlines, (when, next(self._order), actor, max_duration))
+        heap = self._deadlines
+        if len(heap) > 2 * len(self._actors) + COMPACT_SLACK:
+            # the deadlines of ended sequences (at most 2 per open one otherwise) would
+            # keep their actors, states and mailboxes alive until they are due: with a
+            # 600 s idle timeout, RSS grew by ~0.7 KiB per sequence for 10 minutes
+            heap[:] = [entry for entry in heap if entry[2].end_reason is None]
+            heapify(heap)
+        heappush(heap, (when, next(self._order), actor, max_duration))
         if when < self._reaper_target:
             self._reaper_wake.set()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import trio
+from prometheus_client import Gauge
 
 from ..metrics import Metrics
 from .access import AccessLog
@@ -29,6 +30,7 @@ class Exchange:
         "complete",
         "disconnected",
         "first_at",
+        "in_flight",
         "inference",
         "last_at",
         "method",
@@ -65,6 +67,8 @@ class Exchange:
         self.sequence_id: str | None = None
         self.first_at: float | None = None
         self.last_at = 0.0
+        #: the in-flight gauge this exchange counts in, from :meth:`Recorder.open` to its finish
+        self.in_flight: Gauge | None = None
 
     def note_disconnect(self) -> None:
         """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
@@ -105,6 +109,16 @@ class Recorder:
         self.metrics = metrics
         self.access = access
 
+    def open(self, exchange: Exchange) -> None:
+        """``exchange`` is an inference request being served: it counts in
+        ``actorserve_requests_in_flight`` until :meth:`finish` (call it once the request
+        is known to be one, with nothing that can raise between it and the ``finally``
+        that finishes)."""
+        if exchange.in_flight is None:
+            gauge = self.metrics.in_flight(exchange.transport)
+            gauge.inc()
+            exchange.in_flight = gauge
+
     def responses(self, exchange: Exchange, count: int) -> None:
         """``count`` responses of a stream went out together just now: the first ever is
         the time to first response; the gap since the last batch is one time between
@@ -127,6 +141,9 @@ class Recorder:
         by (gRPC: the one the same error has over REST), or None when the client went
         away first."""
         now = trio.current_time()
+        if exchange.in_flight is not None:
+            exchange.in_flight.dec()
+            exchange.in_flight = None
         if exchange.inference and exchange.model is not None:
             not_found = exchange.not_found
             model = "" if not_found else exchange.model

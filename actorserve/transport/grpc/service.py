@@ -314,6 +314,7 @@ class InferenceService:
         exchange = call_exchange()
         if exchange is not None:
             exchange.model_request(message.model_name, message.model_version or None)
+            self.recorder.open(exchange)
         reply = await to_trio(self._infer, message, exchange)
         await wire.send(reply)
 

@@ -80,9 +80,10 @@ async def _pump(
 async def _recorded(
     engine_call: Any, recorder: Recorder | None, exchange: Exchange, outbox: Outbox, wrap: Callable[[InferenceResponse], Any]
 ) -> None:
-    """Pump ``engine_call``'s responses, recording the request (``exchange``) if there
-    is a ``recorder``; errors propagate."""
+    """Pump ``engine_call``'s responses, recording ``exchange`` if there is a ``recorder``; errors propagate."""
     outcome: int | None = None
+    if recorder is not None:
+        recorder.open(exchange)
     try:
         async with engine_call as responses:
             await _pump(responses, outbox, wrap, recorder, exchange)

@@ -118,6 +118,7 @@ class RestApp:
                 op = match[3]
                 allowed = _RAW_METHODS[op]
                 exchange.model_request(match[1], match[2])
+                self.recorder.open(exchange)
                 if scope["method"] in allowed:
                     await self.raw.serve(op, scope, receive, tracked, match[1], match[2], exchange)
                 else:
@@ -135,6 +136,7 @@ class RestApp:
             else:
                 if match is not None:
                     exchange.model_request(match[1], match[2])
+                    self.recorder.open(exchange)
                     scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
                 elif path.startswith(MANAGEMENT_PREFIX):  # for the access line
                     exchange.model = path[len(MANAGEMENT_PREFIX) :].split("/", 1)[0]
@@ -165,6 +167,7 @@ class RestApp:
         if scope["method"] not in ("GET", "HEAD"):
             await send_reply(send, method_not_allowed_reply(scope["method"], scope["path"], ("GET",)))
             return
+        self.recorder.metrics.refresh()  # this process's live gauges, as of now
         body = await trio.to_thread.run_sync(self.recorder.metrics.expose)
         await send_reply(send, HttpReply(200, [("Content-Type", CONTENT_TYPE)], body))
 

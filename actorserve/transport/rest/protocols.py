@@ -9,13 +9,14 @@ or hypercorn's h11, HTTP/2 as hypercorn chooses, and the end of every exchange s
 
 from __future__ import annotations
 
+import select
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import hypercorn.trio.tcp_server
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Closed, Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper as HypercornProtocolWrapper
 
 from .http1 import HttpToolsProtocol
@@ -33,8 +34,57 @@ def use_parser(config: Config, parser: str) -> None:
 
 def install() -> None:
     """Make hypercorn's trio TCP server build its protocols with :class:`ProtocolWrapper`
-    (idempotent). Servers whose config is not marked keep hypercorn's own classes."""
+    and time idle connections out with :func:`_idle_timeout` (idempotent). Servers whose
+    config is not marked keep hypercorn's own protocol classes."""
     hypercorn.trio.tcp_server.ProtocolWrapper = ProtocolWrapper  # type: ignore[attr-defined]
+    hypercorn.trio.tcp_server.TCPServer._idle_timeout = _idle_timeout  # type: ignore[method-assign]
+
+
+def _waiting_bytes(stream: object) -> bool:
+    """Whether the client has sent bytes this process has not read yet (or closed): the
+    socket under ``stream`` is readable. False if it cannot be told (e.g. TLS)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return bool(readable)
+
+
+async def _idle_timeout(self: Any) -> None:
+    """hypercorn's idle timeout of a connection (armed when it is accepted and after each
+    response, stopped when a request starts), with two changes:
+
+    - if the client sent bytes since it was armed (read, or still waiting in the
+      socket), it gets one more ``keep_alive_timeout`` before the close. Under load the
+      server's loop reaches a new connection's request later than ``keep_alive_timeout``
+      after accepting it, and closing the connection then lost a request that was sent
+      in time (no answer); a client that trickles bytes still gets at most twice the
+      timeout;
+    - once the client has closed its side, the connection closes at once instead of
+      waiting out the timeout (hypercorn's connection task, and its socket, outlived
+      every client that hung up by ``keep_alive_timeout``)."""
+    protocol = self.protocol
+    ours = isinstance(protocol, ProtocolWrapper)
+    if ours:
+        protocol.bytes_seen = False
+    extended = False
+    while not (ours and protocol.client_closed):
+        with trio.move_on_after(self.config.keep_alive_timeout) as scope:
+            if ours:
+                protocol.idle_scope = scope
+            await self.context.terminated.wait()
+            break
+        if ours and protocol.client_closed:
+            break
+        seen = (ours and protocol.bytes_seen) or _waiting_bytes(self.stream)
+        if extended or not seen:
+            break
+        extended = True
+    with trio.CancelScope(shield=True):
+        await self._initiate_server_close()
 
 
 def _shielded_ends(send: Callable[[Event], Awaitable[None]]) -> Callable[[Event], Awaitable[None]]:
@@ -65,6 +115,12 @@ class ProtocolWrapper(HypercornProtocolWrapper):
     def __init__(self, app: Any, config: Config, context: Any, task_group: Any, state: Any, ssl: bool,
                  client: Any, server: Any, send: Callable[[Event], Awaitable[None]],
                  alpn_protocol: str | None = None) -> None:
+        #: the client sent bytes since the idle timeout was last armed (:func:`_idle_timeout`)
+        self.bytes_seen = False
+        #: the connection is closed (the client hung up, or the server closed it)
+        self.client_closed = False
+        #: the scope of the idle timeout running now, if any (a close ends it at once)
+        self.idle_scope: trio.CancelScope | None = None
         parser = getattr(config, _MARK, None)
         if parser is not None:
             send = _shielded_ends(send)
@@ -78,6 +134,14 @@ class ProtocolWrapper(HypercornProtocolWrapper):
             app, config, context, task_group, state, ssl, client, server, send
         )
 
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, RawData) and event.data:
+            self.bytes_seen = True
+        elif isinstance(event, Closed):
+            self.client_closed = True
+            if self.idle_scope is not None:
+                self.idle_scope.cancel()
+        await super().handle(event)
 
 
 __all__ = ["ProtocolWrapper", "install", "use_parser"]
