@@ -10,6 +10,7 @@ loaded is set to 0 once (its series stay, as Prometheus series do).
 
 from __future__ import annotations
 
+from .actors.reports import model_statistics
 from .engine import Engine
 
 
@@ -22,7 +23,7 @@ def watch_engine(engine: Engine) -> None:
         seen: set[tuple[str, str]] = set()
         for host in engine.hosts():
             labels = (host.name, host.version)
-            stats = host.statistics()
+            stats = model_statistics(host)
             metrics.model_in_flight.labels(*labels).set(stats.inflight)
             metrics.batch_waiting.labels(*labels).set(stats.waiting)
             metrics.batch_running.labels(*labels).set(stats.running)
