@@ -133,6 +133,15 @@ class FrontSeries:
         return self._between
 
 
+class InFlight:
+    """Requests a transport is serving now (see :meth:`Metrics.in_flight`)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class Metrics:
     """Every metric family of one server, and how to expose them.
 
@@ -244,7 +253,7 @@ class Metrics:
         #: called on the trio thread by :meth:`refresh`: each sets gauges from live state
         self.refreshers: list[Callable[[], None]] = [self._count_tasks]
         self._fronts: dict[tuple[str, str, str], FrontSeries] = {}
-        self._in_flight: dict[str, Gauge] = {}
+        self._in_flight: dict[str, InFlight] = {}
 
     @property
     def multiprocess(self) -> bool:
@@ -272,12 +281,16 @@ class Metrics:
             self._fronts[key] = series
         return series
 
-    def in_flight(self, transport: str) -> Gauge:
-        """The in-flight gauge of a transport (cached)."""
-        gauge = self._in_flight.get(transport)
-        if gauge is None:
-            gauge = self._in_flight[transport] = self.requests_in_flight.labels(transport)
-        return gauge
+    def in_flight(self, transport: str) -> InFlight:
+        """The in-flight count of a transport: a plain counter on the request path (a
+        multiprocess gauge write costs several microseconds, twice per request), copied
+        into ``actorserve_requests_in_flight`` at each :meth:`refresh`."""
+        count = self._in_flight.get(transport)
+        if count is None:
+            count = self._in_flight[transport] = InFlight()
+            gauge = self.requests_in_flight.labels(transport)
+            self.refreshers.append(lambda: gauge.set(count.count))
+        return count
 
     def request(self, model: str, version: str, transport: str, status: int, seconds: float) -> None:
         """One request answered with (HTTP) ``status`` after ``seconds``."""
@@ -383,6 +396,7 @@ __all__ = [
     "OUTCOMES",
     "REJECTIONS",
     "FrontSeries",
+    "InFlight",
     "Metrics",
     "ModelMetrics",
     "ProcessCollector",

@@ -16,9 +16,8 @@ from __future__ import annotations
 import time
 
 import trio
-from prometheus_client import Gauge
 
-from ..metrics import Metrics
+from ..metrics import InFlight, Metrics
 from .access import AccessLog
 
 
@@ -68,7 +67,7 @@ class Exchange:
         self.first_at: float | None = None
         self.last_at = 0.0
         #: the in-flight gauge this exchange counts in, from :meth:`Recorder.open` to its finish
-        self.in_flight: Gauge | None = None
+        self.in_flight: InFlight | None = None
 
     def note_disconnect(self) -> None:
         """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
@@ -115,9 +114,9 @@ class Recorder:
         is known to be one, with nothing that can raise between it and the ``finally``
         that finishes)."""
         if exchange.in_flight is None:
-            gauge = self.metrics.in_flight(exchange.transport)
-            gauge.inc()
-            exchange.in_flight = gauge
+            counter = self.metrics.in_flight(exchange.transport)
+            counter.count += 1
+            exchange.in_flight = counter
 
     def responses(self, exchange: Exchange, count: int) -> None:
         """``count`` responses of a stream went out together just now: the first ever is
@@ -142,7 +141,7 @@ class Recorder:
         away first."""
         now = trio.current_time()
         if exchange.in_flight is not None:
-            exchange.in_flight.dec()
+            exchange.in_flight.count -= 1
             exchange.in_flight = None
         if exchange.inference and exchange.model is not None:
             not_found = exchange.not_found
