@@ -4,7 +4,8 @@
     python benchmarks/soak.py --list                 # the scenarios and what they show
 
 Each scenario is a module in ``benchmarks/reliability/`` with a docstring (its first line
-is what ``--list`` prints) and ``main(argv: list[str]) -> int``. Every scenario starts its
+is what ``--list`` prints) and ``main(argv: list[str]) -> int``; scenarios may import the
+tests' load clients from ``tests/support`` (on the path). Every scenario starts its
 own servers on 127.0.0.1 with port 0, is bounded in time and in count, and prints one
 table row per case with the figures that ``docs/reliability.md`` quotes. The fast cases
 of the same scenarios run in CI from ``tests/reliability/``.
@@ -32,6 +33,7 @@ def scenarios() -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parents[1] / "tests"))  # scenarios share the tests' clients (tests/support)
     if not argv or argv[0] in {"-h", "--help", "--list"}:
         print(__doc__)
         for name, line in scenarios().items():

@@ -1,6 +1,6 @@
 """``python -m actorserve`` in a subprocess for the soak scenarios (shutdown, process
-faults, surge): 127.0.0.1, port 0, only the ``streamer`` model, its log collected by a
-thread; the addresses and pids read from the log."""
+faults, surge, model faults): 127.0.0.1, port 0, only the ``streamer`` model (or the model
+folders given), its log collected by a thread; the addresses and pids read from the log."""
 
 from __future__ import annotations
 
@@ -21,19 +21,20 @@ ROOT = Path(__file__).resolve().parents[2]
 class Served:
     """A running server (stop it with :meth:`stop`)."""
 
-    def __init__(self, workers: int, *args: str, startup: float = 120.0) -> None:
+    def __init__(self, workers: int, *args: str, startup: float = 120.0, models: Path | None = None) -> None:
         self.workers = workers
         self._folder = tempfile.TemporaryDirectory(prefix="actorserve-soak-")
-        model = Path(self._folder.name) / "streamer"
-        model.mkdir()
-        (model / "model-settings.json").write_text(
-            json.dumps({"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel"})
-        )
+        if models is None:
+            models = Path(self._folder.name)
+            (models / "streamer").mkdir()
+            (models / "streamer" / "model-settings.json").write_text(
+                json.dumps({"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel"})
+            )
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-             "--api-workers", str(workers), "--no-auth", *args, str(model.parent)],
+             "--api-workers", str(workers), "--no-auth", *args, str(models)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
         )  # fmt: skip
         self.lines: list[str] = []
@@ -72,6 +73,18 @@ class Served:
 
     def engine_pid(self) -> int:
         return int(self.wait_for(r"engine process started \(pid (\d+)\)")[1])
+
+    def count(self, pattern: str) -> int:
+        """How many times ``pattern`` is in the log so far."""
+        return len(re.findall(pattern, self.text()))
+
+    def rss_mib(self) -> float:
+        """Resident memory of the engine process (the one process with no fronts), MiB."""
+        pid = self.engine_pid() if self.workers else self.process.pid
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
 
     def serving_pids(self) -> list[int]:
         """The processes that accept connections: the fronts, or the one process."""

@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,62 +40,11 @@ import httpx
 import trio
 from httpx_sse import aconnect_sse
 
+from ._subprocess_server import Served
+
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "tests" / "support" / "rel_faults.py"
 MALFORMED = ("dtype", "shape", "bytes", "notstep", "notresponse", "count")
-
-
-class Server:
-    """``python -m actorserve`` on port 0, its stderr read by a thread."""
-
-    def __init__(self, folder: Path, api_workers: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "off",
-             "--api-workers", str(api_workers), "--grace-period", "2", str(folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = self.wait(r"REST listening on (http://\S+)")[1]
-        engine = re.search(r"engine process started \(pid (\d+)\)", self.text())
-        self.engine_pid = int(engine[1]) if engine else self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for raw in self.process.stderr:
-            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, self.text())
-            if match:
-                return match
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"no {pattern!r} in the server's log:\n{self.text()[-3000:]}")
-
-    def count(self, pattern: str) -> int:
-        return len(re.findall(pattern, self.text()))
-
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.engine_pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def model_folder(root: Path) -> Path:
@@ -219,7 +164,7 @@ async def hang_case(url: str, requests: int, hangs: int, concurrency: int) -> Ta
     return tally
 
 
-def row(case: str, workers: int, seconds: float, tally: Tally, server: Server, rss: tuple[float, float, float], extra: str) -> None:
+def row(case: str, workers: int, seconds: float, tally: Tally, server: Served, rss: tuple[float, float, float], extra: str) -> None:
     c = tally.counts
     total = sum(c.values())
     alive = "yes" if server.process.poll() is None else "NO"
@@ -234,14 +179,14 @@ def row(case: str, workers: int, seconds: float, tally: Tally, server: Server, r
             print(f"    e.g. {kind}: {tally.examples[kind]}", flush=True)
 
 
-async def sample_peak(server: Server, peak: list[float]) -> None:
+async def sample_peak(server: Served, peak: list[float]) -> None:
     while True:
         peak[0] = max(peak[0], server.rss_mib())
         await trio.sleep(0.2)
 
 
 async def run_shape(args: argparse.Namespace, workers: int, folder: Path) -> bool:
-    server = Server(folder, workers)
+    server = Served(workers, "--grace-period", "2", models=folder)
     healthy = True
     try:
         for case in ("raise", "malformed", "hang", "leak", "leak-kept"):

@@ -19,58 +19,19 @@ import argparse
 import os
 import re
 import signal
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
+from support.rel_process import established_connections, start_streams
 
 from ._subprocess_server import Served
-
-
-def _established(pid: int, port: int) -> int:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            f = line.split()
-            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "01" and f[9] in inodes:
-                count += 1
-    return count
-
-
-def _stream(url: str, n_tokens: int, box: dict[str, Any]) -> None:
-    body = {"text_input": "x", "parameters": {"n_tokens": n_tokens, "delay": 0.01}}
-    lines: list[str] = box.setdefault("lines", [])
-    try:
-        with httpx.Client(base_url=url, timeout=30) as client, client.stream(
-            "POST", "/v2/models/streamer/generate_stream", json=body
-        ) as response:
-            lines += [line for line in response.iter_lines() if line]
-    except httpx.HTTPError as exc:
-        box["error"] = type(exc).__name__
-
-
-def _streams(url: str, count: int, n_tokens: int) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
-    boxes: list[dict[str, Any]] = [{} for _ in range(count)]
-    threads = [threading.Thread(target=_stream, args=(url, n_tokens, box), daemon=True) for box in boxes]
-    for thread in threads:
-        thread.start()
-    return boxes, threads
 
 
 def _held(served: Served, count: int) -> dict[int, int]:
     deadline = time.monotonic() + 20
     while True:
-        held = {i: _established(pid, served.http_port) for i, pid in served.fronts().items()}
+        held = {i: established_connections(pid, served.http_port) for i, pid in served.fronts().items()}
         if sum(held.values()) >= count or time.monotonic() > deadline:
             return held
         time.sleep(0.02)
@@ -78,7 +39,7 @@ def _held(served: Served, count: int) -> dict[int, int]:
 
 def front_round(served: Served, streams: int) -> dict[str, Any]:
     fronts = served.fronts()
-    boxes, threads = _streams(served.url, streams, 300)
+    boxes, threads = start_streams(served.url, streams, 300, 0.01, daemon=True)
     held = _held(served, streams)
     victim = max(held, key=lambda i: held[i])
     survivor = next(i for i in fronts if i != victim)
@@ -108,7 +69,7 @@ def front_round(served: Served, streams: int) -> dict[str, Any]:
 
 
 def engine_round(served: Served, streams: int) -> dict[str, Any]:
-    boxes, threads = _streams(served.url, streams, 10_000)
+    boxes, threads = start_streams(served.url, streams, 10_000, 0.01, daemon=True)
     _held(served, streams)
     time.sleep(0.2)
     engine = served.engine_pid()

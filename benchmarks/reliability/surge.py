@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import select
-import socket
 import time
 
 import numpy as np
 import trio
-import trio.testing
+from support.rel_surge import Outcome, answers_on, connect_all, generate_request, http_surge
 
 from ._subprocess_server import Served
 
@@ -36,109 +34,31 @@ BOUND = 60.0
 HELD_WINDOW = 0.5
 
 
-def _connects_within(port: int, count: int, window: float) -> list[socket.socket]:
-    """Start ``count`` non-blocking connects; the sockets whose handshake completed within
-    ``window`` s (the others are closed)."""
-    socks = []
-    for _ in range(count):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.connect_ex(("127.0.0.1", port))
-        socks.append(sock)
-    poller = select.poll()
-    for sock in socks:
-        poller.register(sock, select.POLLOUT)
-    ready: set[int] = set()
-    deadline = time.monotonic() + window
-    while len(ready) < count and (left := deadline - time.monotonic()) > 0:
-        for fd, _ in poller.poll(left * 1000):
-            poller.unregister(fd)
-            ready.add(fd)
-    done = []
-    for sock in socks:
-        if sock.fileno() in ready and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            done.append(sock)
-        else:
-            sock.close()
-    return done
-
-
-def _request(port: int) -> bytes:
-    body = b'{"text_input": "surge", "parameters": {"n_tokens": 2}}'
-    return (
-        f"POST /v2/models/streamer/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode() + body
-
-
-async def _answer_on(stream: trio.abc.Stream, request: bytes) -> str:
-    """Send ``request`` on ``stream``; the status of the answer, or "reset"."""
-    async with stream:
-        try:
-            await stream.send_all(request)
-            head = b""
-            while b"\r\n" not in head:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                head += chunk
-            return head.split(b" ", 2)[1].decode() if b"\r\n" in head else "reset"
-        except (trio.BrokenResourceError, OSError):
-            return "reset"
-
-
-async def _answers(socks: list[socket.socket], port: int) -> collections.Counter[str]:
-    out: collections.Counter[str] = collections.Counter()
-
-    async def one(sock: socket.socket) -> None:
-        with trio.move_on_after(BOUND) as scope:
-            out[await _answer_on(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), _request(port))] += 1
-        if scope.cancelled_caught:
-            out["timeout"] += 1
-
-    async with trio.open_nursery() as nursery:
-        for sock in socks:
-            nursery.start_soon(one, sock)
-    return out
+def _statuses(outcomes: collections.Counter[Outcome]) -> collections.Counter[str]:
+    return collections.Counter({str(k): n for k, n in outcomes.items()})
 
 
 def held_case(served: Served, port: int, clients: int, rest: bool) -> collections.Counter[str]:
     served.pause()
     try:
-        done = _connects_within(port, clients, HELD_WINDOW)
+        socks = connect_all("127.0.0.1", port, clients, HELD_WINDOW)
     finally:
         served.resume()
+    done = [sock for sock, connected in socks if connected]
+    for sock, connected in socks:
+        if not connected:
+            sock.close()
     out: collections.Counter[str] = collections.Counter({"queued": len(done)})
     if rest:
-        out.update(trio.run(_answers, done, port))
+        out.update(_statuses(trio.run(answers_on, done, generate_request("127.0.0.1", port), BOUND)))
     else:
         for sock in done:
             sock.close()
     return out
 
 
-async def _rest_client(port: int, start: trio.Event, out: collections.Counter[str]) -> None:
-    await start.wait()
-    outcome = "timeout"
-    with trio.move_on_after(BOUND):
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-        except OSError:
-            outcome = "reset"
-        else:
-            outcome = await _answer_on(stream, _request(port))
-    out[outcome] += 1
-
-
 async def _rest_surge(port: int, clients: int) -> collections.Counter[str]:
-    out: collections.Counter[str] = collections.Counter()
-    start = trio.Event()
-    async with trio.open_nursery() as nursery:
-        for _ in range(clients):
-            nursery.start_soon(_rest_client, port, start, out)
-        await trio.testing.wait_all_tasks_blocked(0.01)
-        start.set()
-    return out
+    return _statuses(await http_surge("127.0.0.1", port, clients, bound=BOUND))
 
 
 async def _grpc_surge(port: int, clients: int) -> collections.Counter[str]:

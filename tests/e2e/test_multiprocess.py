@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import httpx
 import pytest
+from support.rel_process import established_connections
 from support.servers import ServerProcess, start_server
 
 STARTUP_TIMEOUT = 60.0
@@ -111,27 +112,6 @@ def test_a_killed_front_loses_only_its_connections_and_is_restarted(cluster: Clu
             f'data: {{"model_name":"streamer","model_version":"1","text_output":"x:{k}","index":{k}}}'
             for k in range(3)
         ]
-
-
-def established_connections(pid: int, port: int) -> int:
-    """How many established TCP connections to ``port`` process ``pid`` holds (from
-    /proc: the socket inodes among its fds, matched against /proc/net/tcp and tcp6)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
-                count += 1
-    return count
 
 
 def test_a_stream_on_a_killed_front_is_cut_while_the_other_front_serves(cluster: Cluster) -> None:

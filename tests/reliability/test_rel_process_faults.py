@@ -15,15 +15,13 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from support.rel_process import established_connections, listening_inode, socket_inodes, stream_tokens
+from support.rel_process import established_connections, listening_inode, socket_inodes, start_streams
 from support.servers import ServerProcess, start_server
 
 STREAMS = 6
@@ -58,14 +56,6 @@ def _engine_work(url: str) -> list[tuple[int, int]]:
     return [(w["running"], w["waiting"]) for w in reply.json()[0]["workers"]]
 
 
-def _start_streams(url: str, count: int, n_tokens: int, delay: float) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
-    boxes: list[dict[str, Any]] = [{} for _ in range(count)]
-    threads = [threading.Thread(target=stream_tokens, args=(url, n_tokens, delay, box)) for box in boxes]
-    for thread in threads:
-        thread.start()
-    return boxes, threads
-
-
 def _wait_connected(fronts: dict[int, int], port: int, count: int) -> dict[int, int]:
     deadline = time.monotonic() + 10
     while True:
@@ -81,7 +71,7 @@ def test_a_killed_front_loses_only_its_streams_then_a_killed_engine_stops_the_se
     server, http_port, grpc_port = cluster
     url = f"http://127.0.0.1:{http_port}"
     fronts = _fronts(server)
-    boxes, threads = _start_streams(url, STREAMS, 250, 0.01)  # ~2.5 s each
+    boxes, threads = start_streams(url, STREAMS, 250, 0.01)  # ~2.5 s each
     held = _wait_connected(fronts, http_port, STREAMS)
     assert sum(held.values()) == STREAMS, held
     victim = max(held, key=lambda index: held[index])
@@ -121,7 +111,7 @@ def _kill_the_engine(server: ServerProcess, url: str, http_port: int) -> None:
     """The engine's death under load: exit 1 with a line naming it, quickly, and no
     client left hanging (each stream gets an error event or a cut connection)."""
     engine = int(server.wait_for(r"engine process started \(pid (\d+)\)")[1])
-    boxes, threads = _start_streams(url, STREAMS, 100_000 // 10, 0.01)
+    boxes, threads = start_streams(url, STREAMS, 100_000 // 10, 0.01)
     held = _wait_connected(_fronts(server), http_port, STREAMS)
     assert sum(held.values()) == STREAMS, held
     time.sleep(0.2)

@@ -4,6 +4,7 @@ listening sockets (Linux), and a stream reader that records how a stream ended."
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,13 @@ def stream_tokens(url: str, n_tokens: int, delay: float, box: dict[str, Any]) ->
             lines += [line for line in response.iter_lines() if line]
     except httpx.HTTPError as exc:
         box["error"] = exc
+
+
+def start_streams(url: str, count: int, n_tokens: int, delay: float, *, daemon: bool = False) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
+    """``count`` :func:`stream_tokens` calls, each on its own thread (started): their boxes
+    and threads."""
+    boxes: list[dict[str, Any]] = [{} for _ in range(count)]
+    threads = [threading.Thread(target=stream_tokens, args=(url, n_tokens, delay, box), daemon=daemon) for box in boxes]
+    for thread in threads:
+        thread.start()
+    return boxes, threads

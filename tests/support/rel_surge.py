@@ -42,21 +42,24 @@ async def one_http_client(host: str, port: int, request: bytes, start: trio.Even
         except OSError:
             return "reset"
         async with stream:
-            try:
-                await stream.send_all(request)
-                head = b""
-                while b"\r\n" not in head:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        return "reset"
-                    head += chunk
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return "reset"
-            try:
-                return int(head.split(b" ", 2)[1])
-            except (IndexError, ValueError):
-                return "reset"
+            return await status_of(stream, request)
     return "timeout"
+
+
+async def status_of(stream: trio.abc.Stream, request: bytes) -> Outcome:
+    """Send ``request`` on ``stream`` and read the status of the answer ("reset" if
+    the connection ends first)."""
+    try:
+        await stream.send_all(request)
+        head = b""
+        while b"\r\n" not in head:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return "reset"
+            head += chunk
+        return int(head.split(b" ", 2)[1])
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, IndexError, ValueError):
+        return "reset"
 
 
 async def surge(clients: int, one: Callable[[trio.Event], Awaitable[Outcome]]) -> collections.Counter[Outcome]:
@@ -91,6 +94,13 @@ def handshakes_within(host: str, port: int, count: int, window: float) -> tuple[
     (when the server runs in the same process), so nothing accepts meanwhile and only the
     listen backlog decides. A handshake the full backlog dropped is retried by the
     kernel after 1 s, so it cannot complete within a window below that."""
+    socks = connect_all(host, port, count, window)
+    return sum(1 for _, done in socks if done), [sock for sock, _ in socks]
+
+
+def connect_all(host: str, port: int, count: int, window: float) -> list[tuple[socket.socket, bool]]:
+    """Start ``count`` non-blocking connects to ``port``: each socket, and whether its
+    handshake completed within ``window`` seconds (see :func:`handshakes_within`)."""
     socks = []
     for _ in range(count):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -106,8 +116,7 @@ def handshakes_within(host: str, port: int, count: int, window: float) -> tuple[
         for fd, _ in poller.poll(left * 1000):
             done.add(fd)
             poller.unregister(fd)
-    connected = sum(1 for sock in socks if sock.fileno() in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
-    return connected, socks
+    return [(sock, sock.fileno() in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)) for sock in socks]
 
 
 async def answers_on(socks: list[socket.socket], request: bytes, bound: float = 30.0) -> collections.Counter[Outcome]:
@@ -120,17 +129,7 @@ async def answers_on(socks: list[socket.socket], request: bytes, bound: float = 
         outcome: Outcome = "timeout"
         async with stream:
             with trio.move_on_after(bound):
-                try:
-                    await stream.send_all(request)
-                    head = b""
-                    while b"\r\n" not in head:
-                        chunk = await stream.receive_some(4096)
-                        if not chunk:
-                            break
-                        head += chunk
-                    outcome = int(head.split(b" ", 2)[1]) if b"\r\n" in head else "reset"
-                except (trio.BrokenResourceError, OSError, IndexError, ValueError):
-                    outcome = "reset"
+                outcome = await status_of(stream, request)
         outcomes[outcome] += 1
 
     async with trio.open_nursery() as nursery:
