@@ -159,13 +159,15 @@ class Settings:
     ts_management_http_port: int | None = attrs.field(default=None, validator=_port)
     #: largest request body accepted over REST, in bytes.
     max_body_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_at_least(1))
-    #: seconds a REST request's body has to arrive once its head has (slower: 408, closed).
+    #: seconds a REST request's body has to arrive once its head has (slower: 408, closed),
+    #: and a gRPC connection's HTTP/2 frame once it started (slower: GOAWAY, closed). 0: off.
     read_timeout: float = attrs.field(default=30.0, validator=_seconds)
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
-    #: seconds an idle keep-alive HTTP connection is kept open.
+    #: seconds an idle keep-alive HTTP connection is kept open (gRPC: one with no open
+    #: call, then GOAWAY; 0: no limit there).
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
     #: connections each listening socket queues before the server accepts them (the
     #: kernel caps it at net.core.somaxconn).

@@ -1,10 +1,13 @@
-"""Everything that reaches into grpclib's private API, in one place (grpclib 0.4.9).
+"""Everything that reaches into grpclib's private API, in one place with :mod:`.deadlines` (grpclib 0.4.9).
 
-grpclib lacks three things this transport needs, and adds them here:
+grpclib lacks four things this transport needs, and adds them here:
 
 - :class:`GrpclibServer` keeps each call's request headers (grpclib drops
   ``grpc-encoding`` / ``grpc-accept-encoding``) and its connections (so a drain can
   close them);
+- each connection gets an idle timeout and a read timeout, :class:`.deadlines.Deadlines`
+  (grpclib has neither: a client that sent nothing, or half a frame, held its
+  connection forever);
 - :class:`Wire` reads and writes gzip/deflate messages (grpclib raises on a compressed
   message and never sends one), framing them itself on grpclib's HTTP/2 stream with
   :mod:`actorserve.transport.compression`;
@@ -33,6 +36,7 @@ from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
 from .. import compression
+from .deadlines import Deadlines
 
 #: The 5-byte gRPC message prefix: compressed flag, big-endian length.
 PREFIX: Final = struct.Struct(">?I")
@@ -75,30 +79,54 @@ def frame_messages(
 
 class GrpclibServer(Server):
     """grpclib's server, plus what it lacks for us: the request headers of a call (read
-    by :class:`Wire`) and the connections, so shutdown can close them."""
+    by :class:`Wire`), the connections, so shutdown can close them, and each
+    connection's deadlines: with no open stream for ``idle_timeout`` seconds it gets
+    GOAWAY (NO_ERROR) and is closed; a frame (or the connection preface) started but
+    not finished within ``read_timeout`` seconds ends it the same way. 0 turns either
+    off."""
 
-    def __init__(self, handlers: list[Any]) -> None:
+    def __init__(self, handlers: list[Any], *, idle_timeout: float = 0.0, read_timeout: float = 0.0) -> None:
         super().__init__(handlers)
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        self.idle_timeout = idle_timeout
+        self.read_timeout = read_timeout
 
     def _protocol_factory(self) -> H2Protocol:
         protocol: H2Protocol = super()._protocol_factory()
         handler = protocol.handler
         accept = handler.accept
+        deadlines = Deadlines(protocol, self.idle_timeout, self.read_timeout)
 
         def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
             stream.headers = headers  # the attribute the client side uses for response headers
-            accept(stream, headers, release_stream)
+            deadlines.opened()
+
+            def release() -> None:
+                release_stream()
+                deadlines.released()
+
+            accept(stream, headers, release)
 
         handler.accept = accept_keeping_headers  # type: ignore[method-assign]
-        received = protocol.data_received
+        received, made, lost = protocol.data_received, protocol.connection_made, protocol.connection_lost
 
         def data_received_checked(data: bytes) -> None:
             _flush_goaway_on_protocol_errors(protocol)
             received(data)
             _refuse_overlong_frame(protocol)
+            deadlines.received(len(data))
+
+        def connection_made(transport: Any) -> None:
+            made(transport)
+            deadlines.released()  # idle from the start: no stream yet
+
+        def connection_lost(exc: BaseException | None) -> None:
+            deadlines.stop()
+            lost(exc)
 
         protocol.data_received = data_received_checked  # type: ignore[method-assign]
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
         self._protocols.add(protocol)
         return protocol
 

@@ -139,7 +139,11 @@ class InferenceService:
         """Serve this service and ``others`` (objects with grpclib's ``__mapping__``), or
         ``only`` the others (an extra port), with the same guard, records and drain."""
         self._idle = self._idle or asyncio.Event()
-        server = GrpclibServer([*([] if only else [self, ManagementService(self.engine, self)]), *others])
+        server = GrpclibServer(
+            [*([] if only else [self, ManagementService(self.engine, self)]), *others],
+            idle_timeout=self.settings.keep_alive_timeout,  # no open stream that long: GOAWAY, closed
+            read_timeout=self.settings.read_timeout,  # a frame started and not finished that long: closed
+        )
         # every method of every service: the token check (by method path) and the call's record
         server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
         # grpclib listens again on the socket it is given (its default backlog: 100)
