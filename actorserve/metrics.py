@@ -55,6 +55,8 @@ OUTCOMES: Final = ("success", "invalid", "overloaded", "unavailable", "failed", 
 
 #: ``reason`` of a rejection: which bound was full.
 REJECTIONS: Final = ("mailbox_full", "max_pending", "max_sequences")
+#: ``reason`` of a replica replacement: a step hung (step_timeout), or max_requests_per_replica
+REPLACEMENTS: Final = ("hung", "recycled")
 
 #: seconds between two refreshes of the gauges read from live state (:meth:`Metrics.keep_fresh`)
 REFRESH_INTERVAL: Final = 1.0
@@ -95,6 +97,7 @@ class ModelMetrics:
     sequences_started: Counter
     sequences_ended: Mapping[str, Counter]
     rejected: Mapping[str, Counter]
+    replacements: Mapping[str, Counter]
 
     def step(self, items: int, seconds: float) -> None:
         self.batch_size.observe(items)
@@ -215,6 +218,9 @@ class Metrics:
             "Requests refused because a bound was full (each also answered 429 / RESOURCE_EXHAUSTED).",
             (*MODEL_LABELS, "reason"),
         )
+        self.replacements = counter(
+            "actorserve_replica_replacements", "BatchModel replicas replaced, by reason.", (*MODEL_LABELS, "reason")
+        )
         # -- read from live state (:meth:`refresh`) or kept by the transports --
         self.requests_in_flight = Gauge(
             "actorserve_requests_in_flight",
@@ -270,6 +276,7 @@ class Metrics:
             sequences_started=self.sequences_started.labels(name, version),
             sequences_ended={r.value: self.sequences_ended.labels(name, version, r.value) for r in EndReason},
             rejected={r: self.rejected.labels(name, version, r) for r in REJECTIONS},
+            replacements={r: self.replacements.labels(name, version, r) for r in REPLACEMENTS},
         )
 
     def front(self, model: str, version: str, transport: str) -> FrontSeries:
@@ -395,6 +402,7 @@ __all__ = [
     "MULTIPROC_VAR",
     "OUTCOMES",
     "REJECTIONS",
+    "REPLACEMENTS",
     "FrontSeries",
     "InFlight",
     "Metrics",

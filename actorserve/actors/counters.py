@@ -64,6 +64,12 @@ class StepCounters:
             if self.metrics is not None:
                 self.metrics.queue_time.observe(waited)
 
+    def replaced(self, reason: str) -> None:
+        """The replica was taken out and another loaded in its place: ``reason`` is one of
+        :data:`~actorserve.metrics.REPLACEMENTS` (Prometheus only: Triton has no such count)."""
+        if self.metrics is not None:
+            self.metrics.replacements[reason].inc()
+
 
 @attrs.define
 class RequestCounters:

@@ -6,8 +6,7 @@ pinned to one replica for its whole life and a request without a sequence goes t
 least-loaded replica. A plain :class:`Model` runs in the caller's task
 (:class:`PlainRunner`; its sequences still run in order through a
 :class:`SequenceActor`). The host parses each request's sequence controls once, answers
-``sequence_cancel`` itself, and counts the requests in flight.
-"""
+``sequence_cancel`` itself, and counts the requests in flight."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class ModelHost:
 
     ``inflight``, if given, is the engine's counter: this host's requests (and the
     items they left in a batch) count in it too. ``metrics``: where its batchers,
-    supervisor and refusals are recorded.
-    """
+    supervisor, refusals and replica replacements are recorded."""
 
     def __init__(
         self,
@@ -191,6 +189,7 @@ class ModelHost:
         (``failed``) and load another in its place. The hung one is not unloaded: its
         abandoned thread may still be inside its step."""
         self.retired.append(batcher.counters)
+        batcher.counters.replaced("hung")  # counted as taken out (its successor may fail to load: logged)
         if batcher in self.batchers:
             del self.replicas[self.batchers.index(batcher)]
             self.batchers.remove(batcher)
@@ -244,6 +243,7 @@ class ModelHost:
                 return
             del self.replicas[self.batchers.index(batcher)]
             self.batchers.remove(batcher)
+        batcher.counters.replaced("recycled")
         log.info("model %r: %s recycled after %d requests (max_requests_per_replica)",
                  self.name, batcher.name, batcher.counters.queue_count)  # fmt: skip
         assert self.supervisor is not None

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from httpx_sse import connect_sse
+from support import scrape
 from support.servers import ServerProcess, start_server
 
 STARTUP_TIMEOUT = 60.0
@@ -128,6 +129,14 @@ def test_grpc_stream_fails_only_the_faulty_requests_and_replaces_a_hung_replica(
             )
             assert reply.status_code == 200, reply.text
     cluster.server.wait_for(r"loading a replica in place of the hung one")
+    # counted by the engine process, summed by the front that answers the scrape
+    with httpx.Client(base_url=cluster.http_url, timeout=TIMEOUT) as client:
+        samples = scrape.parse(client.get("/metrics").text)
+    replaced = {
+        reason: scrape.value(samples, "actorserve_replica_replacements_total", model="faulty", version="1", reason=reason)
+        for reason in ("hung", "recycled")
+    }
+    assert replaced == {"hung": 1.0, "recycled": 0.0}
     assert cluster.server.process.poll() is None
 
 
