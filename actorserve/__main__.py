@@ -90,11 +90,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "ts_management_grpc_port": (_Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
     "ts_management_http_port": (_Port(), "extra port for TorchServe's management REST paths and /ping only"),
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
-    "read_timeout": (
-        click.FLOAT,
-        "seconds a REST body has to arrive once its head has (slower: 408, closed), and a started gRPC frame"
-        " (slower: GOAWAY, closed); 0: off",
-    ),
+    "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection (gRPC: with no open call) is kept open"),
