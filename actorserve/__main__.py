@@ -93,7 +93,8 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
-    "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection (gRPC: with no open call) is kept open"),
+    "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
+    "grpc_idle_timeout": (click.FLOAT, "seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no limit)"),
     "backlog": (
         click.INT,
         "connections each listening port queues before the server accepts them (capped by net.core.somaxconn)",

@@ -166,9 +166,11 @@ class Settings:
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
-    #: seconds an idle keep-alive HTTP connection is kept open (gRPC: one with no open
-    #: call, then GOAWAY; 0: no limit there).
+    #: seconds an idle keep-alive HTTP connection is kept open.
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    #: seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no
+    #: limit). Longer than HTTP's: a gRPC channel is meant to be kept and reused.
+    grpc_idle_timeout: float = attrs.field(default=300.0, validator=_seconds)
     #: connections each listening socket queues before the server accepts them (the
     #: kernel caps it at net.core.somaxconn).
     backlog: int = attrs.field(default=2048, validator=_at_least(1))

@@ -1,5 +1,5 @@
 """Bad input (issue 14): slow-loris clients on the gRPC port. A connection with no open
-stream for ``keep_alive_timeout`` gets GOAWAY (NO_ERROR, saying why) and is closed,
+stream for ``grpc_idle_timeout`` gets GOAWAY (NO_ERROR, saying why) and is closed,
 whether it sent nothing, the preface only, or finished its calls; a frame (or the
 preface) started and not finished within ``read_timeout`` closes it the same way, even
 when it trickles in byte by byte. A stream left open and quiet for longer than either
@@ -128,7 +128,7 @@ def preface() -> bytes:
 
 
 async def test_idle_and_half_sent_grpc_connections_are_closed_and_quiet_streams_kept(nursery: trio.Nursery) -> None:
-    server = await launch(nursery, keep_alive_timeout=IDLE, read_timeout=READ)
+    server = await launch(nursery, grpc_idle_timeout=IDLE, read_timeout=READ)
     assert server.grpc_address is not None
     port = server.grpc_address[1]
     headers_start = (100).to_bytes(3, "big") + b"\x01\x04" + (1).to_bytes(4, "big")  # HEADERS, 100 bytes announced
@@ -154,7 +154,7 @@ async def test_idle_and_half_sent_grpc_connections_are_closed_and_quiet_streams_
             clients.start_soon(run, name, data, trickle)
         clients.start_soon(run_quiet)
 
-    idle = b"idle: no open stream for 0.6 s (keep_alive_timeout)"
+    idle = b"idle: no open stream for 0.6 s (grpc_idle_timeout)"
     read = b"a frame did not arrive within 0.3 s (read_timeout)"
     assert {name: (e.goaway, e.reason) for name, e in endings.items()} == {
         "silent": (0, idle),
@@ -187,7 +187,7 @@ async def test_idle_tritonclient_and_grpclib_channels_reconnect_after_the_goaway
     connection with GOAWAY), then calls again on the same client object: answered."""
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     timeout = 0.3
-    server = await launch(nursery, keep_alive_timeout=timeout)
+    server = await launch(nursery, grpc_idle_timeout=timeout)
     assert server.grpc_address is not None
     port = server.grpc_address[1]
 

@@ -83,7 +83,7 @@ class Deadlines:
             self._idle = None
             if self.protocol.processor.streams:
                 return  # a stream opened in the same loop turn
-            reason = f"idle: no open stream for {seconds:g} s (keep_alive_timeout)"
+            reason = f"idle: no open stream for {seconds:g} s (grpc_idle_timeout)"
         else:
             self._partial = None
             reason = f"a frame did not arrive within {seconds:g} s (read_timeout)"

@@ -141,7 +141,7 @@ class InferenceService:
         self._idle = self._idle or asyncio.Event()
         server = GrpclibServer(
             [*([] if only else [self, ManagementService(self.engine, self)]), *others],
-            idle_timeout=self.settings.keep_alive_timeout,  # no open stream that long: GOAWAY, closed
+            idle_timeout=self.settings.grpc_idle_timeout,  # no open stream that long: GOAWAY, closed
             read_timeout=self.settings.read_timeout,  # a frame started and not finished that long: closed
         )
         # every method of every service: the token check (by method path) and the call's record
