@@ -1,24 +1,26 @@
-"""Give the C heap back to the system once a process is idle after load.
+"""Give freed memory back to the system once a process is idle after load.
 
 A burst of connections (a thousand clients at once) makes every process that holds them
-allocate per-connection buffers from glibc's heap. Once they are freed, glibc keeps the
-pages on its free lists (only the top of the heap is returned on its own, and a few live
-objects above the freed ones pin it), so the process stays at its peak RSS for ever: the
-overload soak saw a server 17-28 % above its cold start after its first burst, with
-Python's own allocations (tracemalloc) back at their level before the burst.
+allocate per-connection state; once the burst is over, Python's live data is back to its
+level before it, but the process keeps most of its peak RSS: cycles (tasks, coroutines,
+exceptions and their frames) wait for a garbage collection that an idle process, which
+allocates nothing, does not run; and what is freed stays on glibc's free lists (free()
+returns only the top of the heap). See docs/reliability.md, "Overload", for the figures
+(and for what this cannot give back: pymalloc's arenas, pinned by a few survivors).
 
 :func:`trim_heap_when_idle` watches the CPU time of its process: once the process has
 done at least :data:`MIN_WORK` seconds of work since the last trim and then a whole
-:data:`INTERVAL` passes nearly idle, it calls glibc's ``malloc_trim(0)`` in a worker
-thread (it returns the free pages of every arena). So a trim follows each busy period at
-most once, never runs under load, and costs nothing when the process idles. Elsewhere
-than Linux with glibc (no ``malloc_trim``) it returns at once.
+:data:`INTERVAL` passes nearly idle, it runs a full collection and glibc's
+``malloc_trim(0)`` in a worker thread. So this follows each busy period at most once,
+never runs under load, and costs nothing while the process idles. Elsewhere than Linux
+with glibc (no ``malloc_trim``) it returns at once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import sys
 import time
@@ -35,7 +37,7 @@ INTERVAL = 1.0
 #: CPU seconds per :data:`INTERVAL` below which the process counts as idle
 IDLE_CPU = 0.05
 #: CPU seconds of work since the last trim that make a trim worth it once idle
-MIN_WORK = 0.5
+MIN_WORK = 0.2
 
 
 @cache
@@ -92,11 +94,17 @@ def _page_size() -> int:
 
 
 def trim_now() -> int:
-    """``malloc_trim(0)`` in this thread; the bytes of RSS it gave back (0 without glibc)."""
+    """A full garbage collection, then ``malloc_trim(0)``, in this thread; the bytes of RSS
+    they gave back (0 without glibc).
+
+    The collection first: what a burst leaves is mostly cycles (tasks, coroutines,
+    exceptions and their frames) that an idle process, allocating nothing, would not
+    collect for a long time, and memory still held by them cannot be trimmed."""
     trim = malloc_trim()
     if trim is None:
         return 0
     before = _rss()
+    gc.collect()
     trim(0)
     return max(0, before - _rss())
 
