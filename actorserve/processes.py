@@ -40,6 +40,7 @@ import trio
 from .auth import remove_token_file, with_token
 from .engine import open_engine
 from .gauges import watch_engine
+from .heaptrim import trim_heap_when_idle
 from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
@@ -346,6 +347,7 @@ async def run_engine_child(settings: Settings, repository: ModelRepository) -> N
         nursery.start_soon(watch_parent, nursery.cancel_scope)
         watch_engine(engine)
         nursery.start_soon(engine.metrics.keep_fresh)  # the live-work gauges the fronts' scrapes read
+        nursery.start_soon(trim_heap_when_idle)  # its C heap back to the system once idle after load
         await nursery.start(serve_fronts, engine, listener)
         say_ready()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

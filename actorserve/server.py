@@ -37,6 +37,7 @@ from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
 from .gauges import watch_engine
+from .heaptrim import trim_heap_when_idle
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
@@ -177,6 +178,7 @@ async def serve_transports(
     ts_grpc = {kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(metrics.keep_fresh)  # this process's live gauges, for the other processes' scrapes
+        nursery.start_soon(trim_heap_when_idle)  # the peak of a burst of connections goes back to the system
         access = AccessLog() if settings.access_log else None
         if access is not None:
             await nursery.start(access.run)
