@@ -14,11 +14,16 @@ version was chosen under the version it asked for, or ``""``.
 from __future__ import annotations
 
 import time
+from typing import Any, Final
 
 import trio
 
 from ..metrics import InFlight, Metrics
 from .access import AccessLog
+
+#: the ASGI scope key under which the REST app keeps a request's :class:`Exchange`
+#: (read by the shutdown's ``Drain`` to end a response it cut short)
+EXCHANGE_KEY: Final = "actorserve.exchange"
 
 
 class Exchange:
@@ -29,6 +34,7 @@ class Exchange:
         "complete",
         "disconnected",
         "first_at",
+        "headers",
         "in_flight",
         "inference",
         "last_at",
@@ -61,6 +67,8 @@ class Exchange:
         #: the client went away (counts only if the answer was not ``complete``)
         self.disconnected = False
         self.complete = False
+        #: the response's headers, once it started (REST)
+        self.headers: Any = ()
         #: the status an error inside a started stream would have had
         self.stream_error: int | None = None
         self.sequence_id: str | None = None
@@ -168,4 +176,4 @@ class Recorder:
             )
 
 
-__all__ = ["Exchange", "Recorder"]
+__all__ = ["EXCHANGE_KEY", "Exchange", "Recorder"]

@@ -22,7 +22,7 @@ from ...metrics import CONTENT_TYPE, Metrics
 from ...settings import Settings
 from ..access import AccessLog
 from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
-from ..exchange import Exchange, Recorder
+from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from ..receive import body_deadline, too_large
@@ -82,6 +82,9 @@ class RestApp:
         #: TorchServe's management paths (/models...), kept apart: they are management
         self.torchserve_management = TorchServeManagement(engine)
 
+    #: it records each request's response in ``scope[EXCHANGE_KEY]`` (see :class:`.drain.Drain`)
+    records_exchange: Final = True
+
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # type: ignore[arg-type]
@@ -96,12 +99,14 @@ class RestApp:
                     send = self.cors.wrap(send, origin)
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
+        scope[EXCHANGE_KEY] = exchange  # type: ignore[index]  # hypercorn's dict; what Drain reads if the shutdown ends this request
         quart_receive = receive  # Quart times its own body reads (BODY_TIMEOUT)
         receive = body_deadline(receive, self.settings.read_timeout)
 
         async def tracked(message: dict[str, object]) -> None:
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]  # type: ignore[assignment]
+                exchange.headers = message.get("headers", ())
             else:
                 exchange.bytes += len(message.get("body", b""))  # type: ignore[arg-type, operator]
                 if not message.get("more_body", False):

@@ -26,6 +26,7 @@ import trio
 
 from ...errors import ShuttingDown
 from ..errors import RETRY_AFTER_SECONDS
+from ..exchange import EXCHANGE_KEY
 from ..openai.encode import DONE, error_status_and_body, stream_error
 from ..torchserve.calls import ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend
@@ -87,7 +88,8 @@ async def send_refusal(send: ASGISend, path: str) -> None:
 
 
 class _Response:
-    """What one request has sent so far (tracked on the way to hypercorn)."""
+    """What one request has sent so far, tracked on the way to hypercorn (for an app that
+    does not record it in ``scope[EXCHANGE_KEY]`` as the REST app does)."""
 
     __slots__ = ("complete", "content_type", "send", "started")
 
@@ -143,21 +145,38 @@ class Drain:
         if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
             await send_refusal(send, scope["path"])
             return
-        response = _Response(send)
+        # the REST app records what it sent in scope[EXCHANGE_KEY]: no wrapper on each send
+        response = None if getattr(self.app, "records_exchange", False) else _Response(send)
         with trio.CancelScope() as cancel:
             self._running.add(cancel)
             try:
-                await self.app(scope, receive, response.forward)
+                await self.app(scope, receive, send if response is None else response.forward)
             finally:
                 self._running.discard(cancel)
                 if self.draining and not self._running:
                     self.idle.set()
-        if not cancel.cancelled_caught or response.complete:
+        if not cancel.cancelled_caught:
             return
-        if not response.started:
+        if response is None:
+            exchange = scope.get(EXCHANGE_KEY)
+            started = exchange is not None and bool(exchange.status)
+            complete = exchange is not None and exchange.complete
+            content_type = _content_type(exchange.headers) if exchange is not None and started else b""
+        else:
+            started, complete, content_type = response.started, response.complete, response.content_type
+        if complete:
+            return
+        if not started:
             await send_refusal(send, scope["path"])
             return
-        await send({"type": "http.response.body", "body": stream_end(scope, response.content_type), "more_body": False})
+        await send({"type": "http.response.body", "body": stream_end(scope, content_type), "more_body": False})
+
+
+def _content_type(headers: Any) -> bytes:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return bytes(value).lower()
+    return b""
 
 
 __all__ = ["SHUTTING_DOWN", "Drain", "refusal", "stream_end"]
