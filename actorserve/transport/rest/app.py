@@ -82,9 +82,6 @@ class RestApp:
         #: TorchServe's management paths (/models...), kept apart: they are management
         self.torchserve_management = TorchServeManagement(engine)
 
-    #: it records each request's response in ``scope[EXCHANGE_KEY]`` (see :class:`.drain.Drain`)
-    records_exchange: Final = True
-
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
             await self.quart(scope, receive, send)  # type: ignore[arg-type]

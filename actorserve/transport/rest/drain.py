@@ -87,32 +87,9 @@ async def send_refusal(send: ASGISend, path: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _Response:
-    """What one request has sent so far, tracked on the way to hypercorn (for an app that
-    does not record it in ``scope[EXCHANGE_KEY]`` as the REST app does)."""
-
-    __slots__ = ("complete", "content_type", "send", "started")
-
-    def __init__(self, send: ASGISend) -> None:
-        self.send = send
-        self.started = False
-        self.complete = False
-        self.content_type = b""
-
-    async def forward(self, message: Any) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.started = True
-            for name, value in message.get("headers", ()):
-                if name.lower() == b"content-type":
-                    self.content_type = bytes(value).lower()
-        elif kind == "http.response.body" and not message.get("more_body", False):
-            self.complete = True
-        await self.send(message)
-
-
 class Drain:
-    """Wraps the ASGI ``app`` of one REST port; see the module docstring. Owned by
+    """Wraps the :class:`~.app.RestApp` of one REST port (which keeps each request's
+    :class:`Exchange` in ``scope[EXCHANGE_KEY]``); see the module docstring. Owned by
     ``serve_transports``, which calls :meth:`start` and :meth:`end_all`."""
 
     def __init__(self, app: Any) -> None:
@@ -145,31 +122,24 @@ class Drain:
         if self.draining and scope["path"] not in _SERVED_WHILE_DRAINING:
             await send_refusal(send, scope["path"])
             return
-        # the REST app records what it sent in scope[EXCHANGE_KEY]: no wrapper on each send
-        response = None if getattr(self.app, "records_exchange", False) else _Response(send)
         with trio.CancelScope() as cancel:
             self._running.add(cancel)
             try:
-                await self.app(scope, receive, send if response is None else response.forward)
+                await self.app(scope, receive, send)  # it records what it sent in scope[EXCHANGE_KEY]
             finally:
                 self._running.discard(cancel)
                 if self.draining and not self._running:
                     self.idle.set()
         if not cancel.cancelled_caught:
             return
-        if response is None:
-            exchange = scope.get(EXCHANGE_KEY)
-            started = exchange is not None and bool(exchange.status)
-            complete = exchange is not None and exchange.complete
-            content_type = _content_type(exchange.headers) if exchange is not None and started else b""
-        else:
-            started, complete, content_type = response.started, response.complete, response.content_type
-        if complete:
+        exchange = scope.get(EXCHANGE_KEY)
+        if exchange is not None and exchange.complete:
             return
-        if not started:
+        if exchange is None or not exchange.status:  # the response has not started
             await send_refusal(send, scope["path"])
             return
-        await send({"type": "http.response.body", "body": stream_end(scope, content_type), "more_body": False})
+        body = stream_end(scope, _content_type(exchange.headers))
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _content_type(headers: Any) -> bytes:
