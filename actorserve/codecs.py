@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import BadInput
+from .limits import MAX_INPUTS, check_count
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -266,12 +267,14 @@ def request_from_json(obj: object) -> InferenceRequest:
         raise BadInput("the request has no 'inputs'")
     if not isinstance(inputs, list):
         raise BadInput(f"'inputs' must be a list, got a JSON {_json_kind(inputs)}")
+    check_count(inputs, MAX_INPUTS, "inputs", "MAX_INPUTS")
     request_id = obj.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadInput("'id' must be a string")
     outputs_obj = obj.get("outputs") or []
     if not isinstance(outputs_obj, list):
         raise BadInput("'outputs' must be a list")
+    check_count(outputs_obj, MAX_INPUTS, "requested outputs", "MAX_INPUTS")
     outputs = []
     for out in outputs_obj:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
