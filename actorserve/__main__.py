@@ -132,6 +132,8 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
+    "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
+    "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
@@ -262,7 +264,7 @@ def cli(
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
-    repository = ModelRepository(folders, workers)
+    repository = ModelRepository(folders, workers).with_archive_limits(settings)
     try:
         if not folders:
             models = repository.apply_overrides(builtin_models())

@@ -343,6 +343,7 @@ async def run_engine_child(settings: Settings, repository: ModelRepository) -> N
     from .ipc.engine_side import open_unix_listener, serve_fronts
 
     listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
+    repository = repository.with_archive_limits(settings)
     async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, nursery.cancel_scope)
         watch_engine(engine)

@@ -116,7 +116,7 @@ async def serve(
         settings = Settings(models=tuple(builtin_models()))
     if listeners is None:
         listeners = open_listeners(settings)
-    repository = repository or ModelRepository()
+    repository = (repository or ModelRepository()).with_archive_limits(settings)
     generated = None
     try:
         settings, generated = with_token(settings)

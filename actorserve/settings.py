@@ -199,6 +199,10 @@ class Settings:
     auth_metrics: bool = attrs.field(default=False, validator=_bool)
     #: a file of bearer tokens, one a line (none and auth on: one is generated).
     token_file: str | None = attrs.field(default=None, validator=_optional_text)
+    #: largest total a TorchServe ``.mar`` may extract to, in bytes (counted while extracting).
+    max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
+    #: most files and folders one ``.mar`` may hold.
+    max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
     #: a bearer token (the CLI reads it from ACTORSERVE_TOKEN only, never a flag).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)
 
