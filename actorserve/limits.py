@@ -19,6 +19,7 @@ from typing import Final
 from .errors import BadInput
 
 __all__ = [
+    "MAX_BYTES_ELEMENTS",
     "MAX_CHAT_MESSAGES",
     "MAX_FORM_FIELDS",
     "MAX_INPUTS",
@@ -36,6 +37,9 @@ MAX_JSON_CONTAINERS: Final = 1_000_000
 MAX_FORM_FIELDS: Final = 1024
 #: messages of one OpenAI chat completion request.
 MAX_CHAT_MESSAGES: Final = 10_000
+#: ``bytes_contents`` elements of one gRPC ``ModelInferRequest`` (an empty one is two bytes
+#: on the wire, a Python object once parsed); ``raw_input_contents`` has no such limit.
+MAX_BYTES_ELEMENTS: Final = 1_000_000
 #: request bodies at least this large are parsed in a worker thread, off the event loop
 #: (orjson takes about a millisecond per 500 KB).
 PARSE_IN_THREAD_BYTES: Final = 512 * 1024

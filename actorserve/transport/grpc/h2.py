@@ -22,6 +22,7 @@ Everything else here runs on grpclib's asyncio loop.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import weakref
@@ -35,6 +36,10 @@ from grpclib.server import Server, Stream
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
+from ...errors import BadInput
+from ...limits import PARSE_IN_THREAD_BYTES
+from ...proto.counts import check_bytes_elements
+from ...proto.inference import ModelInferRequest
 from .. import compression
 from .deadlines import Deadlines
 
@@ -269,6 +274,18 @@ class Wire:
             data = self._decompress(data)
         h2.connection.messages_received += 1  # what grpclib's recv_message counts
         h2.connection.last_message_received = time.monotonic()
+        if len(data) < PARSE_IN_THREAD_BYTES:
+            return self._parse(data)
+        # betterproto2 parses in Python: megabytes take long enough to stall every other
+        # call (and, in one process, the REST port) on this loop.
+        return await asyncio.get_running_loop().run_in_executor(None, self._parse, data)
+
+    def _parse(self, data: bytes) -> Any:
+        if self.recv_type is ModelInferRequest:
+            try:
+                check_bytes_elements(data)
+            except BadInput as exc:
+                raise GRPCError(Status.RESOURCE_EXHAUSTED, exc.message) from None
         try:
             return self.recv_type.FromString(data)
         except Exception as exc:  # betterproto2 raises several kinds on bad wire data
