@@ -325,7 +325,7 @@ async def _run(settings: Settings, repository: ModelRepository) -> None:
     async with trio.open_nursery() as nursery:
 
         async def run_server(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-            await serve(settings, repository=repository, task_status=task_status)
+            await serve(settings, repository=repository, freeze_heap=True, task_status=task_status)
             nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
 
         # serve() logs "REST listening on ... (playground: ...)"; gRPC logs its own line
