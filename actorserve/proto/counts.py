@@ -1,5 +1,5 @@
-"""Counting the inputs, outputs and BYTES elements of a ``ModelInferRequest`` on the
-wire, before it is parsed.
+"""Counting the inputs, outputs and BYTES elements of a ``ModelInferRequest`` (and the
+input fields of TorchServe's ``PredictionsRequest``) on the wire, before it is parsed.
 
 An empty ``bytes_contents`` element is two bytes on the wire and a Python ``bytes`` in a
 list once betterproto2 has parsed it: a 15 MiB message of 8 M of them took 22 s and
@@ -13,12 +13,15 @@ limit is passed. No I/O, no betterproto2.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from ..errors import BadInput
-from ..limits import MAX_BYTES_ELEMENTS, MAX_INPUTS
+from ..limits import MAX_BYTES_ELEMENTS, MAX_FORM_FIELDS, MAX_INPUTS
+from .inference import ModelInferRequest
+from .torchserve.org.pytorch.serve.grpc.inference import PredictionsRequest
 
-__all__ = ["check_request_counts"]
+__all__ = ["PRECHECKS", "check_predictions_request", "check_request_counts"]
 
 #: field numbers: ModelInferRequest.inputs and .outputs, InferInputTensor.contents,
 #: InferTensorContents.bytes_contents
@@ -29,6 +32,8 @@ _BYTES_CONTENTS: Final = 8
 #: the tag of a bytes_contents element (field 8, wire type 2): at least one per element
 _BYTES_TAG: Final = b"\x42"
 _LENGTH_DELIMITED: Final = 2
+#: PredictionsRequest.input (a map: one length-delimited entry per field)
+_PREDICTION_INPUT: Final = 3
 
 
 def check_request_counts(data: bytes, limit: int = MAX_BYTES_ELEMENTS) -> None:
@@ -73,6 +78,21 @@ def _check_bytes_elements(data: bytes, limit: int) -> None:
                             "(limit MAX_BYTES_ELEMENTS; send them in raw_input_contents; "
                             "see docs/security.md#limits)"
                         )
+
+
+def check_predictions_request(data: bytes) -> None:
+    """:class:`BadInput` if a serialized ``PredictionsRequest`` has more than
+    :data:`~actorserve.limits.MAX_FORM_FIELDS` entries in its ``input`` map (each one
+    becomes an input of the handler, as a form field does over REST)."""
+    try:
+        fields = sum(number == _PREDICTION_INPUT for number, _, _ in _Fields(data, 0, len(data)))
+    except _Malformed:
+        return  # the parser says what is wrong with it
+    if fields > MAX_FORM_FIELDS:
+        raise BadInput(
+            f"the request has {fields} input fields, at most {MAX_FORM_FIELDS} are allowed "
+            "(limit MAX_FORM_FIELDS; see docs/security.md#limits)"
+        )
 
 
 class _Malformed(Exception):
@@ -122,3 +142,10 @@ class _Fields:
                 raise _Malformed
             self.pos = pos
         raise StopIteration
+
+
+#: the check to run on a request message's bytes before it is parsed, by message type
+PRECHECKS: Final[Mapping[type, Callable[[bytes], None]]] = {
+    ModelInferRequest: check_request_counts,
+    PredictionsRequest: check_predictions_request,
+}

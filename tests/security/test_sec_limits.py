@@ -15,6 +15,7 @@ import gzip
 import json
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ RSS_BOUND = 64 * 1024 * 1024
 #: every health probe sent while the attack is handled answers within this
 PROBE_BOUND = 0.1
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+PREDICTIONS = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"
 
 
 @attrs.frozen
@@ -250,11 +252,13 @@ def _empty_bytes_contents(count: int) -> bytes:
     return _field(1, b"identity") + _field(5, tensor)
 
 
-def _grpc_infer(address: str, message: pb.ModelInferRequest | bytes) -> tuple[grpc.StatusCode, str]:
+def _grpc_infer(
+    address: str, message: pb.ModelInferRequest | bytes, method: str = INFER
+) -> tuple[grpc.StatusCode, str]:
     with grpc.insecure_channel(
         address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
     ) as channel:
-        call = channel.unary_unary(INFER, request_serializer=bytes, response_deserializer=lambda b: b)
+        call = channel.unary_unary(method, request_serializer=bytes, response_deserializer=lambda b: b)
         try:
             call(message, timeout=30)
         except grpc.RpcError as error:
@@ -310,6 +314,25 @@ async def test_grpc_amplification_is_refused_fast_and_small(served: Served, case
     check(watch)
     assert code == status, details
     assert words in details
+
+
+async def test_a_torchserve_grpc_prediction_with_too_many_fields_is_refused(served: Served) -> None:
+    entry = _field(3, _field(1, b"f") + _field(2, b""))  # one map entry: key "f", no value
+    message = _field(1, b"identity") + entry * 100_000
+    call = partial(_grpc_infer, served.grpc, message, PREDICTIONS)
+    (code, details), watch = await attack(served, lambda: trio.to_thread.run_sync(call))
+    check(watch)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    assert "MAX_FORM_FIELDS" in details
+
+
+async def test_a_generate_request_with_too_many_inputs_is_refused(served: Served) -> None:
+    body = json.dumps({f"x{i}": "" for i in range(5000)}).encode()
+    headers = {"Content-Type": "application/json"}
+    reply, watch = await attack(served, lambda: post(served, "/v2/models/identity/generate", body, headers))
+    check(watch)
+    assert reply.status_code == 400, reply.text
+    assert "MAX_INPUTS" in reply.json()["error"]
 
 
 def test_the_limits_are_documented() -> None:

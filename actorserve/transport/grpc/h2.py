@@ -37,8 +37,7 @@ from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
 from ...errors import BadInput
-from ...proto.counts import check_request_counts
-from ...proto.inference import ModelInferRequest
+from ...proto.counts import PRECHECKS
 from .. import compression
 from .deadlines import Deadlines
 
@@ -284,9 +283,10 @@ class Wire:
         return await asyncio.get_running_loop().run_in_executor(None, self._parse, data)
 
     def _parse(self, data: bytes) -> Any:
-        if self.recv_type is ModelInferRequest:
+        precheck = PRECHECKS.get(self.recv_type)
+        if precheck is not None:
             try:
-                check_request_counts(data)
+                precheck(data)
             except BadInput as exc:
                 raise GRPCError(Status.RESOURCE_EXHAUSTED, exc.message) from None
         try:
