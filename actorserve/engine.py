@@ -31,16 +31,15 @@ from .api import (
     ModelStatistics,
     RepositoryEntry,
     ResponseIterator,
-    TensorMetadata,
 )
 from .catalog import UNLOADED, Catalog, version_key
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .metadata import model_metadata, text_generation_of
 from .metrics import Metrics
 from .model import BatchModel, Model
 from .polling import poll_repository
 from .repository import ModelRepository, override_settings
 from .settings import ModelSettings, Settings, SettingsError
-from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
@@ -58,17 +57,8 @@ def _info(host: ModelHost) -> ModelInfo:
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
         reason=host.reason,
-        text_generation=_text_generation(host),
+        text_generation=text_generation_of(host.settings, host.model_class),
     )
-
-
-def _text_generation(host: ModelHost) -> TextGeneration | None:
-    """The model class's declaration with its settings' ``text_generation`` block over it."""
-    declared = host.model_class.text_generation
-    block = host.settings.text_generation
-    if block is None:
-        return declared
-    return (declared or TextGeneration()).with_settings(block)
 
 
 class Engine:
@@ -240,16 +230,7 @@ class Engine:
 
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         host = self.host(name, version)
-        meta = host.metadata()
-        specs = (*host.settings.inputs, *host.settings.outputs)
-        any_datatype = frozenset(s.name for s in specs if s.any_datatype)
-        return ModelMetadata(
-            name=str(meta.get("name", host.name)),
-            versions=self._versions(host.name),
-            platform=str(meta.get("platform", "")),
-            inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
-            outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
-        )
+        return model_metadata(host.metadata(), host.settings, host.model_class, self._versions(host.name))
 
     def _versions(self, name: str) -> tuple[str, ...]:
         return tuple(sorted(self._hosts.get(name, ()), key=version_key))
@@ -347,11 +328,6 @@ async def _checked(
     async for request in requests:
         contract.check(request)
         yield request
-
-
-def _tensor_metadata(spec: Any, any_datatype: frozenset[str] = frozenset()) -> TensorMetadata:
-    name = str(spec["name"])
-    return TensorMetadata(name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype)
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
