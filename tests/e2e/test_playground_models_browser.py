@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -89,6 +90,7 @@ def drive(base_url: str) -> dict[str, Any]:
                 expect(page.locator("#output")).to_have_attribute("data-state", "done")
                 got["events"] = page.locator("#output").get_attribute("data-events")
                 got["raw_output"] = page.locator("#output").inner_text()
+                got["raw_stats"] = page.locator("#stats").inner_text()
                 request["parameters"] = {"speed": 2}
                 page.fill("#raw", json.dumps(request))
                 page.press("#raw", "Control+Enter")
@@ -136,6 +138,7 @@ async def test_playground_offers_what_each_model_takes(server: Server) -> None:
     }
     assert got["hint"] == "Parameters this model reads: count, step."
     assert got["events"] == "4"
+    assert re.match(r"4 events · ", got["raw_stats"])
     values = [json.loads(line)["outputs"][0]["data"] for line in got["raw_output"].splitlines()]
     assert values == [[10], [7], [4], [1]]
     assert got["raw_error"] == (

@@ -128,7 +128,9 @@ function rawTemplate(model) {
     const value = datatype === "BYTES" ? (t.name === model.prompt ? "Hello" : "") : datatype === "BOOL" ? false : 0;
     return { name: t.name, datatype, shape, data: Array(count).fill(value) };
   });
-  return JSON.stringify({ inputs, parameters: {} }, null, 2);
+  // One line per input: the data is what a user edits.
+  const lines = inputs.map((t) => `    ${JSON.stringify(t)}`);
+  return `{\n  "inputs": [\n${lines.join(",\n")}\n  ],\n  "parameters": {}\n}`;
 }
 
 function rawHintOf(model) {

@@ -141,7 +141,8 @@ function textOf(data, name) {
 function updateStats() {
   statsPending = false;
   if (!run) return;
-  const parts = [`${run.events} token${run.events === 1 ? "" : "s"}`];
+  const noun = modeSelect.value === "raw" ? "event" : "token";
+  const parts = [`${run.events} ${noun}${run.events === 1 ? "" : "s"}`];
   if (run.first !== null) {
     const seconds = (run.last - run.first) / 1000;
     if (run.events > 1 && seconds > 0) parts.push(`${Math.round((run.events - 1) / seconds)} tok/s`);
