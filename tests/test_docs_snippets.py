@@ -189,6 +189,7 @@ def quoted(text: str) -> bool:
     """``text`` ends inside a quoted string (a command that goes on on the next line)."""
     quote = ""
     escaped = False
+    previous = "\n"
     for char in text:
         if escaped:
             escaped = False
@@ -198,6 +199,9 @@ def quoted(text: str) -> bool:
             quote = "" if char == quote else quote
         elif char in "'\"":
             quote = char
+        elif char == "#" and previous.isspace():  # a comment: its quotes are prose
+            return False
+        previous = char
     return bool(quote)
 
 
