@@ -264,3 +264,18 @@ def test_every_skip_names_a_block() -> None:
     keys = {(s.path, s.key[1]) for s in SNIPPETS}
     for path, prefix in [*SKIP, *CONTINUES, *NOT_PRINTED]:
         assert any(p == path and first.startswith(prefix) for p, first in keys), (path, prefix)
+
+
+def test_the_docs_count_and_name_every_built_in_model() -> None:
+    """The README, cli.md and getting-started.md's table list exactly the built-in models."""
+    from actorserve.models import builtin_settings
+
+    names = sorted(m.name for m in builtin_settings())
+    count = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"][len(names)]
+    for doc in ("README.md", "docs/cli.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        listed = re.search(rf"the {count} built-in models \(([^)]*)\)", text)
+        assert listed is not None, f"{doc} does not say 'the {count} built-in models (...)'"
+        assert sorted(re.findall(r"`(\w+)`", listed[1])) == names, doc
+    table = (ROOT / "docs" / "getting-started.md").read_text().split("built-in models:")[1].split("\n\n")[1]
+    assert sorted(re.findall(r"^\| `(\w+)` \|", table, re.M)) == names
