@@ -58,10 +58,6 @@ SKIP: dict[tuple[str, str], str] = {
         "docs/management.md",
         "import json, tritonclient.http",
     ): "loads 'textlm', a model folder of the reader's",
-    (
-        "docs/security.md",
-        "import tritonclient.grpc as grpcclient",
-    ): "a fragment: token is the reader's variable",
     ("docs/writing-a-model.md", "StepOutput(response=None"): "a signature sketch, not code",
     ("docs/writing-a-model.md", "class Streamer(Model):"): "a fragment of a class",
     ("docs/writing-a-model.md", "async with actorserve.open_engine(["): "a fragment of an async function",
