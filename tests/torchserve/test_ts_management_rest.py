@@ -35,6 +35,8 @@ async def test_register_describe_set_default_scale_unregister(make_archive: Make
 
         async def default() -> tuple[list[str], str]:
             described = [d["modelVersion"] for d in (await client.get("/models/echo")).json()]
+            oip = (await client.get("/v2/repository/models/echo")).json()["default_version"]
+            assert described == [oip]  # one default for both APIs
             return described, (await client.post("/predictions/echo", content=b"v")).text
 
         # registering 2.0 moved nothing: 1.0, registered first, stays the default
