@@ -57,7 +57,7 @@ async def test_register_describe_set_default_scale_unregister(make_archive: Make
         assert (scaled["minWorkers"], [w["id"] for w in scaled["workers"]]) == (3, ["1", "2", "3"])
         assert (await client.post("/predictions/echo", content=b"w")).text == "one-w:0one-w:1one-w:2one-w:done"
         fewer = await client.put("/models/echo/1.0", params={"min_worker": "1"})
-        assert fewer.json() == {"status": "Workers scaled to 1 for model: echo"}
+        assert fewer.json() == {"status": "Workers scaled to 1 for model: echo, version: 1.0"}
         assert len((await client.get("/models/echo/1.0")).json()[0]["workers"]) == 1
         zero = await client.put("/models/echo", params={"min_worker": "0"})
         assert (zero.status_code, zero.json()["type"]) == (400, "BadRequestException")

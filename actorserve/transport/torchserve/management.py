@@ -158,7 +158,8 @@ class Management:
         if wanted < 1:
             raise BadInput("min_worker must be >= 1 (actorserve keeps at least one worker per loaded model)")
         await self.engine.set_workers(name, wanted, info.version)
-        return _status(f"Workers scaled to {wanted} for model: {name}")
+        named = f", version: {version}" if version else ""  # TorchServe names a version asked for
+        return _status(f"Workers scaled to {wanted} for model: {name}{named}")
 
     async def set_default(self, name: str, version: str) -> Reply:
         await self._versions(name)
