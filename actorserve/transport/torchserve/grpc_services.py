@@ -3,10 +3,12 @@
 StreamPredictions, StreamPredictions2) and ``...management.ManagementAPIsService``.
 
 Handlers run on grpclib's asyncio loop and reach the engine in one trio task per call
-(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Errors are
+(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Unary
+``Predictions`` answers the handler's first response, as TorchServe does. Errors are
 TorchServe's: its HTTP code mapped to a gRPC status (``GRPCUtils``), the message as the
 details; on StreamPredictions2 an error is a response whose ``status`` is a
-``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open.
+``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open (a request with
+neither a sequence id nor a start is refused so).
 """
 
 from __future__ import annotations

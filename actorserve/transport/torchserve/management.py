@@ -2,7 +2,8 @@
 the REST routes (:mod:`.management_rest`) and the gRPC ``ManagementAPIsService``.
 
 Each operation returns a :class:`Reply` (HTTP status + TorchServe's JSON) or raises a
-domain error (mapped by :func:`~.calls.ts_error`). Everything is synchronous: a scale or
+domain error or a :class:`~.calls.TsRefusal` in TorchServe's words (both mapped by
+:func:`~.calls.ts_error`). Everything is synchronous: a scale or
 a registration is answered once it is done.
 """
 
