@@ -10,7 +10,9 @@ from actorserve.torchserve.envelope import PLATFORM, SEQUENCE_PLATFORM
 
 
 def settings(version: str, platform: str = "") -> ModelSettings:
-    return ModelSettings(name="m", implementation="actorserve.models.identity.Identity", version=version, platform=platform)
+    return ModelSettings(
+        name="m", implementation="actorserve.models.identity.Identity", version=version, platform=platform
+    )
 
 
 def load(defaults: DefaultVersions, loaded: list[str], version: str, platform: str = "") -> str:
