@@ -26,6 +26,7 @@ import trio
 from click.core import ParameterSource
 
 from . import processes
+from .auth import take_token
 from .errors import ModelFailed
 from .listeners import raise_open_file_limit
 from .logformat import configure_logging
@@ -257,7 +258,7 @@ def cli(
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values, token=os.environ.get(TOKEN_VARIABLE) or None)
+        settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
