@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 import tritonclient.grpc as grpcclient
+from support.servers import start_server
 from tritonclient.utils import InferenceServerException
 
 import actorserve.models
@@ -268,3 +269,36 @@ async def test_torchserve_register_outside_the_store_when_the_operator_allows(
         answer = await client.post("/models", params=params)
         assert answer.status_code == 200, answer.text
         assert (await client.post("/predictions/outside", content=b"2")).text == "2"
+
+
+def test_refusals_cross_the_engine_link(tmp_path: Path) -> None:
+    """The multi-process shape: the engine process decides, the front answers its reason."""
+    for name, settings in {
+        "proxy": {"implementation": PROXY, "parameters": {"extra": UPSTREAM}},
+        "plain": {
+            "implementation": "actorserve.models.identity.IdentityModel",
+            "parameters": {"uri": "/srv/a"},
+        },
+    }.items():
+        (tmp_path / "store" / name).mkdir(parents=True)
+        (tmp_path / "store" / name / "model-settings.json").write_text(json.dumps({"name": name, **settings}))
+    outside = shutil.copytree(TS_STATEFUL, tmp_path / "outside")
+    args = ("--http-port", "0", "--grpc-port", "off", "--api-workers", "2", "--no-auth")
+    server = start_server(*args, "--allow-load-overrides", "uri", str(tmp_path / "store"))
+    try:
+        url = server.wait_for(r"processes: REST listening on (http://\S+)", 60)[1]
+        with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+            ssrf = {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "ACTORSERVE_TOKEN"}
+            body = {"parameters": {"config": {"parameters": {"extra": ssrf}}}}
+            answer = client.post("/v2/repository/models/proxy/load", json=body)
+            assert answer.status_code == 400 and answer.json()["error"].endswith(refusal("extra")), (
+                answer.text
+            )
+            register = client.post("/models", params={"url": str(outside)})
+            assert register.status_code == 400 and register.json()["message"].endswith(refusal("url")), (
+                register.text
+            )
+            allowed = {"parameters": {"config": {"parameters": {"uri": "/srv/b"}}}}  # the operator named it
+            assert client.post("/v2/repository/models/plain/load", json=allowed).json() == {}
+    finally:
+        server.stop()
