@@ -93,6 +93,8 @@ class ModelRepository:
             path = path[len("file://") :]
         elif "://" in path:
             raise BadInput(f"cannot load {path!r}: only archives on the server's disk load (no downloads)")
+        if "\x00" in path:  # no file has such a name (and resolving it would raise ValueError)
+            raise BadInput(f"model archive {path!r} not found")
         found = Path(path)
         if not found.is_absolute() and self.folders:
             found = self.folders[0] / found

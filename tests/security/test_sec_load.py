@@ -254,6 +254,8 @@ async def test_torchserve_register_stays_in_the_model_store(
         )
         assert status == grpc.StatusCode.INVALID_ARGUMENT and message.endswith(refusal("handler")), message
         assert "evil" not in [m["modelName"] for m in (await client.get("/models")).json()["models"]]
+        nul = await client.post("/models", params={"url": "stateful\x00", "model_name": "evil"})
+        assert (nul.status_code, nul.json()["message"]) == (400, "model archive 'stateful\\x00' not found")
         # an archive (here a folder) of the store itself registers
         inside = await client.post("/models", params={"url": "stateful", "model_name": "inside"})
         assert inside.status_code == 200, inside.text
