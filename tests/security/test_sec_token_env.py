@@ -9,6 +9,7 @@ generated; and the fronts still check it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 from support.servers import ServerProcess, start_server
+
+from actorserve.auth import TOKENS_FD_VAR, read_tokens, take_token, token_handoff
+from actorserve.settings import Settings
 
 STARTUP_TIMEOUT = 60.0
 SECRET = "s3cret-token-of-the-test"
@@ -100,3 +104,24 @@ def test_model_code_finds_no_token_in_its_environment(running: tuple[ServerProce
                     other.post("/v2/repository/models/envmodel/load", headers=authorized).status_code == 200
                 )
     assert token not in server.text()  # nor in the log
+
+
+def test_take_token_empties_the_environment_and_reads_the_handoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a server: what a front process does with its variables and descriptor."""
+    handoff = token_handoff(("first", "second"))
+    assert handoff is not None
+    with handoff:
+        fds = [os.dup(handoff.fileno()) for _ in range(2)]  # two fronts: one open file, one offset
+        os.lseek(fds[0], 0, os.SEEK_END)  # a position moved by anyone does not matter
+        for fd in fds:
+            monkeypatch.setenv("ACTORSERVE_TOKEN", "own")
+            monkeypatch.setenv("ACTORSERVE_TOKEN_FILE", "/nowhere")
+            monkeypatch.setenv(TOKENS_FD_VAR, str(fd))
+            token = take_token("ACTORSERVE_TOKEN", "ACTORSERVE_TOKEN_FILE")
+            assert token == "own\nfirst\nsecond"
+            assert read_tokens(Settings(token=token)) == ("own", "first", "second")
+            assert [k for k in os.environ if "TOKEN" in k] == []
+            with pytest.raises(OSError):
+                os.fstat(fd)  # closed
+    assert token_handoff(()) is None
+    assert take_token("ACTORSERVE_TOKEN", "ACTORSERVE_TOKEN_FILE") is None
