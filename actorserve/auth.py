@@ -116,13 +116,13 @@ def token_handoff(tokens: tuple[str, ...]) -> IO[bytes] | None:
 def _read_all(fd: int) -> str:
     """All of the file at ``fd``, read at explicit offsets (the fronts share one open file,
     so none may move its position); then ``fd`` is closed."""
-    chunks: list[bytes] = []
+    data = b""
     try:
-        while chunk := os.pread(fd, 65536, sum(len(c) for c in chunks)):
-            chunks.append(chunk)
+        while chunk := os.pread(fd, 65536, len(data)):
+            data += chunk
     finally:
         os.close(fd)
-    return b"".join(chunks).decode()
+    return data.decode()
 
 
 __all__ = [
