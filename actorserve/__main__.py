@@ -26,6 +26,7 @@ import trio
 from click.core import ParameterSource
 
 from . import processes
+from .auth import take_token
 from .errors import ModelFailed
 from .listeners import raise_open_file_limit
 from .logformat import configure_logging
@@ -132,6 +133,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
+    "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
@@ -256,7 +258,7 @@ def cli(
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values, token=os.environ.get(TOKEN_VARIABLE) or None)
+        settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

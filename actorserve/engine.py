@@ -38,7 +38,7 @@ from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, Shuttin
 from .metrics import Metrics
 from .model import BatchModel, Model
 from .polling import poll_repository
-from .repository import ModelRepository, override_settings
+from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
 from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
@@ -264,13 +264,13 @@ class Engine:
         for model_settings in found:
             try:
                 if config is not None:
-                    model_settings = override_settings(model_settings, config)
+                    model_settings = self.repository.override(model_settings, config, self.settings.allow_load_overrides)
                 await self.load(model_settings)
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
 
     async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
-        return _info(await self.load(self.repository.archive(path, **overrides)))
+        return _info(await self.load(self.repository.archive(path, self.settings.allow_load_overrides, **overrides)))
 
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)

@@ -29,7 +29,8 @@ def cluster(store: Path, make_archive: MakeArchive) -> Iterator[tuple[ServerProc
     make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'm-'\n")
     make_archive("later", "streaming_handler.py", "handler:\n  prefix: 'l-'\n")
     (store / "later.mar").rename(store.parent / "later.mar")  # registered at run time
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(store))
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth",
+                          "--allow-load-overrides", "url", str(store))  # later.mar: outside the store
     try:
         server.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
         http_url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
