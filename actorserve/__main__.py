@@ -134,6 +134,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
     "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
+    "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
