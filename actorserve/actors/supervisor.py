@@ -20,7 +20,7 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
 import attrs
@@ -302,10 +302,25 @@ class Supervisor:
         raise Overloaded(f"{self.name}: {what}", retry_after=retry_after, bound="max_sequences")
 
     def _retry_after_all(self) -> int:
-        """Seconds until the first deadline in the heap (a lower bound: an idle sequence
-        used since its entry was made expires later, never sooner)."""
+        """Seconds until the first deadline of an open sequence. Entries at the top of
+        the heap that no longer say when their sequence expires are settled first, as
+        the reaper would settle them when due: an ended sequence's is dropped, a busy
+        one's too (it is queued again once idle), one used since is moved to its new
+        deadline."""
+        idle = self.settings.idle_timeout_ms / 1000
         heap = self._deadlines
-        while heap and heap[0][2].end_reason is not None:  # ended: their entries are moot
+        while heap:
+            when, _, actor, max_duration = heap[0]
+            if actor.end_reason is None:
+                if max_duration:
+                    break
+                since = actor.idle_since
+                if since is not None and not len(actor.mailbox):
+                    if since + idle <= when:
+                        break
+                    heapreplace(heap, (since + idle, next(self._order), actor, False))
+                    continue
+                actor.idle_queued = False
             heappop(heap)
         return _seconds_until(heap[0][0] if heap else math.inf)
 
