@@ -7,6 +7,7 @@ gRPC, TorchServe, OpenAI) are in test_sec_sequences_e2e.py."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -21,7 +22,9 @@ from actorserve.api import OWNER_PARAMETER, SequenceControl
 from actorserve.settings import BadSetting, Settings
 
 
-def seq(request_id: str, sid: Any = None, *, owner: str | None = None, **flags: Any) -> actorserve.InferenceRequest:
+def seq(
+    request_id: str, sid: Any = None, *, owner: str | None = None, **flags: Any
+) -> actorserve.InferenceRequest:
     params: dict[str, Any] = {f"sequence_{k}": v for k, v in flags.items()}
     if sid is not None:
         params["sequence_id"] = sid
@@ -50,7 +53,7 @@ async def test_server_made_ids_are_128_random_bits(autojump_clock: trio.testing.
     # no shared prefix and no counter: neighbours differ, as random numbers do
     assert len({sid[:8] for sid in ids}) > 990
     numbers = [int(sid, 16) for sid in ids]
-    assert not any(abs(b - a) < 1 << 64 for a, b in zip(numbers, numbers[1:], strict=False))
+    assert not any(abs(b - a) < 1 << 64 for a, b in itertools.pairwise(numbers))
     # every hex digit turns up about equally often (32,000 digits; 2,000 each expected)
     counts = [sum(sid.count(d) for sid in ids) for d in "0123456789abcdef"]
     assert min(counts) > 1700 and max(counts) < 2300, counts
@@ -89,7 +92,9 @@ async def test_the_cap_is_a_model_setting(autojump_clock: trio.testing.MockClock
 # -- Retry-After -----------------------------------------------------------------------------
 
 
-async def test_retry_after_tells_when_the_first_sequence_can_expire(autojump_clock: trio.testing.MockClock) -> None:
+async def test_retry_after_tells_when_the_first_sequence_can_expire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     settings = recording_settings(sequence=SequenceSettings(max_sequences=2, idle_timeout_ms=600_000))
     async with actorserve.open_engine([settings]) as engine:
         await engine.infer(seq("a", "a", start=True))
@@ -124,7 +129,9 @@ async def test_retry_after_is_at_least_1_and_bounded(autojump_clock: trio.testin
 # -- bound to the token that opened it ------------------------------------------------------
 
 
-async def test_a_bound_sequence_is_unknown_to_every_other_token(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_bound_sequence_is_unknown_to_every_other_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with actorserve.open_engine([recording_settings()]) as engine:
         await engine.infer(seq("open", "s", owner="A", start=True))
         for flags in ({}, {"end": True}, {"cancel": True}):
