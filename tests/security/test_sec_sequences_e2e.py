@@ -203,17 +203,39 @@ async def test_a_bound_sequence_answers_only_its_token_on_rest_and_grpc(
         assert reply.json()["error"] == never.json()["error"].replace("f" * 32, sid)
     assert (mine.status_code, mine.json()["outputs"][0]["data"]) == (200, [7])
 
+    def stream(c: grpcclient.InferenceServerClient, headers: dict[str, str], value: int, **flags: Any) -> str:
+        """One ModelStreamInfer request: 'OK <sum>' or the in-band error's message."""
+        results: list[str] = []
+
+        def seen(result: Any, error: Any) -> None:
+            results.append(error.message() if error else f"OK {int(result.as_numpy('OUTPUT')[0])}")
+
+        c.start_stream(callback=seen, headers=headers)
+        one = grpcclient.InferInput("INPUT", [1], "INT64")
+        one.set_data_from_numpy(np.array([value], dtype=np.int64))
+        c.async_stream_infer("accumulator", [one], sequence_id=sid, **flags)
+        c.stop_stream()
+        (result,) = results
+        return result
+
     def over_grpc() -> list[str]:
         with grpcclient.InferenceServerClient(grpc_target(server)) as c:
             alice, bob = {"authorization": ALICE["Authorization"]}, {"authorization": BOB["Authorization"]}
-            return [grpc_add(c, 1, sid, bob), grpc_add(c, 3, sid, alice, sequence_end=True)]
+            return [
+                grpc_add(c, 1, sid, bob),
+                stream(c, bob, 1),
+                stream(c, alice, 2),
+                grpc_add(c, 1, sid, alice, sequence_end=True),
+            ]
 
-    bob_grpc, alice_grpc = await trio.to_thread.run_sync(over_grpc)
-    assert (
-        bob_grpc
-        == f"StatusCode.NOT_FOUND sequence {sid!r} is not open (unknown id; start it with sequence_start)"
-    )
-    assert alice_grpc == "OK 10"  # the same token over gRPC is the same owner
+    unknown = f"sequence {sid!r} is not open (unknown id; start it with sequence_start)"
+    # the same token over gRPC (unary and streamed) is the same owner
+    assert await trio.to_thread.run_sync(over_grpc) == [
+        f"StatusCode.NOT_FOUND {unknown}",
+        unknown,
+        "OK 9",
+        "OK 10",
+    ]
 
 
 async def test_unbound_sequences_answer_any_token(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -233,9 +255,12 @@ async def test_unbound_sequences_answer_any_token(nursery: trio.Nursery, tmp_pat
 async def test_a_token_over_its_cap_gets_429_naming_it(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = await start(
         nursery,
-        no_auth=False, auth_inference=True, bind_sequences_to_token=True, token_file=token_file(tmp_path),
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=token_file(tmp_path),
         models=models(max_sequences_per_token=1, idle_timeout_ms=60_000),
-    )  # fmt: skip
+    )
     async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
         start_one = partial(client.post, "/v2/models/accumulator/infer", json=add(1))
         first = await start_one(headers={**ALICE, "sequence-start": "true"})
@@ -250,9 +275,17 @@ async def test_a_token_over_its_cap_gets_429_naming_it(nursery: trio.Nursery, tm
 def test_binding_holds_across_the_fronts_and_the_engine_process(tmp_path: Path) -> None:
     tokens = token_file(tmp_path)
     server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--auth-inference",
-        "--bind-sequences-to-token", "--token-file", tokens,
-    )  # fmt: skip
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        "2",
+        "--auth-inference",
+        "--bind-sequences-to-token",
+        "--token-file",
+        tokens,
+    )
     try:
         server.wait_for(r"serving with 2 front process", 60)
         url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
