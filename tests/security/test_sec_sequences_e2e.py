@@ -313,3 +313,26 @@ def test_binding_holds_across_the_fronts_and_the_engine_process(tmp_path: Path) 
     assert [r.status_code for r in replies] == [200, 404, 200]
     assert json.loads(replies[2].content)["outputs"][0]["data"] == [7]
     assert bob_grpc.startswith("StatusCode.NOT_FOUND") and alice_grpc == "OK 8"
+
+
+async def test_a_bound_sequence_answers_only_its_token_on_torchserve(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    server = await start(
+        nursery,
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=token_file(tmp_path),
+    )
+    seq_id = "ts_request_sequence_id"
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+        opened = await client.post("/predictions/ts_stateful", content=b"2", headers=ALICE)
+        sid = opened.headers[seq_id]
+        # Bob's request never reaches Alice's sequence: TorchServe's door tries to open
+        # the id for him, which is refused as the id is in use
+        bob = await client.post("/predictions/ts_stateful", content=b"4", headers={**BOB, seq_id: sid})
+        alice = await client.post("/predictions/ts_stateful", content=b"4", headers={**ALICE, seq_id: sid})
+    assert (opened.status_code, opened.text) == (200, "2")
+    assert bob.status_code == 409, bob.text
+    assert (alice.status_code, alice.text) == (200, "6")  # Bob's 4 was never added
