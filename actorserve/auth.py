@@ -14,6 +14,13 @@ without ``XDG_RUNTIME_DIR``), so a client's ``$(cat ...)`` works across restarts
 one server can hold a port, but a stale file (a killed server) may be there: it is
 replaced. Where that folder is not private to this user (another owner, a symlink, open
 to others), or the port is picked at start (0), a fresh temporary folder is used.
+
+Model code runs in the server's processes, so the token does not stay in their
+environment: the CLI takes ``ACTORSERVE_TOKEN`` (and ``ACTORSERVE_TOKEN_FILE``) out of it
+as it reads them (:func:`take_token`), before any model loads or child starts. The
+multi-process parent hands the tokens to its front processes in an unnamed file (mode
+0600, already unlinked: :func:`token_handoff`) whose descriptor each front inherits,
+reads and closes; the engine process, which checks no token, gets none.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import IO
 
 import attrs
 
@@ -33,6 +41,8 @@ from .settings import Settings, SettingsError
 log = logging.getLogger("actorserve.auth")
 
 TOKEN_FILE_NAME = "token"
+#: names the descriptor of :func:`token_handoff`'s file in a front process's environment
+TOKENS_FD_VAR = "_ACTORSERVE_TOKENS_FD"
 
 
 def auth_enabled(settings: Settings) -> bool:
@@ -43,8 +53,8 @@ def auth_enabled(settings: Settings) -> bool:
 def read_tokens(settings: Settings) -> tuple[str, ...]:
     """Every accepted token; :class:`SettingsError` if the token file cannot be read."""
     tokens: list[str] = []
-    if settings.token:
-        tokens.append(settings.token.strip())
+    if settings.token:  # one token, or several one a line (as a front process gets them)
+        tokens += [line.strip() for line in settings.token.splitlines()]
     if settings.token_file:
         path = Path(settings.token_file)
         try:
@@ -118,11 +128,54 @@ def with_token(settings: Settings) -> tuple[Settings, Path | None]:
     return attrs.evolve(settings, token_file=str(path)), path
 
 
+def take_token(variable: str, file_variable: str) -> str | None:
+    """The token(s) given to this process, taken out of its environment so that model code
+    (and any process it starts) cannot read them there: ``variable`` (the token), and
+    ``file_variable`` (the token file's path, already read into the settings by the CLI)
+    is removed too. In a front process of the multi-process server, also the tokens its
+    parent handed over (:func:`token_handoff`), one a line; the descriptor is closed."""
+    token = os.environ.pop(variable, None) or None
+    os.environ.pop(file_variable, None)
+    fd = os.environ.pop(TOKENS_FD_VAR, None)
+    if fd is not None:
+        handed = _read_all(int(fd))
+        token = "\n".join(t for t in (token, handed.strip()) if t) or None
+    return token
+
+
+def token_handoff(tokens: tuple[str, ...]) -> IO[bytes] | None:
+    """An unnamed file (mode 0600, unlinked as it is made, so no path leads to it) holding
+    ``tokens``, one a line, for the front processes to inherit by descriptor (the
+    caller passes it in :data:`TOKENS_FD_VAR` and closes the file when they are done).
+    None when there is no token to hand over."""
+    if not tokens:
+        return None
+    handoff = tempfile.TemporaryFile()
+    handoff.write("".join(t + "\n" for t in tokens).encode())
+    handoff.flush()
+    return handoff
+
+
+def _read_all(fd: int) -> str:
+    """All of the file at ``fd``, read at explicit offsets (the fronts share one open file,
+    so none may move its position); then ``fd`` is closed."""
+    data = b""
+    try:
+        while chunk := os.pread(fd, 65536, len(data)):
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode()
+
+
 __all__ = [
+    "TOKENS_FD_VAR",
     "auth_enabled",
     "generate_token_file",
     "read_tokens",
     "remove_token_file",
+    "take_token",
     "token_folder",
+    "token_handoff",
     "with_token",
 ]

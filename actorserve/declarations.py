@@ -1,6 +1,7 @@
-"""Model metadata as the engine answers it (``GET /v2/models/{name}``): the model's own
-``metadata()`` made into :class:`ModelMetadata`, with what the model declares about its
-requests in the metadata's ``parameters``.
+"""What a model declares about its requests, as its metadata shows it
+(``GET /v2/models/{name}``, built by :func:`actorserve.actors.reports.metadata`): the
+request parameters it reads and its text-generation declaration, in the metadata's
+``parameters``.
 
 OIP lets metadata carry ``parameters`` (string, number or boolean values; MLServer
 fills them too). Here they say what a client may send beyond the inputs, so that a
@@ -19,15 +20,13 @@ gRPC's ModelMetadataResponse has no parameters, so only REST shows them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from .api import ModelMetadata, TensorMetadata
 from .settings import ModelSettings
 from .textgen import TextGeneration
 from .validation import RequestContract
 
-__all__ = ["declared_parameters", "model_metadata", "text_generation_of"]
+__all__ = ["declared_parameters", "text_generation_of"]
 
 
 def text_generation_of(settings: ModelSettings, model_class: type[Any]) -> TextGeneration | None:
@@ -59,27 +58,3 @@ def declared_parameters(settings: ModelSettings, model_class: type[Any]) -> dict
             }
         )
     return parameters
-
-
-def model_metadata(
-    meta: Mapping[str, Any], settings: ModelSettings, model_class: type[Any], versions: tuple[str, ...]
-) -> ModelMetadata:
-    """:class:`ModelMetadata` from a model's ``metadata()`` dict (a ``parameters`` entry
-    there is laid over the declared ones)."""
-    specs = (*settings.inputs, *settings.outputs)
-    any_datatype = frozenset(s.name for s in specs if s.any_datatype)
-    return ModelMetadata(
-        name=str(meta.get("name", settings.name)),
-        versions=versions,
-        platform=str(meta.get("platform", "")),
-        inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
-        outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
-        parameters={**declared_parameters(settings, model_class), **meta.get("parameters", {})},
-    )
-
-
-def _tensor_metadata(spec: Any, any_datatype: frozenset[str] = frozenset()) -> TensorMetadata:
-    name = str(spec["name"])
-    return TensorMetadata(
-        name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype
-    )
