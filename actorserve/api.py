@@ -89,6 +89,8 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...] = ()
     outputs: tuple[TensorMetadata, ...] = ()
+    #: what the model declares about its requests (:mod:`actorserve.declarations`); REST only
+    parameters: Mapping[str, str | bool] = attrs.field(factory=dict)
 
     def input_datatypes(self) -> dict[str, str]:
         """Declared input name -> datatype ("" when the input takes any datatype)."""

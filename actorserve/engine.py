@@ -33,6 +33,7 @@ from .api import (
     ResponseIterator,
 )
 from .catalog import UNLOADED, Catalog, version_key
+from .declarations import text_generation_of
 from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
 from .metrics import Metrics
@@ -40,7 +41,6 @@ from .model import BatchModel, Model
 from .polling import poll_repository
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
-from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
@@ -58,17 +58,8 @@ def _info(host: ModelHost) -> ModelInfo:
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
         reason=host.reason,
-        text_generation=_text_generation(host),
+        text_generation=text_generation_of(host.settings, host.model_class),
     )
-
-
-def _text_generation(host: ModelHost) -> TextGeneration | None:
-    """The model class's declaration with its settings' ``text_generation`` block over it."""
-    declared = host.model_class.text_generation
-    block = host.settings.text_generation
-    if block is None:
-        return declared
-    return (declared or TextGeneration()).with_settings(block)
 
 
 class Engine:

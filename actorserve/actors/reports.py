@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..api import ModelMetadata, ModelStatistics, TensorMetadata
+from ..declarations import declared_parameters
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -27,7 +28,8 @@ def _implementation(host: ModelHost) -> str:
 
 def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
     """``host``'s metadata as the model gives it (``Model.metadata``), with the
-    settings' ``any_datatype`` marks; the engine knows the versions around it."""
+    settings' ``any_datatype`` marks and what the model declares about its requests
+    (:mod:`actorserve.declarations`); the engine knows the versions around it."""
     meta = host.metadata()
     specs = (*host.settings.inputs, *host.settings.outputs)
     any_datatype = frozenset(s.name for s in specs if s.any_datatype)
@@ -37,6 +39,7 @@ def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
         platform=str(meta.get("platform", "")),
         inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
         outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
+        parameters=declared_parameters(host.settings, host.model_class),
     )
 
 
