@@ -30,6 +30,8 @@ from .envelope import PLATFORM, SEQUENCE_PLATFORM
 
 MANIFEST: Final = "MAR-INF/MANIFEST.json"
 IMPLEMENTATION: Final = "actorserve.torchserve.handler_model.TorchServeModel"
+#: the largest MANIFEST.json or model-config.yaml read
+MAX_MANIFEST_BYTES: Final = 1024 * 1024
 
 #: model-config.yaml keys we act on (the rest are kept for the handler and ignored)
 CONFIG_KEYS: Final = (
@@ -60,8 +62,12 @@ def archive_name(path: Path) -> str:
     try:
         if path.is_file():
             with zipfile.ZipFile(path) as archive:
+                if archive.getinfo(MANIFEST).file_size > MAX_MANIFEST_BYTES:
+                    return path.stem
                 manifest = json.loads(archive.read(MANIFEST))
         else:
+            if (path / MANIFEST).stat().st_size > MAX_MANIFEST_BYTES:
+                return path.stem
             manifest = json.loads((path / MANIFEST).read_text())
         name = manifest["model"]["modelName"]
     except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
@@ -138,10 +144,18 @@ def _extract_members(path: Path, archive: zipfile.ZipFile, target: Path, limits:
                 out.write(chunk)
 
 
+def _check_small(path: Path) -> None:
+    """A manifest or model-config.yaml is a few hundred bytes: one of megabytes is refused
+    before it is read and parsed (on every load, and for every archive of the store)."""
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise SettingsError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest or config may be")
+
+
 def read_manifest(model_dir: Path) -> dict[str, Any]:
     path = model_dir / MANIFEST
     if not path.is_file():
         return {}
+    _check_small(path)
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -162,6 +176,7 @@ def read_model_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str,
         return {}
     import yaml
 
+    _check_small(path)
     try:
         config = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

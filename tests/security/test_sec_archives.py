@@ -21,7 +21,7 @@ from actorserve.models import builtin_settings
 from actorserve.repository import ModelRepository
 from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
-from actorserve.torchserve.archive import ArchiveLimits, archive_settings
+from actorserve.torchserve.archive import ArchiveLimits, archive_name, archive_settings
 
 MIB = 1024 * 1024
 HANDLER = b"def handle(data, context):\n    return [len(data)]\n"
@@ -85,6 +85,18 @@ def test_an_archive_over_max_archive_members_is_refused(tmp_path: Path) -> None:
     mar = make_mar(tmp_path / "many.mar", members=50)
     with pytest.raises(SettingsError, match=r"has 52 members, more than max_archive_members \(10\)"):
         archive_settings(mar, limits=ArchiveLimits(max_members=10))
+
+
+def test_a_huge_manifest_is_not_read(tmp_path: Path) -> None:
+    mar = tmp_path / "fat.mar"
+    with zipfile.ZipFile(mar, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(
+            "MAR-INF/MANIFEST.json", b'{"model": {"modelName": "other"}, "pad": "' + b" " * (2 * MIB) + b'"}'
+        )
+        archive.writestr("handler.py", HANDLER)
+    assert archive_name(mar) == "fat"  # named by its file, unread
+    with pytest.raises(SettingsError, match="larger than 1048576 bytes"):
+        archive_settings(mar)
 
 
 def test_an_unchanged_archive_is_extracted_once(tmp_path: Path) -> None:
