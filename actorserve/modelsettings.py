@@ -45,9 +45,7 @@ class SettingsError(BadInput, ValueError):
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: the longest model name or version
 MAX_NAME_LENGTH: Final = 128
-NAME_RULE: Final = (
-    f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_NAME_LENGTH} characters"
-)
+NAME_RULE: Final = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_NAME_LENGTH} characters"
 
 
 def check_name(value: object, what: str = "model name") -> str:

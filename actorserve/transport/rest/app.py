@@ -227,6 +227,7 @@ async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) 
         if message.get("type") == "websocket.connect":
             await send({"type": "websocket.close", "code": 1008, "reason": "WebSockets are not served"})
 
+
 _QUART_MODEL_ROUTES: Final = (
     ("", "model_metadata", ("GET",)),
     ("/ready", "model_ready", ("GET",)),
