@@ -51,6 +51,9 @@ INFERENCE = [
     ("PUT", "/predictions/identity/1", ""),
     ("POST", "/explanations/identity", ""),
 ]
+#: ``--auth-metrics`` is on
+METRICS = [("GET", "/metrics", "")]
+FAMILIES = {"management": MANAGEMENT, "inference": INFERENCE, "metrics": METRICS}
 
 
 def variants(path: str) -> dict[str, str]:
@@ -80,12 +83,17 @@ def request(method: str, target: str, auth: str = "") -> bytes:
 
 @pytest.fixture(params=PARSERS)
 async def secured(request: pytest.FixtureRequest, nursery: trio.Nursery) -> Server:
-    return await launch(nursery, no_auth=False, token=TOKEN, auth_inference=True, http_parser=request.param)
+    return await launch(
+        nursery, no_auth=False, token=TOKEN, auth_inference=True, auth_metrics=True, http_parser=request.param
+    )
 
 
-async def status_of(server: Server, method: str, target: str, auth: str = "") -> int:
+async def status_of(
+    server: Server, method: str, target: str, auth: str = "", *, port: int | None = None
+) -> int:
+    """The status of one raw request to the REST port (or ``port``)."""
     assert server.http_address is not None
-    answer = await send_head(server.http_address[1], request(method, target, auth))
+    answer = await send_head(port or server.http_address[1], request(method, target, auth))
     assert answer.closed
     return answer.status
 
@@ -100,21 +108,37 @@ async def still_served(server: Server) -> None:
         assert (described.status_code, described.json()["workers"]) == (200, 1), described.json()
 
 
-@pytest.mark.parametrize("family", ["management", "inference"])
-async def test_no_spelling_of_a_protected_route_is_served_without_the_token(
-    secured: Server, family: str
-) -> None:
-    served = []
-    for method, path, query in MANAGEMENT if family == "management" else INFERENCE:
+async def unserved_spellings(
+    server: Server, routes: list[tuple[str, str, str]], port: int | None = None
+) -> list[object]:
+    """The spellings of ``routes`` served without the token (should be none)."""
+    served: list[object] = []
+    for method, path, query in routes:
         for name, target in variants(path).items():
-            status = await status_of(secured, method, target + query)
+            status = await status_of(server, method, target + query, port=port)
             if status in (400, 401):
                 continue
             # a spelling no door routes may be a 404 / 405 -- but only if the token changes nothing
-            with_token = await status_of(secured, method, target + query, AUTH)
+            with_token = await status_of(server, method, target + query, AUTH, port=port)
             if status not in (404, 405) or with_token != status:
                 served.append((method, target, name, status, with_token))
-    assert served == []
+    return served
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+async def test_no_spelling_of_a_protected_route_is_served_without_the_token(
+    secured: Server, family: str
+) -> None:
+    assert await unserved_spellings(secured, FAMILIES[family]) == []
+    await still_served(secured)
+
+
+async def test_the_torchserve_management_port_reads_targets_alike(secured: Server) -> None:
+    port = secured.extra_addresses["ts_management_http"][1]
+    assert (
+        await unserved_spellings(secured, [r for r in MANAGEMENT if r[1].startswith("/models")], port) == []
+    )
+    assert await status_of(secured, "GET", "/models", AUTH, port=port) == 200
     await still_served(secured)
 
 
