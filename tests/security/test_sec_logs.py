@@ -25,8 +25,8 @@ STARTUP = 60.0
 
 
 class Debugged:
-    def __init__(self, process: ServerProcess, http: str, grpc: str, token: str) -> None:
-        self.process, self.http, self.grpc, self.token = process, http, grpc, token
+    def __init__(self, process: ServerProcess, parser: str, http: str, grpc: str, token: str) -> None:
+        self.process, self.parser, self.http, self.grpc, self.token = process, parser, http, grpc, token
 
     @property
     def port(self) -> int:
@@ -48,7 +48,7 @@ def debugged(request: pytest.FixtureRequest) -> Iterator[Debugged]:
         http = server.wait_for(r"REST listening on (http://\S+)", STARTUP)[1]
         grpc = server.wait_for(r"gRPC listening on (\S+)")[1]
         token_file = Path(server.wait_for(r"management token generated: .* token in (\S+)")[1])
-        yield Debugged(server, http, grpc, token_file.read_text().strip())
+        yield Debugged(server, parser, http, grpc, token_file.read_text().strip())
     finally:
         server.stop()
 
@@ -105,6 +105,21 @@ def test_non_canonical_targets_are_refused_on_every_front(debugged: Debugged) ->
     assert h2_status(port, "/v2/repository/models/identity/unload") == "401"
     with httpx.Client(base_url=debugged.http, timeout=10) as client:
         assert client.get("/v2/models/identity/ready").status_code == 200  # nothing was unloaded
+
+
+def test_a_websocket_handshake_is_refused_on_every_front(debugged: Debugged) -> None:
+    import socket
+
+    handshake = (
+        b"GET /v2/repository/models/identity/unload HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", debugged.port), timeout=10) as sock:
+        sock.sendall(handshake)
+        status = int(sock.recv(65536).split(b" ", 2)[1])
+    # h11 hands the app a WebSocket scope (refused unaccepted: 403); httptools answers plain HTTP
+    assert status == (403 if debugged.parser == "h11" else 401)
+    assert "Traceback" not in debugged.process.text()
 
 
 def test_no_header_value_and_no_forged_line_is_logged(debugged: Debugged) -> None:
