@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 import click
@@ -26,6 +26,8 @@ import trio
 from click.core import ParameterSource
 
 from . import processes
+from .auth import take_token
+from .clitypes import Port, metavar_of
 from .errors import ModelFailed
 from .listeners import raise_open_file_limit
 from .logformat import configure_logging
@@ -56,39 +58,15 @@ MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-if TYPE_CHECKING:
-    _PortBase = click.ParamType[int | None]
-else:  # before click 8.4, ParamType is not generic
-    _PortBase = click.ParamType
-
-
-class _Port(_PortBase):
-    """A port number, or ``off`` (None: the transport is off). The range is checked by
-    :class:`Settings`."""
-
-    name = "port"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
-        if value is None or isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        if text in ("off", "none"):
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a port number or 'off'", param, ctx)
-
-
 #: help and type of the option made from each field of Settings (all but ``models``);
 #: a field missing here fails at import, so a new setting cannot lack its option.
 _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "host": (click.STRING, "address to listen on (0.0.0.0: every interface)"),
-    "http_port": (_Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
-    "grpc_port": (_Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
-    "ts_inference_grpc_port": (_Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
-    "ts_management_grpc_port": (_Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
-    "ts_management_http_port": (_Port(), "extra port for TorchServe's management REST paths and /ping only"),
+    "http_port": (Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
+    "grpc_port": (Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
+    "ts_inference_grpc_port": (Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
+    "ts_management_grpc_port": (Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
+    "ts_management_http_port": (Port(), "extra port for TorchServe's management REST paths and /ping only"),
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
     "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
@@ -132,6 +110,8 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
+    "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
+    "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
@@ -172,19 +152,11 @@ def _settings_options(command: F) -> F:
             default=default,
             multiple=multiple,
             show_default=False if flag else "off" if default is None else "none" if multiple else True,
-            metavar=None if flag else _metavar(kind),
+            metavar=None if flag else metavar_of(kind),
             show_envvar=True,
             help=help_text,
         )(command)
     return command
-
-
-def _metavar(kind: click.ParamType[Any]) -> str | None:
-    if isinstance(kind, _Port):
-        return "PORT|off"
-    if isinstance(kind, click.Choice):
-        return "[" + "|".join(str(choice) for choice in kind.choices) + "]"
-    return None
 
 
 def _check_workers(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
@@ -256,7 +228,7 @@ def cli(
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values, token=os.environ.get(TOKEN_VARIABLE) or None)
+        settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

@@ -20,7 +20,7 @@ import trio
 
 from .actors.host import ModelHost
 from .actors.inflight import Inflight
-from .actors.reports import describe, inference_statistics, model_statistics
+from .actors.reports import describe, inference_statistics, metadata, model_statistics
 from .api import (
     EngineAPI,
     InferenceStatistics,
@@ -31,16 +31,16 @@ from .api import (
     ModelStatistics,
     RepositoryEntry,
     ResponseIterator,
-    TensorMetadata,
 )
 from .catalog import UNLOADED, Catalog, version_key
+from .declarations import text_generation_of
+from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
 from .metrics import Metrics
 from .model import BatchModel, Model
 from .polling import poll_repository
-from .repository import ModelRepository, override_settings
+from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
-from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
@@ -58,17 +58,8 @@ def _info(host: ModelHost) -> ModelInfo:
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
         reason=host.reason,
-        text_generation=_text_generation(host),
+        text_generation=text_generation_of(host.settings, host.model_class),
     )
-
-
-def _text_generation(host: ModelHost) -> TextGeneration | None:
-    """The model class's declaration with its settings' ``text_generation`` block over it."""
-    declared = host.model_class.text_generation
-    block = host.settings.text_generation
-    if block is None:
-        return declared
-    return (declared or TextGeneration()).with_settings(block)
 
 
 class Engine:
@@ -82,7 +73,7 @@ class Engine:
         self.catalog = Catalog()
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
-        self._default_version: dict[str, str] = {}
+        self._defaults = DefaultVersions()
         #: what each loaded version accepts (absent: it declares nothing)
         self._contracts: dict[ModelHost, RequestContract] = {}
         self._closing = False
@@ -109,6 +100,7 @@ class Engine:
         if contract is not None:
             self._contracts[host] = contract
         versions = self._hosts.setdefault(settings.name, {})
+        default_before = self._defaults.of(settings.name, versions) if versions else None
         if settings.version not in versions:  # visible (LOADING) while it loads
             versions[settings.version] = host
         try:
@@ -119,6 +111,7 @@ class Engine:
             self.catalog.failed(settings.name, settings.version, failure.message)
             raise failure from exc
         self.catalog.served(settings.name, settings.version)
+        self._defaults.loaded(settings, default_before)
         old = self._hosts.setdefault(settings.name, {}).get(settings.version)
         self._hosts[settings.name][settings.version] = host
         if old is not None and old is not host:
@@ -159,9 +152,9 @@ class Engine:
             if current.get(host.version) is host:
                 del current[host.version]
                 self.catalog.failed(host.name, host.version, UNLOADED)
+            self._defaults.unloaded(name, host.version, current)
             if not current:
                 self._hosts.pop(name, None)
-                self._default_version.pop(name, None)
         log.info("unloaded model %s%s", name, f" version {version}" if version else "")
 
     def host(self, name: str | None, version: str | None = None) -> ModelHost:
@@ -172,7 +165,7 @@ class Engine:
         if not versions:
             raise ModelNotFound(f"model {name!r} is not loaded")
         if version is None or version == "":
-            version = self._default_version.get(name) or max(versions, key=version_key)
+            version = self._defaults.of(name, versions)
         host = versions.get(version)
         if host is None:
             raise ModelNotFound(f"model {name!r} has no version {version!r}")
@@ -240,16 +233,7 @@ class Engine:
 
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         host = self.host(name, version)
-        meta = host.metadata()
-        specs = (*host.settings.inputs, *host.settings.outputs)
-        any_datatype = frozenset(s.name for s in specs if s.any_datatype)
-        return ModelMetadata(
-            name=str(meta.get("name", host.name)),
-            versions=self._versions(host.name),
-            platform=str(meta.get("platform", "")),
-            inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
-            outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
-        )
+        return metadata(host, versions=self._versions(host.name))
 
     def _versions(self, name: str) -> tuple[str, ...]:
         return tuple(sorted(self._hosts.get(name, ()), key=version_key))
@@ -271,17 +255,17 @@ class Engine:
         for model_settings in found:
             try:
                 if config is not None:
-                    model_settings = override_settings(model_settings, config)
+                    model_settings = self.repository.override(model_settings, config, self.settings.allow_load_overrides)
                 await self.load(model_settings)
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
 
     async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
-        return _info(await self.load(self.repository.archive(path, **overrides)))
+        return _info(await self.load(self.repository.archive(path, self.settings.allow_load_overrides, **overrides)))
 
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)
-        self._default_version[name] = version
+        self._defaults.choose(name, version)
         log.info("model %s: default version is now %s", name, version)
 
     async def set_workers(
@@ -294,7 +278,7 @@ class Engine:
 
     async def describe(self, name: str, version: str | None = None) -> ModelDescription:
         host = self.host(name, version)
-        default = self._default_version.get(host.name) or max(self._hosts[host.name], key=version_key)
+        default = self._defaults.of(host.name, self._hosts[host.name])
         return describe(host, default_version=default, versions=self._versions(host.name))
 
     async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
@@ -347,11 +331,6 @@ async def _checked(
     async for request in requests:
         contract.check(request)
         yield request
-
-
-def _tensor_metadata(spec: Any, any_datatype: frozenset[str] = frozenset()) -> TensorMetadata:
-    name = str(spec["name"])
-    return TensorMetadata(name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype)
 
 
 def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:

@@ -70,6 +70,10 @@ class Model:
     #: doors (the OpenAI API) serve it; the settings' ``text_generation`` block is laid
     #: over it. None: not a text generator (unless the settings say so).
     text_generation: ClassVar[TextGeneration | None] = None
+    #: The ``parameters`` keys a load request's ``parameters.config`` may set for this
+    #: model: only those that name no code, file, URL or environment variable (see
+    #: :mod:`actorserve.overrides`). Any other is refused unless the operator allows it.
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings

@@ -17,7 +17,7 @@ import attrs
 
 from .errors import BadInput
 from .textgen import TextGeneration
-from .types import DATATYPES
+from .types import DATATYPES, MAX_SEQUENCE_ID_LENGTH
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 
@@ -71,6 +71,11 @@ class SequenceSettings:
     max_queue: int = 16
     max_sequences: int = 1024
     evict_idle: bool = False
+    #: longest client-chosen ``sequence_id`` (characters); a longer one is refused 400
+    max_id_length: int = MAX_SEQUENCE_ID_LENGTH
+    #: open sequences one token may hold when sequences are bound to tokens
+    #: (``--bind-sequences-to-token``); 0: only ``max_sequences`` bounds them
+    max_sequences_per_token: int = 0
 
 
 @attrs.frozen

@@ -37,7 +37,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from .auth import remove_token_file, with_token
+from .auth import TOKENS_FD_VAR, read_tokens, remove_token_file, token_handoff, with_token
 from .engine import open_engine
 from .gauges import watch_engine
 from .heaptrim import trim_heap_when_idle
@@ -90,8 +90,10 @@ class ProcessSupervisor:
     grace_period: float
     listeners: Listeners
     engine_socket: Path
-    #: variables every child gets besides the parent's own (metrics folder, token file)
+    #: variables every child gets besides the parent's own (the metrics folder)
     env: dict[str, str] = attrs.field(factory=dict)
+    #: the descriptor of the tokens' file every front inherits (auth.token_handoff)
+    tokens_fd: int | None = None
     engine: _Child | None = None
     fronts: dict[int, _Child] = attrs.field(factory=dict)
     stopping: trio.Event = attrs.field(factory=trio.Event)
@@ -112,10 +114,13 @@ class ProcessSupervisor:
         env[READY_FD_VAR] = str(ready_w)
         env[INDEX_VAR] = str(index)
         pass_fds = [ready_w]
-        if role == "front":  # the listening sockets
+        if role == "front":  # the listening sockets and the tokens
             for var, fd in self.listeners.for_child().items():
                 env[var] = str(fd)
                 pass_fds.append(fd)
+            if self.tokens_fd is not None:
+                env[TOKENS_FD_VAR] = str(self.tokens_fd)
+                pass_fds.append(self.tokens_fd)
         try:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "actorserve", *self.argv],
@@ -300,12 +305,14 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     folder_socket = engine_socket_path()
     settings, token_file = with_token(settings)  # one token for every child
     env = {MULTIPROC_VAR: str(folder_socket.parent)}  # every process's metrics, summed by a scrape
-    if token_file is not None:
-        env["ACTORSERVE_TOKEN_FILE"] = str(token_file)
-    supervisor = ProcessSupervisor(
-        tuple(argv), settings.api_workers, settings.grace_period, listeners, folder_socket, env
-    )
+    handoff = None
     try:
+        # the fronts get the tokens by descriptor, not in a variable that model code could read
+        handoff = token_handoff(read_tokens(settings))
+        tokens_fd = None if handoff is None else handoff.fileno()
+        supervisor = ProcessSupervisor(
+            tuple(argv), settings.api_workers, settings.grace_period, listeners, folder_socket, env, tokens_fd
+        )
         async with trio.open_nursery() as nursery:
 
             async def supervise(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -319,6 +326,8 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     finally:
         listeners.close()
         shutil.rmtree(folder_socket.parent, ignore_errors=True)  # the socket and the metrics files
+        if handoff is not None:
+            handoff.close()
         if token_file is not None:
             remove_token_file(token_file)
     return supervisor.exit_code

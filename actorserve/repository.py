@@ -26,7 +26,7 @@ import importlib.util
 import itertools
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
@@ -35,13 +35,13 @@ import attrs
 
 from .errors import BadInput, ModelNotFound
 from .model import Model
+from .overrides import LoadOverrideRefused, allows, check_registration, needs_declaration, override_settings
 from .settings import (
     MODEL_SETTINGS_FILE,
     ModelSettings,
     SettingsError,
     discover_models,
     load_model_settings,
-    model_settings_from_dict,
 )
 from .torchserve.archive import Overrides, archive_name, archive_settings, find_archives
 
@@ -83,25 +83,49 @@ class ModelRepository:
                     problems[path.parent.name] = str(exc)
         return self.apply_overrides(models), problems
 
-    def locate(self, path: str) -> Path:
+    def locate(self, path: str, anywhere: bool = False) -> Path:
         """A model archive's path: absolute, or relative to the first model folder
         (TorchServe's model store); ``file://`` URLs too. :class:`BadInput` for a URL
-        to download or a path that does not exist."""
+        to download, a path that does not exist, or (unless ``anywhere``: the operator
+        allows ``url``) one outside every model folder: a registration must not make the
+        engine run the code of an archive or folder the operator did not put there."""
         if path.startswith("file://"):
             path = path[len("file://") :]
         elif "://" in path:
             raise BadInput(f"cannot load {path!r}: only archives on the server's disk load (no downloads)")
+        if "\x00" in path:  # no file has such a name (and resolving it would raise ValueError)
+            raise BadInput(f"model archive {path!r} not found")
         found = Path(path)
         if not found.is_absolute() and self.folders:
             found = self.folders[0] / found
+        if not anywhere and not any(found.resolve().is_relative_to(f.resolve()) for f in self.folders):
+            raise LoadOverrideRefused(
+                f"registering {path!r}",
+                "url",
+                "'url' must name an archive in the model store (one of the model folders)",
+            )
         if not found.exists():
             raise BadInput(f"model archive {path!r} not found")
         return found
 
-    def archive(self, path: str, **overrides: Any) -> ModelSettings:
+    def archive(self, path: str, allowed: Collection[str] = (), **overrides: Any) -> ModelSettings:
         """The settings of the TorchServe archive at ``path`` (:meth:`locate`), with
-        :class:`~actorserve.torchserve.archive.Overrides` fields; :class:`SettingsError`."""
-        return archive_settings(self.locate(path), Overrides(**overrides))
+        :class:`~actorserve.torchserve.archive.Overrides` fields; :class:`SettingsError`.
+        ``allowed``: the operator's ``allow_load_overrides`` (``url``: an archive outside
+        the model folders; ``handler``: another handler than the manifest's)."""
+        check_registration(path, overrides.get("handler"), allowed)
+        return archive_settings(self.locate(path, anywhere=allows(allowed, "url")), Overrides(**overrides))
+
+    def override(
+        self, settings: ModelSettings, config: Mapping[str, Any], allowed: Collection[str] = ()
+    ) -> ModelSettings:
+        """``settings`` with a load request's ``parameters.config`` over it
+        (:func:`~actorserve.overrides.override_settings`); the model's class is imported
+        for its ``overridable_parameters`` only when a ``parameters`` key needs them."""
+        declared: frozenset[str] = frozenset()
+        if needs_declaration(config, allowed):
+            declared = self.implementation(settings).overridable_parameters
+        return override_settings(settings, config, allowed, declared)
 
     def implementation(self, settings: ModelSettings) -> type[Model]:
         """The model class of ``settings``, its folder's code imported afresh
@@ -135,46 +159,6 @@ class ModelRepository:
                 raise BadInput(str(problem))
             raise ModelNotFound(f"model {name!r} is not in the model repository")
         return self.apply_overrides(found)
-
-
-#: model-settings.json keys a load request's ``parameters.config`` may set
-OVERRIDABLE = frozenset({
-    "parameters", "max_batch_size", "max_batch_time", "workers", "sequence", "reply_buffer",
-    "max_pending", "platform", "inputs", "outputs", "request",
-})  # fmt: skip
-
-
-def override_settings(settings: ModelSettings, config: Mapping[str, Any]) -> ModelSettings:
-    """``settings`` with the model-settings.json fields of ``config`` (a load request's
-    ``parameters.config``, as Triton takes a config override) in place of its own:
-    ``parameters`` and ``sequence`` are merged key by key, the others replaced.
-    :class:`SettingsError` names a field that cannot be set or a bad value."""
-    where = f"model {settings.name!r}: parameters.config"
-    if not isinstance(config, Mapping):
-        raise SettingsError(f"{where}: expected a JSON object of model-settings.json fields")
-    if config.get("name", settings.name) != settings.name:
-        raise SettingsError(f"{where}: 'name' cannot change (got {config.get('name')!r})")
-    unknown = set(config) - OVERRIDABLE - {"name"}
-    if unknown:
-        raise SettingsError(
-            f"{where}: cannot set {', '.join(sorted(unknown))} (settable: {', '.join(sorted(OVERRIDABLE))})"
-        )
-    merged = dict(config)
-    if isinstance(config.get("sequence"), Mapping):
-        merged["sequence"] = {**attrs.asdict(settings.sequence), **config["sequence"]}
-    if isinstance(config.get("parameters"), Mapping):
-        merged["parameters"] = {**settings.parameters, **config["parameters"]}
-    data = {**merged, "name": settings.name, "implementation": settings.implementation}
-    parsed = model_settings_from_dict(data, folder=settings.folder, where=where)
-    changes: dict[str, Any] = {}
-    for key in merged:
-        if key == "request":
-            changes["request_parameters"] = parsed.request_parameters
-        elif key == "parameters":
-            changes.update(parameters=parsed.parameters, version=parsed.version)
-        elif key != "name":
-            changes[key] = getattr(parsed, key)
-    return attrs.evolve(settings, **changes)
 
 
 def resolve_implementation(settings: ModelSettings) -> type[Model]:

@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import trio
@@ -46,6 +46,7 @@ from .repository import ModelRepository
 from .settings import Settings, SettingsError
 from .transport.access import AccessLog
 from .transport.auth import Guard
+from .transport.owner import OwnerScope, OwnerStamp
 from .transport.rest import create_app, protocols
 from .transport.rest.drain import Drain
 
@@ -174,6 +175,8 @@ async def serve_transports(
         inference=settings.auth_inference,
         metrics=settings.auth_metrics,
     )
+    # the doors' engine: every inference request says who sent it (bind_sequences_to_token)
+    doors = cast(EngineAPI, OwnerStamp(engine, bind=settings.bind_sequences_to_token))
     http_stopped, ts_http_stopped = trio.Event(), trio.Event()
     #: set once the REST ports have no request left (or the grace period ended them): hypercorn stops
     http_done = trio.Event()
@@ -187,8 +190,8 @@ async def serve_transports(
         if access is not None:
             await nursery.start(access.run)
         if listeners.http is not None:
-            app = create_app(engine, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
-            drains.append(Drain(app))
+            app = create_app(doors, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
+            drains.append(Drain(OwnerScope(app, guard) if settings.bind_sequences_to_token else app))
             server.http_address = await nursery.start(
                 _serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
             )
@@ -204,7 +207,7 @@ async def serve_transports(
             ts_http_stopped.set()
         if listeners.grpc is not None or ts_grpc:
             grpc_address = await _start_grpc(
-                nursery, engine, settings, listeners.grpc, ts_grpc, grpc_scope, metrics=metrics, access=access, guard=guard
+                nursery, doors, settings, listeners.grpc, ts_grpc, grpc_scope, metrics=metrics, access=access, guard=guard
             )
             if grpc_address is not None:
                 server.grpc_address = grpc_address if listeners.grpc is not None else None

@@ -115,6 +115,13 @@ def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise BadSetting(attribute.name, "must be true or false")
 
 
+def _bind_needs_auth(settings: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    _bool(settings, attribute, value)
+    if value and not settings.auth_inference:
+        # without a token on inference, callers cannot be told apart: nothing to bind to
+        raise BadSetting(attribute.name, "needs auth_inference (sequences are bound to the caller's token)")
+
+
 def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise BadSetting(attribute.name, "must be a non-empty string")
@@ -130,6 +137,19 @@ def _origins(value: Any) -> Any:
     if not isinstance(values, (list, tuple)):
         return value
     return tuple(o.strip().rstrip("/") for v in values for o in str(v).split(",") if o.strip())
+
+
+def _names(value: Any) -> Any:
+    """Names from a comma list or from several values (each may be a comma list)."""
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple, frozenset, set)):
+        return value
+    return tuple(n.strip() for v in values for n in str(v).split(",") if n.strip())
+
+
+def _name_list(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(n, str) and n for n in value):
+        raise BadSetting(attribute.name, "must be names, a comma list (or *)")
 
 
 def _origin_list(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -197,9 +217,16 @@ class Settings:
     auth_inference: bool = attrs.field(default=False, validator=_bool)
     #: ``GET /metrics`` needs a token too.
     auth_metrics: bool = attrs.field(default=False, validator=_bool)
+    #: keys a load or registration request may set although they name code, a path, a URL
+    #: or an environment variable (``handler``, ``model_dir``, ``url``, the proxy's
+    #: ``extra``, ...; ``*``: any); none by default. See docs/security.md.
+    allow_load_overrides: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_name_list)
+    #: a sequence answers only requests with the token that opened it (needs auth_inference).
+    bind_sequences_to_token: bool = attrs.field(default=False, validator=_bind_needs_auth)
     #: a file of bearer tokens, one a line (none and auth on: one is generated).
     token_file: str | None = attrs.field(default=None, validator=_optional_text)
-    #: a bearer token (the CLI reads it from ACTORSERVE_TOKEN only, never a flag).
+    #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
+    #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:

@@ -49,6 +49,9 @@ async def test_versions_load_unload_and_default() -> None:
         assert (await engine.metadata("identity")).versions == ("1", "2")
         await engine.unload("identity", "1")
         assert [m.version for m in await engine.models()] == ["2"]
+        # the chosen default is gone: the newest serves (it used to fail "no version '1'")
+        assert (await engine.infer(x, model="identity")).model_version == "2"
+        assert (await engine.describe("identity")).default_version == "2"
         await engine.unload("identity")
         assert await engine.models() == []
         assert await engine.ready()  # nothing loaded is not "not ready"

@@ -1,11 +1,12 @@
-"""What a :class:`ModelHost` tells the management API: its description (workers, batch
-settings, sequences, queue depths, state) and Triton's inference statistics."""
+"""What a :class:`ModelHost` tells the APIs: its metadata, its description (workers,
+batch settings, sequences, queue depths, state) and Triton's inference statistics."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..api import ModelStatistics
+from ..api import ModelMetadata, ModelStatistics, TensorMetadata
+from ..declarations import declared_parameters
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -23,6 +24,28 @@ if TYPE_CHECKING:
 def _implementation(host: ModelHost) -> str:
     cls = host.model_class
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
+    """``host``'s metadata as the model gives it (``Model.metadata``), with the
+    settings' ``any_datatype`` marks and what the model declares about its requests
+    (:mod:`actorserve.declarations`); the engine knows the versions around it."""
+    meta = host.metadata()
+    specs = (*host.settings.inputs, *host.settings.outputs)
+    any_datatype = frozenset(s.name for s in specs if s.any_datatype)
+    return ModelMetadata(
+        name=str(meta.get("name", host.name)),
+        versions=versions,
+        platform=str(meta.get("platform", "")),
+        inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
+        outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
+        parameters=declared_parameters(host.settings, host.model_class),
+    )
+
+
+def _tensor_metadata(spec: Any, any_datatype: frozenset[str]) -> TensorMetadata:
+    name = str(spec["name"])
+    return TensorMetadata(name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype)
 
 
 def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]) -> ModelDescription:

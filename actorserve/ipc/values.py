@@ -159,17 +159,19 @@ def _spec_from_plain(plain: Plain) -> TensorMetadata:
 
 def _metadata_to_plain(meta: ModelMetadata) -> Plain:
     return [meta.name, list(meta.versions), meta.platform,
-            [_spec_to_plain(s) for s in meta.inputs], [_spec_to_plain(s) for s in meta.outputs]]  # fmt: skip
+            [_spec_to_plain(s) for s in meta.inputs], [_spec_to_plain(s) for s in meta.outputs],
+            dict(meta.parameters)]  # fmt: skip
 
 
 def _metadata_from_plain(plain: Plain) -> ModelMetadata:
-    name, versions, platform, inputs, outputs = _fields(plain, 5, "model metadata")
+    name, versions, platform, inputs, outputs, parameters = _fields(plain, 6, "model metadata")
     return ModelMetadata(
         _str(name),
         tuple(_str(v) for v in _list(versions)),
         _str(platform),
         tuple(_spec_from_plain(s) for s in _list(inputs)),
         tuple(_spec_from_plain(s) for s in _list(outputs)),
+        {_str(k): v if isinstance(v, bool) else _str(v) for k, v in _map(parameters).items()},
     )
 
 

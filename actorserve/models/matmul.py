@@ -9,6 +9,8 @@ Input ``x`` FP32 [B,1024] -> output ``y`` FP32 [B,16] = the first 16 columns of
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import numpy.typing as npt
 import trio
@@ -47,6 +49,8 @@ class MatmulModel(Model):
     ``"inline"`` (default: on the event loop, measured fastest for work this short, see
     docs/writing-a-model.md) or ``"thread"`` (a worker thread, one call at a time per
     replica, so the event loop stays free during the call)."""
+
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset({"compute"})
 
     async def load(self) -> None:
         self.ws = weights()

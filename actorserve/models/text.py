@@ -69,6 +69,9 @@ class TextModel(BatchModel[TextState, Generation]):
     )
 
     default_max_batch_size: ClassVar[int] = 64
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset(
+        {"prefill_chunk", "max_tokens_limit", "max_prompt_chars", "device", "threads"}
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

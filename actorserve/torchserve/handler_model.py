@@ -141,6 +141,9 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
     default_max_batch_size = 1
     sequence_overlap = True
     request_parameters: ClassVar[frozenset[str] | None] = None
+    #: ``model_dir``, ``handler``, ``manifest`` and ``model_yaml_config`` choose the code
+    #: that runs (and what it reads), so a load request may set only the response timeout
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset({"response_timeout_s"})
 
     _thread: _HandlerThread | None = None
 

@@ -94,7 +94,8 @@ async def test_load_unload_and_index_through_tritonclient(both: Server, protocol
     assert (description.workers, len(description.replicas)) == (3, 3)
 
 
-async def test_repository_routes_over_raw_http(both: Server) -> None:
+async def test_repository_routes_over_raw_http(launch: Launch) -> None:
+    both = await launch(grpc_port=0, allow_load_overrides=("note",))  # the operator lets 'note' be set
     async with httpx.AsyncClient(base_url=str(both.http_url), timeout=TIMEOUT) as client:
         index = (await client.post("/v2/repository/index", json={"ready": True})).json()
         assert [m["name"] for m in index] == ["accumulator", "counter", "failing", "gate", "identity", "streamer"]

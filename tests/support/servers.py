@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -63,10 +64,10 @@ class ServerProcess:
                 self.log.append(raw.decode(errors="replace").rstrip("\n"))
 
 
-def start_server(*args: str) -> ServerProcess:
+def start_server(*args: str, env: Mapping[str, str] | None = None) -> ServerProcess:
     """``python -m actorserve --host 127.0.0.1 --grace-period 2 ARGS`` from the project
-    root, without the caller's ``ACTORSERVE_*`` variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
+    root, without the caller's ``ACTORSERVE_*`` variables (but with ``env``'s)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}, **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--grace-period", "2", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,

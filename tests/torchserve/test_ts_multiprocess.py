@@ -24,10 +24,13 @@ STARTUP_TIMEOUT = 60.0
 @pytest.fixture
 def cluster(store: Path, make_archive: MakeArchive) -> Iterator[tuple[ServerProcess, str, str]]:
     shutil.copytree(Path(actorserve.models.__file__).parent / "ts_stateful", store / "ts_stateful")
+    make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'v2-'\n", version="2.0")
+    (store / "streaming.mar").rename(store.parent / "streaming-2.mar")  # its version 2.0, registered at run time
     make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'm-'\n")
     make_archive("later", "streaming_handler.py", "handler:\n  prefix: 'l-'\n")
     (store / "later.mar").rename(store.parent / "later.mar")  # registered at run time
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(store))
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth",
+                          "--allow-load-overrides", "url", str(store))  # later.mar: outside the store
     try:
         server.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
         http_url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
@@ -58,11 +61,21 @@ def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProces
         assert len(client.get("/models/streaming").json()[0]["workers"]) == 2
         registered = client.post("/models", params={"url": str(store.parent / "later.mar")})
         assert registered.status_code == 200, registered.text
+        two = client.post("/models", params={"url": str(store.parent / "streaming-2.mar")})
+        assert two.json() == {"status": 'Model "streaming" Version: 2.0 registered with 1 initial workers'}
+        # 1.0, registered first, stays the default on every front
+        assert [d["modelVersion"] for d in client.get("/models/streaming").json()] == ["1.0"]
+        assert client.post("/predictions/streaming", content=b"d").text == "m-d:0m-d:1m-d:2m-d:done"
+        assert client.post("/predictions/streaming/2.0", content=b"d").text == "v2-d:0v2-d:1v2-d:2v2-d:done"
+        missing = client.post("/predictions/streaming/9", content=b"d").json()["message"]
+        assert missing == "Model version: 9 does not exist for model: streaming"
+        assert client.post("/predictions/nope", content=b"d").json()["message"] == "Model not found: nope"
         assert client.post("/predictions/later", content=b"a").text == "l-a:0l-a:1l-a:2l-a:done"
     with grpc.insecure_channel(grpc_address) as chan:
         stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
         request = pb.inference_pb2.PredictionsRequest(model_name="streaming", input={"data": b"g"})
         assert [r.prediction for r in stub.StreamPredictions(request)] == [b"m-g:0", b"m-g:1", b"m-g:2", b"m-g:done"]
+        assert stub.Predictions(request).prediction == b"m-g:0"  # unary: the first response, as TorchServe
         listed = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan).ListModels(pb.management_pb2.ListModelsRequest())
         assert '"later"' in listed.msg
 

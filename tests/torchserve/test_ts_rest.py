@@ -33,7 +33,10 @@ async def test_explanations_are_501_with_a_clear_message(client: httpx.AsyncClie
 async def test_unknown_model_is_404_as_torchserve_says(client: httpx.AsyncClient) -> None:
     reply = await client.post("/predictions/nope", content=b"1")
     assert reply.status_code == 404
-    assert reply.json() == {"code": 404, "type": "ModelNotFoundException", "message": "model 'nope' is not loaded"}
+    assert reply.json() == {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: nope"}
+    version = await client.post("/predictions/ts_stateful/9", content=b"1")
+    message = "Model version: 9 does not exist for model: ts_stateful"
+    assert (version.status_code, version.json()) == (404, {"code": 404, "type": "ModelVersionNotFoundException", "message": message})
 
 
 async def test_a_sequence_through_the_stateful_headers(client: httpx.AsyncClient) -> None:

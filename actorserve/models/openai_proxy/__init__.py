@@ -52,6 +52,10 @@ class OpenAIProxyModel(Model):
         sampling=("temperature", "top_p", "seed"), stop=True, usage=True
     )
 
+    #: none: ``extra`` names the upstream URL and the variable holding its key (a load that
+    #: changed them would make the server POST anywhere, with any variable as the key)
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset()
+
     async def load(self) -> None:
         self.upstream = UpstreamConfig.from_parameters(self.name, self.parameters)
 

@@ -65,6 +65,7 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
         "platform": meta.platform,
         "inputs": _tensors(meta.inputs),
         "outputs": _tensors(meta.outputs),
+        **({"parameters": dict(meta.parameters)} if meta.parameters else {}),
     }
 
 

@@ -4,7 +4,8 @@ Stateful headers are read as TorchServe's frontend reads them: ``ts_request_sequ
 names the sequence, ``..._start`` / ``..._end`` (true/false) mark its first / last
 request; the handler sees every header. On a model with sequence batching a request
 without an id starts a new sequence ``ts-seq-<uuid>`` (the handler sees the start header
-and the client gets the id back). TorchServe opens a sequence on the first request that
+and the client gets the id back; the uuid's 128 bits all come from :mod:`secrets`: the
+id is a bearer secret). TorchServe opens a sequence on the first request that
 names it and lets its handler decide what a missing start means; so do we: an unknown
 id is opened on our side without telling the handler it is a start, and a start for an
 id already open goes to that sequence (the handler resets it).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -63,7 +65,37 @@ class TsError:
         return json.dumps({"code": self.code, "type": self.type, "message": self.message}, indent=2).encode()
 
 
+class TsRefusal(Exception):
+    """A refusal the TorchServe doors word themselves, answered exactly as ``error``
+    says (the engine's domain errors go through the table above instead)."""
+
+    def __init__(self, error: TsError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def model_not_found(name: str) -> TsRefusal:
+    """TorchServe's words for an unknown model (its ``ModelManager``)."""
+    return TsRefusal(TsError(404, "ModelNotFoundException", f"Model not found: {name}"))
+
+
+def version_not_found(name: str, version: str) -> TsRefusal:
+    """TorchServe's words for an unknown version of a known model."""
+    message = f"Model version: {version} does not exist for model: {name}"
+    return TsRefusal(TsError(404, "ModelVersionNotFoundException", message))
+
+
+async def not_found(engine: EngineAPI, name: str, version: str | None) -> TsRefusal:
+    """The engine said :class:`ModelNotFound` for ``name`` / ``version``: which of
+    TorchServe's two refusals that is (asked only on this error path)."""
+    if version and any(m.name == name for m in await engine.models()):
+        return version_not_found(name, version)
+    return model_not_found(name)
+
+
 def ts_error(error: BaseException) -> TsError:
+    if isinstance(error, TsRefusal):
+        return error.error
     for cls in type(error).__mro__:
         entry = _ERRORS.get(cls)
         if entry is not None:
@@ -119,14 +151,23 @@ class Predictor:
     @asynccontextmanager
     async def stream(self, call: Call) -> AsyncIterator[tuple[ResponseIterator, str | None]]:
         """The answers to ``call`` and its sequence id (None: not in a sequence);
-        errors at the start (unknown model, full queue) are raised here."""
+        errors at the start (unknown model, full queue) are raised here, an unknown
+        model or version in TorchServe's words (:class:`TsRefusal`)."""
+        try:
+            async with self._stream(call) as started:
+                yield started
+        except ModelNotFound:
+            raise await not_found(self.engine, call.model, call.version) from None
+
+    @asynccontextmanager
+    async def _stream(self, call: Call) -> AsyncIterator[tuple[ResponseIterator, str | None]]:
         names = self.names
         headers = {k.lower(): v for k, v in call.headers.items()}
         sequence_id = headers.get(names.sequence_id) or None
         start = _flag(headers, names.sequence_start)
         end = _flag(headers, names.sequence_end)
         if sequence_id is None and (start or await self._has_sequences(call.model, call.version)):
-            sequence_id = f"ts-seq-{uuid.uuid4()}"
+            sequence_id = f"ts-seq-{uuid.UUID(bytes=secrets.token_bytes(16))}"
             headers[names.sequence_id] = sequence_id
             headers[names.sequence_start] = "true"
             start = True

@@ -3,10 +3,12 @@
 StreamPredictions, StreamPredictions2) and ``...management.ManagementAPIsService``.
 
 Handlers run on grpclib's asyncio loop and reach the engine in one trio task per call
-(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Errors are
+(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Unary
+``Predictions`` answers the handler's first response, as TorchServe does. Errors are
 TorchServe's: its HTTP code mapped to a gRPC status (``GRPCUtils``), the message as the
 details; on StreamPredictions2 an error is a response whose ``status`` is a
-``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open.
+``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open (a request with
+neither a sequence id nor a start is refused so).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ...settings import Settings
 from ...torchserve import envelope
 from ..grpc.bridge import to_aio, to_trio
 from ..grpc.h2 import Wire
-from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
+from .calls import Call, Predictor, TsError, TsRefusal, answer_error, first_answers, ts_error
 from .management import Management, Reply
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
@@ -52,6 +54,12 @@ _CODES: Final = {
     501: Status.UNIMPLEMENTED, 503: Status.UNAVAILABLE, 504: Status.DEADLINE_EXCEEDED,
 }  # fmt: skip
 
+#: the Java package of TorchServe's exceptions that are not in ``org.pytorch.serve.http``
+_PACKAGES: Final = {
+    "ModelNotFoundException": "org.pytorch.serve.archive.model",
+    "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
+}
+
 Track = Callable[[Callable[[Stream[Any, Any]], Awaitable[None]]], Callable[[Stream[Any, Any]], Awaitable[None]]]
 
 
@@ -66,9 +74,19 @@ def grpc_error(error: TsError) -> GRPCError:
 
 
 def rpc_status(error: TsError) -> RpcStatus:
+    """An in-band StreamPredictions2 error; its ``ErrorInfo`` reason is the exception's
+    Java name as TorchServe gives it (a reason with a dot in it is given whole)."""
     reason = error.type or "InternalServerException"
-    detail = PbAny.pack(ErrorInfo(reason=f"org.pytorch.serve.http.{reason}"))
+    if "." not in reason:
+        reason = f"{_PACKAGES.get(reason, 'org.pytorch.serve.http')}.{reason}"
+    detail = PbAny.pack(ErrorInfo(reason=reason))
     return RpcStatus(code=grpc_code(error.code).value, message=error.message, details=[detail])
+
+
+def handler_status(error: TsError) -> RpcStatus:
+    """A handler's failed answer in band: TorchServe's worker reports every one as
+    ``InternalServerException`` (``GRPCJob.sendError``), whatever the handler raised."""
+    return rpc_status(TsError(error.code, "InternalServerException", error.message))
 
 
 class _Turn:
@@ -96,19 +114,15 @@ class _Turn:
 
 def _call(message: PredictionsRequest, headers: Mapping[str, str]) -> Call:
     if not message.model_name:
-        raise BadRequest("Parameter model_name is required.")
+        raise _bad_request("Parameter model_name is required.")
     inputs = {key: (bytes(value), "") for key, value in message.input.items()}
     return Call(message.model_name, message.model_version or None, inputs, headers)
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.error = TsError(500, "BadRequestException", message)  # TorchServe says INTERNAL
-
-
-def _error(exc: BaseException) -> TsError:
-    return exc.error if isinstance(exc, BadRequest) else ts_error(exc)
+def _bad_request(message: str) -> TsRefusal:
+    """A request TorchServe's gRPC frontend refuses before any model sees it: INTERNAL,
+    with ``BadRequestException.()`` as the reason of an in-band status (as it says)."""
+    return TsRefusal(TsError(500, "BadRequestException.()", message))
 
 
 class Served:
@@ -186,19 +200,20 @@ class TorchServeGrpc:
         await to_trio(self._predict_unary, wire, message)
 
     async def _predict_unary(self, wire: Wire, message: PredictionsRequest) -> None:
-        bodies: list[bytes] = []
+        """Answered with the handler's first response, as TorchServe's ``GRPCJob``
+        completes a unary call on it: a handler that sends intermediate responses is
+        answered with the first of them, and the rest of the request is cancelled
+        (TorchServe lets its handler run on and drops them)."""
         try:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
-                while answers := await first_answers(responses):
-                    for answer in answers:
-                        if not envelope.ok_status(answer.status):
-                            raise grpc_error(answer_error(answer))
-                        bodies.append(answer.body)
-        except GRPCError:
-            raise
+                answers = await first_answers(responses)
         except Exception as exc:
-            raise grpc_error(_error(exc)) from None
-        await to_aio(wire.send, PredictionResponse(prediction=b"".join(bodies)))
+            raise grpc_error(ts_error(exc)) from None
+        if not answers:
+            raise grpc_error(TsError(503, "InternalServerException", "the model gave no answer"))
+        if not envelope.ok_status(answers[0].status):
+            raise grpc_error(answer_error(answers[0]))
+        await to_aio(wire.send, PredictionResponse(prediction=answers[0].body))
 
     async def _stream_predictions(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, PredictionsRequest)
@@ -219,7 +234,7 @@ class TorchServeGrpc:
         except GRPCError:
             raise
         except Exception as exc:
-            raise grpc_error(_error(exc)) from None
+            raise grpc_error(ts_error(exc)) from None
 
     async def _stream_predictions2(self, stream: Stream[Any, Any]) -> None:
         wire = self._wire(stream, PredictionsRequest)
@@ -269,12 +284,13 @@ class TorchServeGrpc:
                 headers[key] = "true"
         if sequence_id:
             headers[names.sequence_id] = sequence_id
-        else:
-            headers[names.sequence_start] = "true"  # a new sequence (ts-seq-<uuid>)
         started = False
         try:
             async with out:
                 try:
+                    if not sequence_id and names.sequence_start not in headers:
+                        # only a start may leave the id to the server (ts-seq-<uuid>)
+                        raise _bad_request("Parameter sequenceId is required.")
                     async with self.predictor.stream(_call(message, headers)) as (responses, made_id):
                         task_status.started()
                         started = True
@@ -284,13 +300,13 @@ class TorchServeGrpc:
                             for answer in answers:
                                 reply = PredictionResponse(prediction=answer.body, sequence_id=sequence_id)
                                 if not envelope.ok_status(answer.status):
-                                    reply = PredictionResponse(sequence_id=sequence_id, status=rpc_status(answer_error(answer)))
+                                    reply = PredictionResponse(sequence_id=sequence_id, status=handler_status(answer_error(answer)))
                                 batch.append(reply)
                             await turn.wait()
                             await out.send(batch)
                             turn.done()
                 except Exception as exc:
-                    status = rpc_status(_error(exc))
+                    status = rpc_status(ts_error(exc))
                     await turn.wait()
                     await out.send([PredictionResponse(sequence_id=sequence_id, status=status)])
         finally:
@@ -307,7 +323,7 @@ class TorchServeGrpc:
         async def handler(stream: Stream[Any, Any]) -> None:
             wire, message = await self._request(stream, request_type)
             reply = await to_trio(self._manage, operation, message)
-            await wire.send(pm.ManagementResponse(msg=reply.json().decode()))
+            await wire.send(pm.ManagementResponse(msg=reply.msg()))
 
         return handler
 

@@ -2,7 +2,8 @@
 the REST routes (:mod:`.management_rest`) and the gRPC ``ManagementAPIsService``.
 
 Each operation returns a :class:`Reply` (HTTP status + TorchServe's JSON) or raises a
-domain error (mapped by :func:`~.calls.ts_error`). Everything is synchronous: a scale or
+domain error or a :class:`~.calls.TsRefusal` in TorchServe's words (both mapped by
+:func:`~.calls.ts_error`). Everything is synchronous: a scale or
 a registration is answered once it is done.
 """
 
@@ -17,6 +18,7 @@ import attrs
 from ...api import EngineAPI, ModelDescription, ModelInfo, ReplicaDescription
 from ...errors import BadInput, ModelNotFound
 from ...modelsettings import check_name
+from .calls import TsError, TsRefusal, model_not_found, version_not_found
 
 
 @attrs.frozen
@@ -26,6 +28,14 @@ class Reply:
 
     def json(self) -> bytes:
         return json.dumps(self.value, indent=2).encode()
+
+    def msg(self) -> str:
+        """``ManagementResponse.msg``: TorchServe's gRPC management sends a status
+        (register, scale, set-default, unregister) as its bare message, a description
+        or a list as its JSON."""
+        if isinstance(self.value, dict) and list(self.value) == ["status"]:
+            return str(self.value["status"])
+        return self.json().decode()
 
 
 def _status(message: str, code: int = 200) -> Reply:
@@ -92,8 +102,17 @@ class Management:
     async def _versions(self, name: str) -> list[ModelInfo]:
         found = [m for m in await self.engine.models() if m.name == name]
         if not found:
-            raise ModelNotFound(f"Model not found: {name}")
+            raise model_not_found(name)
         return found
+
+    async def _version(self, name: str, version: str | None) -> ModelInfo:
+        """``version`` of ``name`` (None: its default version), refused in TorchServe's
+        words when either is unknown."""
+        await self._versions(name)
+        try:
+            return await self.engine.model_info(name, version)
+        except ModelNotFound:
+            raise version_not_found(name, str(version)) from None
 
     async def list_models(self, limit: int | None = None, next_page_token: int | None = None) -> Reply:
         names = sorted({m.name for m in await self.engine.models()})
@@ -109,12 +128,8 @@ class Management:
         if version == "all":
             versions = await self._versions(name)
             return Reply(200, [_describe(await self.engine.describe(name, m.version)) for m in versions])
-        await self._versions(name)
-        try:
-            description = await self.engine.describe(name, version)
-        except ModelNotFound:
-            raise ModelNotFound(f"Model version: {version} does not exist for model: {name}") from None
-        return Reply(200, [_describe(description)])
+        info = await self._version(name, version)
+        return Reply(200, [_describe(await self.engine.describe(name, info.version))])
 
     async def register(self, options: Mapping[str, str]) -> Reply:
         """``url`` (required), ``model_name``, ``handler``, ``batch_size``,
@@ -139,8 +154,7 @@ class Management:
 
     async def scale(self, name: str, version: str | None, options: Mapping[str, str]) -> Reply:
         """``min_worker`` (else ``max_worker``) replicas; always synchronous."""
-        versions = await self._versions(name)
-        info = await self.engine.model_info(name, version) if version else versions[0]
+        info = await self._version(name, version)
         wanted = _int_option(options, "min_worker")
         if wanted is None:
             wanted = _int_option(options, "max_worker")
@@ -149,23 +163,28 @@ class Management:
         if wanted < 1:
             raise BadInput("min_worker must be >= 1 (actorserve keeps at least one worker per loaded model)")
         await self.engine.set_workers(name, wanted, info.version)
-        return _status(f"Workers scaled to {wanted} for model: {name}")
+        named = f", version: {version}" if version else ""  # TorchServe names a version asked for
+        return _status(f"Workers scaled to {wanted} for model: {name}{named}")
 
     async def set_default(self, name: str, version: str) -> Reply:
         await self._versions(name)
         try:
             await self.engine.model_info(name, version)
         except ModelNotFound:
-            raise ModelNotFound(f"Model version {version} does not exist for model {name}") from None
+            message = f"Model version {version} does not exist for model {name}"  # sic: no colons here
+            raise TsRefusal(TsError(404, "ModelVersionNotFoundException", message)) from None
         await self.engine.set_default_version(name, version)
         return _status(f'Default version successfully updated for model "{name}" to "{version}"')
 
     async def unregister(self, name: str, version: str | None = None) -> Reply:
-        await self._versions(name)
-        if version is not None:
-            try:
-                await self.engine.model_info(name, version)
-            except ModelNotFound:
-                raise ModelNotFound(f"Model version: {version} does not exist for model: {name}") from None
+        """One version (None: the default one); as in TorchServe the default version
+        goes last: move the default first (403 while other versions are loaded)."""
+        versions = await self._versions(name)
+        default = (await self.engine.model_info(name)).version
+        version = version or default
+        if version == default and len(versions) > 1:
+            message = f"Cannot remove default version for model {name}"
+            raise TsRefusal(TsError(403, "InvalidModelVersionException", message))
+        await self._version(name, version)
         await self.engine.unload(name, version)
         return _status(f'Model "{name}" unregistered')
