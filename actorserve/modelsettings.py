@@ -8,9 +8,10 @@ Nothing here is read at import time; callers load settings and pass them down.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -37,6 +38,25 @@ class SettingsError(BadInput, ValueError):
 
     A :class:`BadInput`, so a load request naming a broken model folder is answered
     400 / INVALID_ARGUMENT by both transports."""
+
+
+#: what a model name (and a version) may be: it is a path segment of every REST door, a
+#: metric label and an access-log field, so no ``/``, no ``..``, no space or newline
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: the longest model name or version
+MAX_NAME_LENGTH: Final = 128
+NAME_RULE: Final = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_NAME_LENGTH} characters"
+
+
+def check_name(value: object, what: str = "model name") -> str:
+    """``value`` if it is a valid model name (or version, ``what``); else
+    :class:`SettingsError` (a :class:`BadInput`: 400) naming the rule. Every name that
+    enters the server (settings, model folders, archives, TorchServe's register) passes
+    here."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else repr(value[:80]) + "..."
+        raise SettingsError(f"{what} {shown} is not valid: use {NAME_RULE}")
+    return value
 
 
 @attrs.frozen
@@ -135,6 +155,8 @@ class ModelSettings:
     def __attrs_post_init__(self) -> None:
         if not self.name:
             raise SettingsError("model settings need a 'name'")
+        check_name(self.name)
+        check_name(self.version, f"model {self.name!r}: version")
         if self.workers < 1:
             raise SettingsError(f"model {self.name!r}: workers must be >= 1")
         if self.max_batch_size < 0 or self.max_batch_time < 0:

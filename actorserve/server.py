@@ -39,6 +39,7 @@ from .engine import open_engine, raise_single
 from .gauges import watch_engine
 from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
+from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
@@ -164,7 +165,10 @@ async def serve_transports(
     (the in-process engine's ``aclose``; nothing in a front, whose engine process is
     stopped after every front) lets in-flight requests finish; all within the grace period.
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
-    :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`)."""
+    :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`).
+    The protocol libraries' loggers are capped at INFO (:func:`quiet_protocol_loggers`):
+    at DEBUG they write every header, a bearer token included."""
+    quiet_protocol_loggers()
     metrics = metrics if metrics is not None else Metrics()
     server = Server(engine, settings, metrics=metrics)
     tokens = read_tokens(settings)

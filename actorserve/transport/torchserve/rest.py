@@ -23,6 +23,7 @@ from ...api import EngineAPI
 from ...errors import BadInput
 from ...limits import PARSE_IN_THREAD_BYTES
 from ...torchserve import envelope
+from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
@@ -79,6 +80,14 @@ class TorchServeInference:
         self.engine = engine
         self.predictor = Predictor(engine)
         self.limit = max_body_bytes
+
+    @staticmethod
+    def auth_scope(path: str) -> Scope | None:
+        """The scope of ``path`` as :meth:`serve` routes it: predictions and explanations
+        are inference; ``/ping`` (health) and paths it does not serve are open here."""
+        if _PREDICTIONS.fullmatch(path) or _EXPLANATIONS.fullmatch(path):
+            return Scope.INFERENCE
+        return None
 
     async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
         path: str = scope["path"]
