@@ -73,6 +73,11 @@ class OpenAIRoutes:
         """The scope of a path under ``/v1/``, read as :meth:`__call__` routes it."""
         return Scope.INFERENCE if _route(path) in _INFERENCE else None
 
+    @staticmethod
+    async def refuse(send: ASGISend, message: str) -> None:
+        """400 in OpenAI's error shape, for a request the host refuses before routing."""
+        await _send_error(send, OpenAIError(message, status=400, code="invalid_request"))
+
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         path = _route(scope["path"])
         method: str = scope["method"]
