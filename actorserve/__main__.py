@@ -114,12 +114,21 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
     "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
     "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
+    "replica_id": (
+        click.STRING,
+        "this server's name behind a proxy: the actorserve-replica header, the /metrics label, the "
+        "prefix of server-made sequence ids (default: the host name; docs/deploy.md)",
+    ),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
         "is generated into a new file whose path is logged",
     ),
 }
+
+
+#: the default shown for a field whose None means something other than "off"
+_SHOWN_DEFAULTS: dict[str, str] = {"replica_id": "the host name"}
 
 
 class _Option(click.Option):
@@ -153,7 +162,8 @@ def _settings_options(command: F) -> F:
             is_flag=flag,
             default=default,
             multiple=multiple,
-            show_default=False if flag else "off" if default is None else "none" if multiple else True,
+            show_default=_SHOWN_DEFAULTS.get(field.name)
+            or (False if flag else "off" if default is None else "none" if multiple else True),
             metavar=None if flag else metavar_of(kind),
             show_envvar=True,
             help=help_text,

@@ -28,7 +28,6 @@ from typing import Any, cast
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets as HypercornSockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
@@ -42,6 +41,7 @@ from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log
 from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
+from .replica import REPLICA_HEADER, replica_id
 from .repository import ModelRepository
 from .settings import Settings, SettingsError
 from .transport.access import AccessLog
@@ -277,7 +277,8 @@ async def _serve_http(
     refuses new requests while draining). ``done`` (no request left) stops accepting and
     closes the connections, after at most :data:`END_MARGIN` s for their last writes;
     ``stopped`` is set when it is done."""
-    config = HypercornConfig()
+    config = protocols.ServerConfig()
+    config.fixed_headers = ((REPLICA_HEADER.encode(), replica_id(settings.replica_id).encode()),)
     config.graceful_timeout = END_MARGIN
     config.keep_alive_timeout = settings.keep_alive_timeout
     config.backlog = settings.backlog  # unused on our own sockets (listeners.py listens), kept in step

@@ -23,6 +23,7 @@ from .modelsettings import (
     load_model_settings,
     model_settings_from_dict,
 )
+from .replica import REPLICA_ID
 
 __all__ = [
     "ANY_DATATYPE",
@@ -127,6 +128,11 @@ def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) ->
         raise BadSetting(attribute.name, "must be a non-empty string")
 
 
+def _replica_id(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not REPLICA_ID.fullmatch(value)):
+        raise BadSetting(attribute.name, "must be 1 to 63 letters, digits, '.' or '-', starting with a letter or digit")
+
+
 def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
 
@@ -229,6 +235,10 @@ class Settings:
     max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
     #: most files and folders one ``.mar`` may hold.
     max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
+    #: this server's name behind a proxy: the ``actorserve-replica`` response header and
+    #: gRPC metadata, the replica label on /metrics, the prefix of server-made sequence
+    #: ids (None: the host name; see docs/deploy.md).
+    replica_id: str | None = attrs.field(default=None, validator=_replica_id)
     #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
     #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)

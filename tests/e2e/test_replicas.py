@@ -1,0 +1,138 @@
+"""A server behind a proxy: it names itself on every answer (``actorserve-replica``),
+makes sequence ids that say where they were made, reads and echoes the ``sequence-id``
+routing key over gRPC, and never serves a sequence it does not hold as a fresh one
+(docs/deploy.md). One process here; the proof with three replicas behind HAProxy is
+tests/e2e/test_deploy_haproxy.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import trio
+from e2e.conftest import TIMEOUT, rest_settings
+from support.replicas import not_held_message
+
+from actorserve import InferenceRequest
+from actorserve.codecs import tensor_from_numpy
+from actorserve.proto import inference as pb
+from actorserve.proto.convert import request_to_pb, response_from_pb
+from actorserve.replica import made_by
+from actorserve.server import Server, serve
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+async def start(nursery: trio.Nursery, replica: str = "r1") -> Server:
+    server: Server = await nursery.start(partial(serve, rest_settings(grpc_port=0, replica_id=replica)))
+    return server
+
+
+def add(value: int, **parameters: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}]}
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+def pb_add(value: int, **parameters: Any) -> pb.ModelInferRequest:
+    tensor = tensor_from_numpy("INPUT", np.array([value], dtype=np.int64))
+    return request_to_pb(InferenceRequest(inputs=[tensor], parameters=parameters), model_name="accumulator")
+
+
+def total_of(message: pb.ModelInferResponse) -> int:
+    return int(response_from_pb(message).outputs[0].data[0])
+
+
+async def test_rest_answers_name_the_replica_and_server_made_ids_say_where(nursery: trio.Nursery) -> None:
+    server = await start(nursery)
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+        live = await client.get("/v2/health/live")
+        missing = await client.get("/v2/nowhere")
+        opened = await client.post(
+            "/v2/models/accumulator/infer", json=add(2), headers={"sequence-start": "true"}
+        )
+        sid = opened.headers["sequence-id"]
+        more = await client.post("/v2/models/accumulator/infer", json=add(3), headers={"sequence-id": sid})
+        stray = await client.post(
+            "/v2/models/accumulator/infer", json=add(1), headers={"sequence-id": "r2_" + "0" * 32}
+        )
+        unknown = await client.post(
+            "/v2/models/accumulator/infer", json=add(1), headers={"sequence-id": "chat-7"}
+        )
+    answers = (live, missing, opened, more, stray, unknown)
+    assert [r.headers["actorserve-replica"] for r in answers] == ["r1"] * 6
+    assert (missing.status_code, made_by(sid), len(sid)) == (404, "r1", 35)
+    assert more.json()["outputs"][0]["data"] == [5] and more.headers["sequence-id"] == sid
+    # never silently fresh: the distinct error, naming this replica, the id, and where it was made
+    assert (stray.status_code, stray.json()) == (
+        404,
+        {"error": not_held_message("r2_" + "0" * 32, "r1"), "reason": "sequence_not_held"},
+    )
+    assert "replica 'r1'" in stray.json()["error"] and "made by replica 'r2'" in stray.json()["error"]
+    assert (unknown.status_code, unknown.json()["reason"]) == (404, "sequence_not_held")
+
+
+def _all_metadata(error: Any) -> dict[str, str]:
+    """An error's metadata: a trailers-only answer's headers are its trailing metadata."""
+    return {**dict(error.initial_metadata() or ()), **dict(error.trailing_metadata() or ())}
+
+
+def _grpc_calls(target: str) -> dict[str, Any]:
+    """ModelInfer and ModelStreamInfer over grpcio, keeping each answer's initial metadata."""
+    with grpc.insecure_channel(target) as channel:
+        infer = channel.unary_unary(
+            INFER, request_serializer=bytes, response_deserializer=pb.ModelInferResponse.parse
+        )
+        stream = channel.stream_stream(
+            STREAM, request_serializer=bytes, response_deserializer=pb.ModelStreamInferResponse.parse
+        )
+        got: dict[str, Any] = {}
+        first, call = infer.with_call(pb_add(4, sequence_start=True))
+        sid = response_from_pb(first).parameters["sequence_id"]
+        got["start"] = (total_of(first), dict(call.initial_metadata()))
+        # the routing key alone: the message takes the metadata's id
+        second, call = infer.with_call(pb_add(6), metadata=[("sequence-id", sid)])
+        got["by_metadata"] = (total_of(second), dict(call.initial_metadata()))
+        try:
+            infer.with_call(pb_add(1, sequence_id=sid), metadata=[("sequence-id", "other")])
+        except grpc.RpcError as exc:
+            got["disagree"] = (exc.code(), exc.details(), _all_metadata(exc))
+        try:
+            infer.with_call(pb_add(1, sequence_id="r9_" + "a" * 32))
+        except grpc.RpcError as exc:
+            got["not_held"] = (exc.code(), exc.details(), _all_metadata(exc))
+
+        def requests() -> Iterator[pb.ModelInferRequest]:
+            yield pb_add(10)
+            yield pb_add(20, sequence_end=True)
+
+        responses = stream(requests(), metadata=[("sequence-id", sid)])
+        totals = [total_of(r.infer_response) for r in responses]
+        got["stream"] = (totals, dict(responses.initial_metadata()))
+        return got
+
+
+async def test_grpc_routing_key_is_checked_and_echoed_with_the_replica(nursery: trio.Nursery) -> None:
+    server = await start(nursery, replica="pod-a")
+    assert server.grpc_address is not None
+    got = await trio.to_thread.run_sync(_grpc_calls, "{}:{}".format(*server.grpc_address))
+    total, meta = got["start"]
+    sid = meta["sequence-id"]
+    assert (total, meta["actorserve-replica"], made_by(sid)) == (4, "pod-a", "pod-a")
+    assert got["by_metadata"] == (10, {"actorserve-replica": "pod-a", "sequence-id": sid})
+    code, details, meta = got["disagree"]
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and meta["actorserve-replica"] == "pod-a"
+    assert details == (
+        f"gRPC metadata 'sequence-id' ('other') and parameter 'sequence_id' ({sid!r}) name different "
+        "sequences; send one id, or the same in both"
+    )
+    code, details, meta = got["not_held"]
+    assert (code, details) == (grpc.StatusCode.NOT_FOUND, not_held_message("r9_" + "a" * 32, "pod-a"))
+    assert meta["actorserve-replica"] == "pod-a"
+    assert got["stream"] == ([20, 40], {"actorserve-replica": "pod-a", "sequence-id": sid})
