@@ -249,6 +249,14 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
+        # what a scrape behind a proxy says about where it came from (set by serve_transports)
+        self.replica_info = Gauge(
+            "actorserve_replica_info",
+            "Always 1; label replica: this server's --replica-id (docs/deploy.md#replica-identity).",
+            ("replica",),
+            registry=own,
+            multiprocess_mode="max",
+        )
         self.tasks = Gauge(
             "actorserve_tasks",
             "trio tasks alive in the server's processes (multi-process: one series per process, label pid).",

@@ -171,6 +171,7 @@ async def serve_transports(
     quiet_protocol_loggers()
     metrics = metrics if metrics is not None else Metrics()
     server = Server(engine, settings, metrics=metrics)
+    metrics.replica_info.labels(replica_id(settings.replica_id)).set(1)
     tokens = read_tokens(settings)
     if auth_enabled(settings) and not tokens:
         raise SettingsError("auth is on but no token was given (token or token_file; or no_auth)")

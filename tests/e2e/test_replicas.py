@@ -136,3 +136,10 @@ async def test_grpc_routing_key_is_checked_and_echoed_with_the_replica(nursery: 
     assert (code, details) == (grpc.StatusCode.NOT_FOUND, not_held_message("r9_" + "a" * 32, "pod-a"))
     assert meta["actorserve-replica"] == "pod-a"
     assert got["stream"] == ([20, 40], {"actorserve-replica": "pod-a", "sequence-id": sid})
+
+
+async def test_metrics_carry_the_replica_label(nursery: trio.Nursery) -> None:
+    server = await start(nursery, replica="pod-m")
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+        text = (await client.get("/metrics")).text
+    assert 'actorserve_replica_info{replica="pod-m"} 1.0' in text.splitlines()
