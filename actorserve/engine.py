@@ -82,6 +82,8 @@ class Engine:
         self._inflight = Inflight()
         #: what this server is called behind a proxy (errors and server-made ids say it)
         self.replica = replica_id(settings.replica_id)
+        #: scale-in (actorserve.scalein): not ready, new sequence starts refused
+        self.draining = False
 
     # -- models ------------------------------------------------------------------------
 
@@ -189,7 +191,7 @@ class Engine:
         contract = self._contracts.get(host)
         if contract is not None:
             contract.check(request)
-        mint_id(request.parameters, self.replica)
+        mint_id(request.parameters, self.replica, draining=self.draining)
         return host
 
     async def infer(
@@ -230,7 +232,7 @@ class Engine:
     # -- the EngineAPI (typed records; what the transports call) -------------------------
 
     async def ready(self) -> bool:
-        return not self._closing and all(h.ready for h in self.hosts())
+        return not self._closing and not self.draining and all(h.ready for h in self.hosts())
 
     async def models(self) -> list[ModelInfo]:
         return [_info(h) for h in self.hosts()]

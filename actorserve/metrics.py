@@ -257,6 +257,12 @@ class Metrics:
             registry=own,
             multiprocess_mode="max",
         )
+        self.draining = Gauge(
+            "actorserve_draining",
+            "1 while a SIGTERM'd server serves only its open sequences (--drain-timeout), else 0.",
+            registry=own,
+            multiprocess_mode="max",
+        )
         self.tasks = Gauge(
             "actorserve_tasks",
             "trio tasks alive in the server's processes (multi-process: one series per process, label pid).",

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from .controls import SequenceControl
-from .errors import SequenceNotHeld
+from .errors import SequenceNotHeld, ShuttingDown
 from .types import InferenceRequest
 
 #: the response header (and gRPC initial metadata key) naming the replica that answered
@@ -73,13 +73,18 @@ def not_held(sequence_id: str, replica: str) -> SequenceNotHeld:
     )
 
 
-def mint_id(parameters: dict[str, Any], replica: str) -> None:
+def mint_id(parameters: dict[str, Any], replica: str, *, draining: bool = False) -> None:
     """Give a start without a ``sequence_id`` a server-made one naming ``replica`` (in
-    ``parameters``, so the responses echo it). Anything else is left as it is."""
-    if parameters and "sequence_start" in parameters and not parameters.get("sequence_id"):
-        control = SequenceControl.from_parameters(parameters)  # BadInput as the engine would say it
-        if control.start and control.id is None:
-            parameters["sequence_id"] = new_sequence_id(replica)
+    ``parameters``, so the responses echo it). Anything else is left as it is.
+    ``draining`` (scale-in, docs/deploy.md#drain): a start is refused with
+    :class:`ShuttingDown` (503 / UNAVAILABLE, so a client or proxy retries elsewhere)."""
+    if not parameters or "sequence_start" not in parameters:
+        return
+    control = SequenceControl.from_parameters(parameters)  # BadInput as the engine would say it
+    if control.start and draining:
+        raise ShuttingDown(f"replica {replica!r} is draining: start the sequence on another replica")
+    if control.start and control.id is None:
+        parameters["sequence_id"] = new_sequence_id(replica)
 
 
 async def minting(requests: AsyncIterator[InferenceRequest], replica: str) -> AsyncIterator[InferenceRequest]:

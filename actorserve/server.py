@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .replica import REPLICA_HEADER, replica_id
 from .repository import ModelRepository
+from .scalein import drain_sequences
 from .settings import Settings, SettingsError
 from .transport.access import AccessLog
 from .transport.auth import Guard
@@ -134,6 +135,7 @@ async def serve(
                 settings,
                 listeners,
                 drain=engine.aclose,
+                scale_in=partial(drain_sequences, engine, settings.drain_timeout) if settings.drain_timeout else None,
                 rest_fast_path=rest_fast_path,
                 metrics=engine.metrics,  # the engine's and the transports' series in one registry
                 task_status=task_status,
@@ -153,6 +155,7 @@ async def serve_transports(
     listeners: Listeners,
     *,
     drain: Callable[[float], Awaitable[None]] | None = None,
+    scale_in: Callable[[], Awaitable[object]] | None = None,
     rest_fast_path: bool = True,
     metrics: Metrics | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
@@ -161,7 +164,8 @@ async def serve_transports(
     (graceful) or cancellation. Used by :func:`serve` (with the in-process engine) and by
     every front process of the multi-process server (with an engine client).
 
-    On shutdown: gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
+    On shutdown, ``scale_in()`` first, when given (:func:`~actorserve.scalein.drain_sequences`:
+    the open sequences are served while new starts are refused); then gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
     (the in-process engine's ``aclose``; nothing in a front, whose engine process is
     stopped after every front) lets in-flight requests finish; all within the grace period.
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
@@ -224,6 +228,8 @@ async def serve_transports(
             log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log)
         task_status.started(server)
         await server._stopping.wait()
+        if scale_in is not None:  # first serve the open sequences (not ready, no new starts)
+            await scale_in()
         log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
         await _drain(settings.grace_period, drains, grpc_scope, http_done, drain)
         with trio.move_on_after(END_MARGIN + 1.0):  # hypercorn writes the last chunks, closes

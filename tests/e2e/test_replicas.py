@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import trio
 from e2e.conftest import TIMEOUT, rest_settings
+from e2e.grpc_fixtures import wait_until
 from support.replicas import not_held_message
 
 from actorserve import InferenceRequest
@@ -143,3 +144,46 @@ async def test_metrics_carry_the_replica_label(nursery: trio.Nursery) -> None:
     async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
         text = (await client.get("/metrics")).text
     assert 'actorserve_replica_info{replica="pod-m"} 1.0' in text.splitlines()
+
+
+async def test_sigterm_drain_serves_open_sequences_and_refuses_new_starts(nursery: trio.Nursery) -> None:
+    """Scale-in (``drain_timeout``): after shutdown() the replica is not ready, refuses
+    starts with 503 + Retry-After naming itself, serves the open sequence to its end,
+    then stops at once (long before ``drain_timeout``)."""
+    settings = rest_settings(grpc_port=0, replica_id="r-old", drain_timeout=30.0, grace_period=1.0)
+    stopped = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
+        await serve(settings, task_status=task_status)
+        stopped.set()
+
+    server: Server = await nursery.start(run)
+    url = "/v2/models/accumulator/infer"
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+        opened = await client.post(url, json=add(1), headers={"sequence-start": "true"})
+        sid = opened.headers["sequence-id"]
+        scrape = (await client.get("/metrics")).text.splitlines()
+        assert "actorserve_draining 0.0" in scrape
+        server.shutdown()
+        await wait_until(lambda: bool(getattr(server.engine, "draining", False)))
+        assert (await client.get("/v2/health/ready")).status_code == 503
+        refused = await client.post(url, json=add(1), headers={"sequence-start": "true"})
+        plain = await client.post("/v2/models/identity/infer", json=identity_body())
+        step = await client.post(url, json=add(2), headers={"sequence-id": sid})
+        scrape = (await client.get("/metrics")).text.splitlines()
+        last = await client.post(url, json=add(3), headers={"sequence-id": sid, "sequence-end": "true"})
+        with trio.fail_after(10):  # drain_timeout is 30 s: the last sequence's end let it stop
+            await stopped.wait()
+    assert (refused.status_code, refused.headers["retry-after"], refused.json()) == (
+        503,
+        "1",
+        {"error": "replica 'r-old' is draining: start the sequence on another replica"},
+    )
+    assert plain.status_code == 200
+    assert [r.json()["outputs"][0]["data"] for r in (step, last)] == [[3], [6]]
+    assert "actorserve_draining 1.0" in scrape
+
+
+def identity_body() -> dict[str, Any]:
+    tensors = [{"name": n, "datatype": "INT32", "shape": [1], "data": [1]} for n in ("INPUT0", "INPUT1")]
+    return {"inputs": tensors}
