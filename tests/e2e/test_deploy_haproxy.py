@@ -3,8 +3,10 @@ deploy/haproxy/haproxy.cfg, on loopback. Thirty sequences, interleaved, over RES
 SSE and gRPC ModelStreamInfer: each is answered by one replica and its running sums
 are exact. Then one replica is killed with SIGKILL: its sequences get the distinct
 ``sequence_not_held`` error from a survivor (never a fresh sum), the others go on,
-and new sequences land on the survivors. One replica runs the multi-process shape
-(a front and the engine), so the error crosses the engine link too.
+and new sequences land on the survivors. One survivor runs the multi-process shape
+(a front and the engine), so the error crosses the engine link too. Last, another is
+drained with SIGTERM: its open sequences finish on it, new starts go to the last
+one, and it stops as soon as its last sequence has ended.
 
 HAProxy is Debian's package (``.ci/run`` installs it); its listening ports are picked
 free just before it starts (HAProxy cannot report a port-0 bind)."""
@@ -18,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ INFER = "/v2/models/accumulator/infer"
 STARTUP = 90.0
 #: sequences per transport
 PER = 10
+#: what the draining replica says to a start
+DRAINING = "503 None replica 'r1' is draining: start the sequence on another replica"
 
 
 def free_port() -> int:
@@ -57,10 +61,8 @@ def haproxy() -> str:
     return found
 
 
-def replica(name: str, workers: str) -> tuple[ServerProcess, str, str]:
-    server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--replica-id", name, "--api-workers", workers, "--no-auth"
-    )  # fmt: skip
+def replica(name: str, *args: str) -> tuple[ServerProcess, str, str]:
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--replica-id", name, "--no-auth", *args)
     rest = server.wait_for(r"REST listening on http://(\S+?)[\s/]", STARTUP)[1]
     grpc_port = server.wait_for(r"gRPC listening on 127\.0\.0\.1:(\d+)", STARTUP)[1]
     return server, rest, f"127.0.0.1:{grpc_port}"
@@ -127,8 +129,10 @@ def test_thirty_sequences_through_haproxy_survive_a_killed_replica(tmp_path: Pat
     replicas: dict[str, tuple[ServerProcess, str, str]] = {}
     proxy: subprocess.Popen[bytes] | None = None
     try:
-        for name, workers in (("r1", "0"), ("r2", "0"), ("r3", "1")):
-            replicas[name] = replica(name, workers)
+        # r1 drains on SIGTERM (one process); r3 is a front and an engine process
+        replicas["r1"] = replica("r1", "--api-workers", "0", "--drain-timeout", "60")
+        replicas["r2"] = replica("r2", "--api-workers", "0")
+        replicas["r3"] = replica("r3", "--api-workers", "1")
         env = {
             **os.environ,
             "ACTORSERVE_PROXY_REST": f"127.0.0.1:{free_port()}",
@@ -167,6 +171,29 @@ def _wait_for_proxy(clients: Clients) -> None:
     pytest.fail("HAProxy did not answer within 30 s")
 
 
+def _start(call: Callable[[], tuple[int | None, str, str | None]]) -> tuple[int | None, str, str | None]:
+    """A sequence start, retried as a client does after r1's 503 + Retry-After (until
+    HAProxy's readiness check, every second, has taken r1 out; bounded)."""
+    for _ in range(50):
+        total, where, error = call()
+        if not (where == "r1" and error == DRAINING):
+            return total, where, error
+        time.sleep(0.1)
+    pytest.fail("HAProxy kept sending new sequences to the draining replica for 5 s")
+
+
+def _step(
+    clients: Clients, s: dict[str, Any], value: int, *, end: bool = False
+) -> tuple[int | None, str, str | None]:
+    """One request of sequence ``s`` over its transport (``end``: its last)."""
+    headers = {"sequence-id": s["id"], **({"sequence-end": "true"} if end else {})}
+    if s["kind"] == "rest":
+        return clients.rest(value, headers)[:3]
+    if s["kind"] == "sse":
+        return clients.sse(value, headers)
+    return clients.grpc(value, s["id"], **({"sequence_end": True} if end else {}))
+
+
 def _prove(clients: Clients, replicas: dict[str, tuple[ServerProcess, str, str]]) -> None:
     _wait_for_proxy(clients)
     # kind, id (REST: learnt from the first answer), expected total, replica
@@ -186,11 +213,7 @@ def _prove(clients: Clients, replicas: dict[str, tuple[ServerProcess, str, str]]
     assert len({s["replica"] for s in sequences}) == 3  # round robin spread the starts
 
     def step(s: dict[str, Any], value: int) -> tuple[int | None, str, str | None]:
-        if s["kind"] == "rest":
-            return clients.rest(value, {"sequence-id": s["id"]})[:3]
-        if s["kind"] == "sse":
-            return clients.sse(value, {"sequence-id": s["id"]})
-        return clients.grpc(value, s["id"])
+        return _step(clients, s, value)
 
     for value in (10, 100):  # interleaved: every sequence one step per round
         for s in sequences:
@@ -198,8 +221,9 @@ def _prove(clients: Clients, replicas: dict[str, tuple[ServerProcess, str, str]]
             s["total"] += value
             assert (total, where, error) == (s["total"], s["replica"], None), s
 
-    # kill -9 the replica holding the most sequences
-    victim = max(replicas, key=lambda name: sum(s["replica"] == name for s in sequences))
+    # kill -9 a one-process replica (a multi-process one's children outlive its parent's
+    # SIGKILL; a pod's death takes them all). r3's error crosses its engine link.
+    victim = "r2"
     server = replicas[victim][0]
     server.process.send_signal(signal.SIGKILL)
     server.process.wait(timeout=30)
@@ -218,3 +242,25 @@ def _prove(clients: Clients, replicas: dict[str, tuple[ServerProcess, str, str]]
         assert (total, error) == (k, None) and where != victim
         again = clients.rest(1, {"sequence-id": sid or ""})
         assert again[:3] == (k + 1, where, None)
+        clients.rest(0, {"sequence-id": sid or "", "sequence-end": "true"})
+    _drain(clients, replicas["r1"][0], [s for s in sequences if s["replica"] != victim])
+
+
+def _drain(clients: Clients, draining: ServerProcess, sequences: list[dict[str, Any]]) -> None:
+    """SIGTERM r1 (``--drain-timeout 60``): its open sequences go on to their end on it,
+    new starts go to r3, and r1 stops once its last sequence has ended."""
+    draining.process.send_signal(signal.SIGTERM)
+    draining.wait_for(r"draining: \d+ open sequence", 30)
+    for value in (10_000, 100_000):
+        for s in sequences:
+            total, where, error = _step(clients, s, value, end=value == 100_000)
+            s["total"] += value
+            assert (total, where, error) == (s["total"], s["replica"], None), s
+        if value == 10_000:  # between the two rounds: new starts are served by r3 only
+            for k in range(4):
+                rest = _start(lambda k=k: clients.rest(k, {"sequence-start": "true"})[:3])
+                sse = _start(
+                    lambda k=k: clients.sse(k, {"sequence-id": f"late-sse-{k}", "sequence-start": "true"})
+                )
+                assert (rest, sse) == ((k, "r3", None), (k, "r3", None))
+    assert draining.process.wait(timeout=30) == 0  # long before its 60 s drain_timeout
