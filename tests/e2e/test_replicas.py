@@ -19,6 +19,7 @@ from e2e.grpc_fixtures import wait_until
 from support.replicas import not_held_message
 
 from actorserve import InferenceRequest
+from actorserve.actors.reports import model_statistics
 from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
@@ -187,3 +188,45 @@ async def test_sigterm_drain_serves_open_sequences_and_refuses_new_starts(nurser
 def identity_body() -> dict[str, Any]:
     tensors = [{"name": n, "datatype": "INT32", "shape": [1], "data": [1]} for n in ("INPUT0", "INPUT1")]
     return {"inputs": tensors}
+
+
+async def test_autoscaling_totals_count_what_waits_and_runs(nursery: trio.Nursery) -> None:
+    """The Inference Extension's totals: a request held in the gate model runs, the next
+    one of its sequence waits behind it; both go back to 0."""
+    server = await start(nursery, replica="pod-s")
+    engine: Any = server.engine
+    gate = engine.model("gate")
+    url = "/v2/models/gate/infer"
+
+    def totals(text: str) -> tuple[str, str]:
+        lines = text.splitlines()
+        waiting = next(line for line in lines if line.startswith("actorserve_num_requests_waiting "))
+        running = next(line for line in lines if line.startswith("actorserve_num_requests_running "))
+        return waiting.split()[1], running.split()[1]
+
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+
+        async def send(rid: str, parameters: dict[str, Any]) -> None:
+            body = {
+                "id": rid,
+                "inputs": [],
+                "parameters": {"n_tokens": 1, "free": 0, "gate": "t", **parameters},
+            }
+            assert (await client.post(url, json=body)).status_code == 200
+
+        assert totals((await client.get("/metrics")).text) == ("0.0", "0.0")
+        async with trio.open_nursery() as requests:
+            requests.start_soon(send, "first", {"sequence_id": "t", "sequence_start": True})
+            with trio.fail_after(TIMEOUT):
+                await gate.started["first"].wait()
+            requests.start_soon(send, "second", {"sequence_id": "t"})
+            await wait_until(lambda: model_statistics_queued(engine) == 1)
+            held = totals((await client.get("/metrics")).text)
+            gate.gates["t"].set()
+        assert held == ("1.0", "1.0")
+        assert totals((await client.get("/metrics")).text) == ("0.0", "0.0")
+
+
+def model_statistics_queued(engine: Any) -> int:
+    """Requests queued behind a running one in the gate model's sequences, now."""
+    return model_statistics(engine.host("gate")).queued
