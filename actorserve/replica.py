@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-from .controls import SequenceControl
+from .controls import ANY_ID_LENGTH, SequenceControl
 from .errors import SequenceNotHeld, ShuttingDown
 from .types import InferenceRequest
 
@@ -80,7 +80,8 @@ def mint_id(parameters: dict[str, Any], replica: str, *, draining: bool = False)
     :class:`ShuttingDown` (503 / UNAVAILABLE, so a client or proxy retries elsewhere)."""
     if not parameters or "sequence_start" not in parameters:
         return
-    control = SequenceControl.from_parameters(parameters)  # BadInput as the engine would say it
+    # the model's own id cap (sequence.max_id_length) is checked after this, by its host
+    control = SequenceControl.from_parameters(parameters, ANY_ID_LENGTH)
     if control.start and draining:
         raise ShuttingDown(f"replica {replica!r} is draining: start the sequence on another replica")
     if control.start and control.id is None:
