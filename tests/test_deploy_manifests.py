@@ -1,6 +1,7 @@
 """deploy/ checked without a cluster: the Kustomize base rendered in Python (its only
 transformer is a label on every object and selector), then every object's fields that
-the server's behaviour depends on: probes on the health routes, a grace period that
+the server's behaviour depends on (and the core kinds against the Kubernetes schemas,
+with kubernetes-validate): probes on the health routes, a grace period that
 covers the drain, settings that exist, h2c for gRPC, the KServe runtime's contract,
 the routers' sticky key. ``nginx -t`` on deploy/nginx (HAProxy's ``-c``:
 tests/e2e/test_deploy_haproxy.py)."""
@@ -75,6 +76,21 @@ def test_the_base_renders_to_objects_whose_selectors_match_their_pods() -> None:
     assert kinds["Service"]["spec"]["selector"] == pod_labels
     assert kinds["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
     assert kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == "actorserve"
+
+
+#: the Kubernetes version the base is checked against (preStop ``sleep``: 1.29 and later)
+KUBERNETES_VERSION = "1.30"
+
+
+def test_the_base_is_valid_against_the_kubernetes_schemas() -> None:
+    """Every object, strictly (an unknown field fails), against the schemas
+    kubernetes-validate bundles: no cluster, no network."""
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail("kubernetes-validate is not installed (it is in the 'test' extra)")
+    for obj in render_base():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
 def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
