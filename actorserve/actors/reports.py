@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..api import ModelMetadata, ModelStatistics, TensorMetadata
+from ..api import ModelInfo, ModelMetadata, ModelStatistics, TensorMetadata
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -14,6 +14,7 @@ from ..descriptions import (
     ReplicaDescription,
 )
 from ..model import BatchModel
+from ..textgen import TextGeneration
 from .plain import PlainRunner
 
 if TYPE_CHECKING:
@@ -23,6 +24,31 @@ if TYPE_CHECKING:
 def _implementation(host: ModelHost) -> str:
     cls = host.model_class
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def info(host: ModelHost) -> ModelInfo:
+    """What ``GET /v2/models/{name}`` and the model lists say of ``host``."""
+    model = host.replicas[0] if host.replicas else None
+    return ModelInfo(
+        name=host.name,
+        version=host.version,
+        state=host.state,
+        batched=host.batched,
+        stream_input=bool(host.model_class.stream_input),
+        workers=host.settings.workers,
+        max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+        reason=host.reason,
+        text_generation=_text_generation(host),
+    )
+
+
+def _text_generation(host: ModelHost) -> TextGeneration | None:
+    """The model class's declaration with its settings' ``text_generation`` block over it."""
+    declared = host.model_class.text_generation
+    block = host.settings.text_generation
+    if block is None:
+        return declared
+    return (declared or TextGeneration()).with_settings(block)
 
 
 def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
