@@ -44,15 +44,21 @@ from .heaptrim import trim_heap_when_idle
 from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
+from .roles import (
+    INDEX_VAR,
+    READY_FD_VAR,
+    ROLE_VAR,
+    SOCKET_VAR,
+    engine_socket,
+    front_index,
+    role,
+    say_ready,
+    watch_parent,
+)
 from .server import Server, serve_transports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
-
-ROLE_VAR = "_ACTORSERVE_ROLE"
-SOCKET_VAR = "_ACTORSERVE_ENGINE_SOCKET"
-READY_FD_VAR = "_ACTORSERVE_READY_FD"
-INDEX_VAR = "_ACTORSERVE_FRONT_INDEX"
 
 #: a front that dies more often than this within RESTART_WINDOW seconds stops the server
 MAX_RESTARTS = 5
@@ -101,6 +107,16 @@ class ProcessSupervisor:
 
     def shutdown(self) -> None:
         self.stopping.set()
+
+    def stop_now(self) -> None:
+        """Kill every child at once (a second signal: nothing waits for the grace period
+        or the drain already under way); the parent still removes what they shared."""
+        self.grace_period = 0.0
+        self.stopping.set()
+        for child in (*self.fronts.values(), *([self.engine] if self.engine else [])):
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
 
     # -- starting children ----------------------------------------------------------------
 
@@ -243,42 +259,6 @@ def engine_socket_path() -> Path:
     return folder / "engine.sock"
 
 
-# -- in the children -------------------------------------------------------------------------
-
-
-def role() -> str | None:
-    """``"engine"`` or ``"front"`` in a child of the multi-process server, else None."""
-    return os.environ.get(ROLE_VAR) or None
-
-
-def say_ready() -> None:
-    """Tell the parent this child is serving (once)."""
-    fd = os.environ.pop(READY_FD_VAR, None)
-    if fd is None:
-        return
-    try:
-        os.write(int(fd), b"ready\n")
-    finally:
-        os.close(int(fd))
-
-
-async def watch_parent(scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the parent goes away (EOF on the stdin pipe it holds)."""
-    async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as lifeline:
-        while await lifeline.receive_some(64):
-            pass
-    log.warning("the parent process is gone: stopping")
-    scope.cancel()
-
-
-def front_index() -> int:
-    return int(os.environ.get(INDEX_VAR, "0"))
-
-
-def engine_socket() -> str:
-    return os.environ[SOCKET_VAR]
-
-
 __all__ = [
     "ChildFailed",
     "ProcessSupervisor",
@@ -339,7 +319,7 @@ async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope
             name = signal.Signals(signum).name
             if supervisor.stopping.is_set():
                 log.warning("second %s: stopping every process now", name)
-                supervisor.grace_period = 0.0
+                supervisor.stop_now()
                 scope.cancel()
                 return
             log.info("%s: shutting down gracefully (fronts first, then the engine)", name)
