@@ -310,7 +310,9 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
             handoff.close()
         if token_file is not None:
             remove_token_file(token_file)
-    return supervisor.exit_code
+    code = supervisor.exit_code
+    log.info("actorserve stopped%s", f" (exit code {code})" if code else "")  # as one process ends
+    return code
 
 
 async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope) -> None:
@@ -322,7 +324,11 @@ async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope
                 supervisor.stop_now()
                 scope.cancel()
                 return
-            log.info("%s: shutting down gracefully (fronts first, then the engine)", name)
+            log.info(
+                "%s: shutting down gracefully (fronts first, then the engine; in-flight requests have %.1f s)",
+                name,
+                supervisor.grace_period,
+            )
             supervisor.shutdown()
 
 
@@ -357,7 +363,7 @@ async def run_front_child(settings: Settings) -> None:
         async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
 
             async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_transports(client, settings, listeners, task_status=task_status)
+                await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch_parent, nursery.cancel_scope)

@@ -54,3 +54,21 @@ def test_a_second_ctrl_c_stops_at_once(api_workers: str) -> None:
         assert "second SIGINT" in server.text()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("api_workers", ["0", "2"])
+def test_the_log_says_each_address_once_and_ends_with_stopped(api_workers: str) -> None:
+    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", api_workers, "--no-auth")
+    try:
+        server.wait_for("serving with" if api_workers != "0" else "REST listening", 60)
+        server.wait_for("gRPC listening")
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        server.stop()
+    lines = server.text().splitlines()
+    for what in ("REST listening on", "gRPC listening on", "SIGINT: shutting down gracefully"):
+        assert len([line for line in lines if what in line]) == 1, (what, server.text())
+    assert len([line for line in lines if "shutting down: in-flight" in line]) <= 1, server.text()
+    logger = "actorserve.processes" if api_workers != "0" else "actorserve.server"
+    assert lines[-1].endswith(f"INFO {logger}: actorserve stopped"), server.text()
