@@ -29,6 +29,7 @@ from typing import IO
 import attrs
 
 from .settings import Settings, SettingsError
+from .tempdirs import make_temp_folder
 
 log = logging.getLogger("actorserve.auth")
 
@@ -61,8 +62,7 @@ def read_tokens(settings: Settings) -> tuple[str, ...]:
 
 def generate_token_file() -> Path:
     """A new random token in a new file (mode 0600, folder 0700); its path is logged."""
-    folder = Path(tempfile.mkdtemp(prefix="actorserve-auth-"))
-    folder.chmod(0o700)
+    folder = make_temp_folder("auth")
     path = folder / TOKEN_FILE_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:

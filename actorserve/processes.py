@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,6 +56,7 @@ from .roles import (
 )
 from .server import Server, serve_transports
 from .settings import Settings
+from .tempdirs import make_temp_folder, remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +254,7 @@ async def _stop(children: list[_Child], grace: float) -> None:
 def engine_socket_path() -> Path:
     """A fresh private folder for the engine's Unix socket (removed by the OS' tmp cleanup
     and by :func:`run_parent` on exit)."""
-    folder = Path(tempfile.mkdtemp(prefix="actorserve-"))
-    folder.chmod(0o700)
-    return folder / "engine.sock"
+    return make_temp_folder("run") / "engine.sock"
 
 
 __all__ = [
@@ -282,6 +280,7 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     start the engine and ``settings.api_workers`` fronts, stop them on SIGINT / SIGTERM
     (a second signal kills them at once). Returns the exit code."""
     listeners = open_listeners(settings)
+    remove_stale()  # what servers killed before left behind
     folder_socket = engine_socket_path()
     settings, token_file = with_token(settings)  # one token for every child
     env = {MULTIPROC_VAR: str(folder_socket.parent)}  # every process's metrics, summed by a scrape

@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .settings import Settings, SettingsError
+from .tempdirs import remove_stale
 from .transport.access import AccessLog
 from .transport.auth import Guard
 from .transport.rest import create_app, protocols
@@ -116,6 +117,7 @@ async def serve(
         settings = Settings(models=tuple(builtin_models()))
     if listeners is None:
         listeners = open_listeners(settings)
+    remove_stale()  # what servers killed before left behind
     repository = repository or ModelRepository()
     generated = None
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import json
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Final
 import attrs
 
 from ..settings import ModelSettings, SequenceSettings, SettingsError
+from ..tempdirs import make_temp_folder
 from .envelope import PLATFORM, SEQUENCE_PLATFORM
 
 MANIFEST: Final = "MAR-INF/MANIFEST.json"
@@ -67,7 +67,7 @@ def archive_name(path: Path) -> str:
 
 
 def _extract(path: Path) -> Path:
-    target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
+    target = make_temp_folder(f"mar-{path.stem}")
     atexit.register(shutil.rmtree, target, True)
     try:
         with zipfile.ZipFile(path) as archive:
