@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 import click
@@ -27,6 +27,7 @@ from click.core import ParameterSource
 
 from . import processes
 from .auth import take_token
+from .clitypes import Port, metavar_of
 from .errors import ModelFailed
 from .listeners import raise_open_file_limit
 from .logformat import configure_logging
@@ -57,39 +58,15 @@ MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-if TYPE_CHECKING:
-    _PortBase = click.ParamType[int | None]
-else:  # before click 8.4, ParamType is not generic
-    _PortBase = click.ParamType
-
-
-class _Port(_PortBase):
-    """A port number, or ``off`` (None: the transport is off). The range is checked by
-    :class:`Settings`."""
-
-    name = "port"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
-        if value is None or isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        if text in ("off", "none"):
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a port number or 'off'", param, ctx)
-
-
 #: help and type of the option made from each field of Settings (all but ``models``);
 #: a field missing here fails at import, so a new setting cannot lack its option.
 _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "host": (click.STRING, "address to listen on (0.0.0.0: every interface)"),
-    "http_port": (_Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
-    "grpc_port": (_Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
-    "ts_inference_grpc_port": (_Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
-    "ts_management_grpc_port": (_Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
-    "ts_management_http_port": (_Port(), "extra port for TorchServe's management REST paths and /ping only"),
+    "http_port": (Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
+    "grpc_port": (Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
+    "ts_inference_grpc_port": (Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
+    "ts_management_grpc_port": (Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
+    "ts_management_http_port": (Port(), "extra port for TorchServe's management REST paths and /ping only"),
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
     "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
@@ -134,6 +111,9 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
     "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
+    "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
+    "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
+    "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
@@ -174,19 +154,11 @@ def _settings_options(command: F) -> F:
             default=default,
             multiple=multiple,
             show_default=False if flag else "off" if default is None else "none" if multiple else True,
-            metavar=None if flag else _metavar(kind),
+            metavar=None if flag else metavar_of(kind),
             show_envvar=True,
             help=help_text,
         )(command)
     return command
-
-
-def _metavar(kind: click.ParamType[Any]) -> str | None:
-    if isinstance(kind, _Port):
-        return "PORT|off"
-    if isinstance(kind, click.Choice):
-        return "[" + "|".join(str(choice) for choice in kind.choices) + "]"
-    return None
 
 
 def _check_workers(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
@@ -264,7 +236,7 @@ def cli(
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
-    repository = ModelRepository(folders, workers)
+    repository = ModelRepository(folders, workers).with_archive_limits(settings)
     try:
         if not folders:
             models = repository.apply_overrides(builtin_models())
@@ -325,7 +297,7 @@ async def _run(settings: Settings, repository: ModelRepository) -> None:
     async with trio.open_nursery() as nursery:
 
         async def run_server(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-            await serve(settings, repository=repository, task_status=task_status)
+            await serve(settings, repository=repository, freeze_heap=True, task_status=task_status)
             nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
 
         # serve() logs "REST listening on ... (playground: ...)"; gRPC logs its own line

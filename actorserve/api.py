@@ -6,7 +6,8 @@ in-process :class:`actorserve.engine.Engine` and, in the multi-process server, a
 that talks to the engine process over a socket. So every method is ``async`` (a client
 may need a round trip) and every value that crosses it is a plain frozen record.
 
-Sequence controls are parsed here, once, by :meth:`SequenceControl.from_parameters`.
+Sequence controls are parsed once, by :meth:`SequenceControl.take` (:mod:`.controls`,
+re-exported here).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from .controls import ANY_ID_LENGTH, OWNER_PARAMETER, SequenceControl, bool_parameter
 from .descriptions import (
     BatchStatistics,
     Duration,
@@ -25,9 +27,8 @@ from .descriptions import (
     ModelDescription,
     ReplicaDescription,
 )
-from .errors import BadInput
 from .textgen import TextGeneration
-from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
+from .types import MAX_SEQUENCE_ID_LENGTH, SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
 
 
 class ModelState(enum.StrEnum):
@@ -67,65 +68,6 @@ _PHRASES: dict[EndReason, str] = {
 }
 
 
-def bool_parameter(value: object, name: str) -> bool:
-    """A boolean from JSON, gRPC or a header (true/false, 1/0, yes/no, "" is false);
-    :class:`BadInput` names the parameter otherwise. The one bool parser."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no", ""):
-            return False
-    raise BadInput(f"parameter {name!r}: expected a boolean, got {value!r}")
-
-
-@attrs.frozen(slots=True)
-class SequenceControl:
-    """The sequence part of a request: ``id`` (None: no sequence) and start/end/cancel."""
-
-    id: str | None = None
-    start: bool = False
-    end: bool = False
-    cancel: bool = False
-
-    @property
-    def stateful(self) -> bool:
-        return self.id is not None or self.start or self.cancel
-
-    @classmethod
-    def from_parameters(cls, params: Mapping[str, Any] | None) -> SequenceControl:
-        """Read ``sequence_id/start/end/cancel`` (the transports put headers there too).
-        An id of 0 or "" means no sequence, as in Triton; :class:`BadInput` otherwise."""
-        if not params:
-            return _NO_SEQUENCE
-        raw_id = params.get("sequence_id")
-        sequence_id: str | None
-        if raw_id is None or raw_id == 0 or raw_id == "":
-            sequence_id = None
-        elif isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
-            raise BadInput(f"parameter 'sequence_id': expected an integer or a string, got {raw_id!r}")
-        else:
-            sequence_id = str(raw_id)
-        start = params.get("sequence_start", False)
-        end = params.get("sequence_end", False)
-        cancel = params.get("sequence_cancel", False)
-        if sequence_id is None and start is False and end is False and cancel is False:
-            return _NO_SEQUENCE
-        return cls(
-            id=sequence_id,
-            start=bool_parameter(start, "sequence_start"),
-            end=bool_parameter(end, "sequence_end"),
-            cancel=bool_parameter(cancel, "sequence_cancel"),
-        )
-
-
-_NO_SEQUENCE = SequenceControl()
-
-
 @attrs.frozen(slots=True)
 class TensorMetadata:
     """A declared input or output. ``datatype`` is an OIP datatype; ``shape`` uses -1
@@ -147,6 +89,8 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorMetadata, ...] = ()
     outputs: tuple[TensorMetadata, ...] = ()
+    #: what the model declares about its requests (:mod:`actorserve.declarations`); REST only
+    parameters: Mapping[str, str | bool] = attrs.field(factory=dict)
 
     def input_datatypes(self) -> dict[str, str]:
         """Declared input name -> datatype ("" when the input takes any datatype)."""
@@ -344,6 +288,9 @@ class EngineAPI(Protocol):
 
 
 __all__ = [
+    "ANY_ID_LENGTH",
+    "MAX_SEQUENCE_ID_LENGTH",
+    "OWNER_PARAMETER",
     "SEQUENCE_PARAMETERS",
     "BatchStatistics",
     "Duration",

@@ -4,9 +4,16 @@
 Tokens: ``Settings.token`` (the CLI fills it from ``ACTORSERVE_TOKEN``, never from a
 flag, so it does not show in ``ps``) and the lines of ``Settings.token_file`` (one token
 a line; blank lines and ``#`` comments skipped). When auth is on and neither is given,
-:func:`generate_token_file` makes a random token, writes it to a new file readable only
-by this user (mode 0600, in a fresh 0700 folder) and logs the file's path, never the
+:func:`generate_token_file` makes a random token, writes it to a file readable only by
+this user (mode 0600, in a folder of mode 0700) and logs the file's path, never the
 token. The server removes that file when it stops.
+
+The file's path is stable for a fixed REST port (:func:`token_folder`):
+``$XDG_RUNTIME_DIR/actorserve/<port>/token`` (or ``<tmp>/actorserve-<uid>/<port>/token``
+without ``XDG_RUNTIME_DIR``), so a client's ``$(cat ...)`` works across restarts. Only
+one server can hold a port, but a stale file (a killed server) may be there: it is
+replaced. Where that folder is not private to this user (another owner, a symlink, open
+to others), or the port is picked at start (0), a fresh temporary folder is used.
 
 Model code runs in the server's processes, so the token does not stay in their
 environment: the CLI takes ``ACTORSERVE_TOKEN`` (and ``ACTORSERVE_TOKEN_FILE``) out of it
@@ -22,6 +29,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO
@@ -60,20 +68,55 @@ def read_tokens(settings: Settings) -> tuple[str, ...]:
     return tuple(t for t in tokens if t)
 
 
-def generate_token_file() -> Path:
-    """A new random token in a new file (mode 0600, folder 0700); its path is logged."""
-    folder = make_temp_folder("auth")
+def token_folder(settings: Settings) -> Path | None:
+    """The stable folder of the generated token file for ``settings`` (see the module
+    docstring); None when there is none (port picked at start, or no safe place)."""
+    port = settings.http_port or settings.grpc_port
+    if not port:
+        return None
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and Path(runtime).is_dir():
+        root = Path(runtime) / "actorserve"
+    else:
+        root = Path(tempfile.gettempdir()) / f"actorserve-{os.getuid()}"
+    folder = root / str(port)
+    for path in (root, folder):
+        try:
+            path.mkdir(mode=0o700, exist_ok=True)
+            info = os.lstat(path)
+        except OSError as exc:
+            log.warning("token folder %s cannot be used (%s): using a temporary folder", path, exc.strerror)
+            return None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            log.warning("token folder %s is not private to this user: using a temporary folder", path)
+            return None
+    return folder
+
+
+def generate_token_file(folder: Path | None = None) -> Path:
+    """A new random token in ``folder``'s ``token`` file (replaced at once, mode 0600),
+    or in a new temporary folder (0700); its path is logged, never the token."""
+    if folder is None:
+        folder = make_temp_folder("auth")
     path = folder / TOKEN_FILE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    # Written beside it and renamed: a reader sees the old token or the new, never half
+    # of one, and a file planted at the final name is replaced, not written through.
+    fresh = folder / f".{TOKEN_FILE_NAME}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(secrets.token_urlsafe(32) + "\n")
+    os.replace(fresh, path)
     log.info("management token generated: send 'Authorization: Bearer <token>' with the token in %s", path)
     return path
 
 
 def remove_token_file(path: Path) -> None:
-    """Remove a file made by :func:`generate_token_file`, with its folder."""
-    shutil.rmtree(path.parent, ignore_errors=True)
+    """Remove a file made by :func:`generate_token_file`, with its temporary folder (a
+    stable folder stays, empty)."""
+    if path.parent.name.startswith("actorserve-auth-"):
+        shutil.rmtree(path.parent, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def with_token(settings: Settings) -> tuple[Settings, Path | None]:
@@ -81,7 +124,7 @@ def with_token(settings: Settings) -> tuple[Settings, Path | None]:
     (the second value: that file, for the caller to remove), else unchanged."""
     if not auth_enabled(settings) or settings.token or settings.token_file:
         return settings, None
-    path = generate_token_file()
+    path = generate_token_file(token_folder(settings))
     return attrs.evolve(settings, token_file=str(path)), path
 
 
@@ -132,6 +175,7 @@ __all__ = [
     "read_tokens",
     "remove_token_file",
     "take_token",
+    "token_folder",
     "token_handoff",
     "with_token",
 ]

@@ -36,6 +36,20 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+#: third-party protocol loggers that write request headers (``authorization`` included)
+#: at DEBUG: hpack logs every header it encodes or decodes, h2 and grpclib their frames
+PROTOCOL_LOGGERS: Final = ("hpack", "h2", "grpclib", "hypercorn")
+
+
+def quiet_protocol_loggers() -> None:
+    """Cap :data:`PROTOCOL_LOGGERS` at INFO, whatever the root level, so that
+    ``--log-level DEBUG`` never writes a bearer token or any other header value. Their
+    warnings and errors still show."""
+    for name in PROTOCOL_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.INFO))
+
+
 def configure_logging(level: str, log_format: str = "text") -> None:
     """The logging of ``python -m actorserve``: ``level``, ``log_format`` on stderr, the
     access lines batched in the same format. If the root logger has handlers already, they
@@ -49,6 +63,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler])
     # hypercorn announces "Running on ..." itself; serve() says it once, with the playground
     logging.getLogger("hypercorn.error").setLevel(max(logging.getLogger().level, logging.WARNING))
+    quiet_protocol_loggers()
     if ours:  # access lines: written a batch at a time, in the same format (transport/access.py)
         access = AccessHandler(sys.stderr, log_format)
         access.setFormatter(formatter)
@@ -57,4 +72,4 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         access_logger.propagate = False
 
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging"]
+__all__ = ["PROTOCOL_LOGGERS", "TEXT_FORMAT", "JsonFormatter", "configure_logging", "quiet_protocol_loggers"]

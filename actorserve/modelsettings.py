@@ -8,15 +8,16 @@ Nothing here is read at import time; callers load settings and pass them down.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from .errors import BadInput
 from .textgen import TextGeneration
-from .types import DATATYPES
+from .types import DATATYPES, MAX_SEQUENCE_ID_LENGTH
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 
@@ -39,6 +40,25 @@ class SettingsError(BadInput, ValueError):
     400 / INVALID_ARGUMENT by both transports."""
 
 
+#: what a model name (and a version) may be: it is a path segment of every REST door, a
+#: metric label and an access-log field, so no ``/``, no ``..``, no space or newline
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: the longest model name or version
+MAX_NAME_LENGTH: Final = 128
+NAME_RULE: Final = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_NAME_LENGTH} characters"
+
+
+def check_name(value: object, what: str = "model name") -> str:
+    """``value`` if it is a valid model name (or version, ``what``); else
+    :class:`SettingsError` (a :class:`BadInput`: 400) naming the rule. Every name that
+    enters the server (settings, model folders, archives, TorchServe's register) passes
+    here."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else repr(value[:80]) + "..."
+        raise SettingsError(f"{what} {shown} is not valid: use {NAME_RULE}")
+    return value
+
+
 @attrs.frozen
 class SequenceSettings:
     """Limits of stateful sequences (the ``sequence`` block of model-settings.json).
@@ -51,6 +71,11 @@ class SequenceSettings:
     max_queue: int = 16
     max_sequences: int = 1024
     evict_idle: bool = False
+    #: longest client-chosen ``sequence_id`` (characters); a longer one is refused 400
+    max_id_length: int = MAX_SEQUENCE_ID_LENGTH
+    #: open sequences one token may hold when sequences are bound to tokens
+    #: (``--bind-sequences-to-token``); 0: only ``max_sequences`` bounds them
+    max_sequences_per_token: int = 0
 
 
 @attrs.frozen
@@ -130,6 +155,8 @@ class ModelSettings:
     def __attrs_post_init__(self) -> None:
         if not self.name:
             raise SettingsError("model settings need a 'name'")
+        check_name(self.name)
+        check_name(self.version, f"model {self.name!r}: version")
         if self.workers < 1:
             raise SettingsError(f"model {self.name!r}: workers must be >= 1")
         if self.max_batch_size < 0 or self.max_batch_time < 0:

@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import trio
@@ -37,8 +37,9 @@ from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
 from .gauges import watch_engine
-from .heaptrim import trim_heap_when_idle
+from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
+from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
@@ -46,6 +47,7 @@ from .settings import Settings, SettingsError
 from .tempdirs import remove_stale
 from .transport.access import AccessLog
 from .transport.auth import Guard
+from .transport.owner import OwnerScope, OwnerStamp
 from .transport.rest import create_app, protocols
 from .transport.rest.drain import Drain
 
@@ -97,6 +99,7 @@ async def serve(
     repository: ModelRepository | None = None,
     listeners: Listeners | None = None,
     rest_fast_path: bool = True,
+    freeze_heap: bool = False,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until :meth:`Server.shutdown` (graceful) or cancellation (immediate).
@@ -110,6 +113,8 @@ async def serve(
     ``server.http_address``). ``repository`` is where
     ``POST /v2/repository/models/{name}/load`` looks (default: ``settings.models``).
     ``rest_fast_path=False`` serves ``infer`` through Quart too (for comparisons).
+    ``freeze_heap=True`` (a process that only serves, as the CLI's) freezes the objects
+    alive once the models are loaded (:func:`~actorserve.heaptrim.freeze_startup_objects`).
 
     With auth on and no token given, a token is generated into a new file (mode 0600)
     whose path is logged and is ``server.settings.token_file``; it is removed on return."""
@@ -118,12 +123,14 @@ async def serve(
     if listeners is None:
         listeners = open_listeners(settings)
     remove_stale()  # what servers killed before left behind
-    repository = repository or ModelRepository()
+    repository = (repository or ModelRepository()).with_archive_limits(settings)
     generated = None
     try:
         settings, generated = with_token(settings)
         async with open_engine(settings, repository=repository) as engine:
             watch_engine(engine)  # its live-work gauges, read at each scrape
+            if freeze_heap:
+                freeze_startup_objects()
             await serve_transports(
                 engine,
                 settings,
@@ -162,8 +169,10 @@ async def serve_transports(
     stopped after every front) lets in-flight requests finish; all within the grace period.
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
     :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`).
-    ``announce=False`` (a front process) logs the listening lines at DEBUG: the parent
-    logs them once for every front."""
+    The protocol libraries' loggers are capped at INFO (:func:`quiet_protocol_loggers`):
+    at DEBUG they write every header, a bearer token included. ``announce=False`` (a
+    front process) logs the listening lines at DEBUG: the parent logs them once."""
+    quiet_protocol_loggers()
     metrics = metrics if metrics is not None else Metrics()
     server = Server(engine, settings, metrics=metrics)
     tokens = read_tokens(settings)
@@ -175,6 +184,8 @@ async def serve_transports(
         inference=settings.auth_inference,
         metrics=settings.auth_metrics,
     )
+    # the doors' engine: every inference request says who sent it (bind_sequences_to_token)
+    doors = cast(EngineAPI, OwnerStamp(engine, bind=settings.bind_sequences_to_token))
     http_stopped, ts_http_stopped = trio.Event(), trio.Event()
     #: set once the REST ports have no request left (or the grace period ended them): hypercorn stops
     http_done = trio.Event()
@@ -188,8 +199,8 @@ async def serve_transports(
         if access is not None:
             await nursery.start(access.run)
         if listeners.http is not None:
-            app = create_app(engine, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
-            drains.append(Drain(app))
+            app = create_app(doors, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
+            drains.append(Drain(OwnerScope(app, guard) if settings.bind_sequences_to_token else app))
             server.http_address = await nursery.start(
                 _serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
             )
@@ -206,7 +217,7 @@ async def serve_transports(
         if listeners.grpc is not None or ts_grpc:
             grpc_address = await _start_grpc(
                 nursery,
-                engine,
+                doors,
                 settings,
                 listeners.grpc,
                 ts_grpc,

@@ -115,6 +115,13 @@ def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
         raise BadSetting(attribute.name, "must be true or false")
 
 
+def _bind_needs_auth(settings: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    _bool(settings, attribute, value)
+    if value and not settings.auth_inference:
+        # without a token on inference, callers cannot be told apart: nothing to bind to
+        raise BadSetting(attribute.name, "needs auth_inference (sequences are bound to the caller's token)")
+
+
 def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise BadSetting(attribute.name, "must be a non-empty string")
@@ -214,8 +221,14 @@ class Settings:
     #: or an environment variable (``handler``, ``model_dir``, ``url``, the proxy's
     #: ``extra``, ...; ``*``: any); none by default. See docs/security.md.
     allow_load_overrides: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_name_list)
+    #: a sequence answers only requests with the token that opened it (needs auth_inference).
+    bind_sequences_to_token: bool = attrs.field(default=False, validator=_bind_needs_auth)
     #: a file of bearer tokens, one a line (none and auth on: one is generated).
     token_file: str | None = attrs.field(default=None, validator=_optional_text)
+    #: largest total a TorchServe ``.mar`` may extract to, in bytes (counted while extracting).
+    max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
+    #: most files and folders one ``.mar`` may hold.
+    max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
     #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
     #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)

@@ -38,9 +38,15 @@ _NUMPY_TO_DATATYPE: Final[dict[np.dtype[Any], str]] = {
 }
 
 #: Request parameters that steer the engine; they are not echoed to the model's outputs.
+#: ``sequence_owner`` is set by the transports only (the fingerprint of the caller's
+#: token, ``--bind-sequences-to-token``) and taken out before the model sees the request.
 SEQUENCE_PARAMETERS: Final = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "sequence_cancel"}
+    {"sequence_id", "sequence_start", "sequence_end", "sequence_cancel", "sequence_owner"}
 )
+
+#: Longest client-chosen sequence id by default (``sequence.max_id_length``): ids are
+#: kept per open and per recently ended sequence and echoed in a response header.
+MAX_SEQUENCE_ID_LENGTH: Final = 128
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 import numpy as np
+from grpclib import Status
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 
@@ -21,10 +23,19 @@ from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.types import InferenceRequest
 
+#: a refused call (UNAUTHENTICATED: it needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+METADATA = {"authorization": f"Bearer {TOKEN}"} if TOKEN else {}
+
 
 async def main(host: str, port: int) -> int:
     async with Channel(host, port) as channel:
-        stub = pb.GrpcInferenceServiceStub(channel, timeout=30)
+        stub = pb.GrpcInferenceServiceStub(channel, timeout=30, metadata=METADATA)
         live = (await stub.server_live(pb.ServerLiveRequest())).live
         ready = (await stub.server_ready(pb.ServerReadyRequest())).ready
         meta = await stub.model_metadata(pb.ModelMetadataRequest(name="identity"))
@@ -62,4 +73,9 @@ def parse_args() -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(*parse_args())))
+    try:
+        sys.exit(asyncio.run(main(*parse_args())))
+    except GRPCError as error:
+        if error.status is not Status.UNAUTHENTICATED:
+            raise
+        sys.exit(REFUSED.format(f"a gRPC call ({error.status.name})"))

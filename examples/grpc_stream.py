@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import numpy as np
+from grpclib import Status
 from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
 
 from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
@@ -25,6 +28,15 @@ from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.types import InferenceRequest
 
 N_TOKENS = 4
+
+#: a refused call (UNAUTHENTICATED: it needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+METADATA = {"authorization": f"Bearer {TOKEN}"} if TOKEN else {}
 
 
 def streamer(prompt: str) -> pb.ModelInferRequest:
@@ -49,7 +61,7 @@ async def main(host: str, port: int) -> int:
 
     got: dict[str, list[str]] = defaultdict(list)
     async with Channel(host, port) as channel:
-        stub = pb.GrpcInferenceServiceStub(channel, timeout=60)
+        stub = pb.GrpcInferenceServiceStub(channel, timeout=60, metadata=METADATA)
         responses = stub.model_stream_infer(requests())
 
         # Three prompts in flight at once; the sequence starts beside them.
@@ -91,4 +103,9 @@ def parse_args() -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(*parse_args())))
+    try:
+        sys.exit(asyncio.run(main(*parse_args())))
+    except GRPCError as error:
+        if error.status is not Status.UNAUTHENTICATED:
+            raise
+        sys.exit(REFUSED.format(f"a gRPC call ({error.status.name})"))

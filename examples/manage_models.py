@@ -9,7 +9,9 @@ reloads ``identity`` and shows it in the index meanwhile. Leaves the server as i
 it; exits 0 when every answer is as expected.
 
 The management routes need the server's bearer token (docs/security.md): put it in
-``ACTORSERVE_TOKEN`` (``export ACTORSERVE_TOKEN=$(cat <the token file the server logged>)``).
+``ACTORSERVE_TOKEN`` (``export ACTORSERVE_TOKEN=$(cat "$XDG_RUNTIME_DIR/actorserve/8080/token")``,
+the file the server's log names). Without it the example stops at the first refused
+request and says so.
 """
 
 from __future__ import annotations
@@ -22,17 +24,37 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+#: a refused request (401/403: the route needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+AUTH = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
+
+
+def refused(response: httpx.Response) -> None:
+    """httpx response hook: exit with :data:`REFUSED` on 401 / 403."""
+    if response.status_code in (401, 403):
+        request = response.request
+        sys.exit(REFUSED.format(f"{request.method} {request.url.path} (HTTP {response.status_code})"))
+
+
+HOOKS = {"response": [refused]}
 
 
 def main(base_url: str) -> int:
     triton = httpclient.InferenceServerClient(urlsplit(base_url).netloc, network_timeout=30)
-    token = os.environ.get("ACTORSERVE_TOKEN")
-    auth = {"Authorization": f"Bearer {token}"} if token else {}
     checks: list[bool] = []
-    with httpx.Client(base_url=base_url, timeout=30, headers=auth) as client:
+    with httpx.Client(base_url=base_url, timeout=30, headers=AUTH, event_hooks=HOOKS) as client:
         value = httpclient.InferInput("INPUT", [1], "INT64")
         value.set_data_from_numpy(np.array([5], dtype=np.int64), binary_data=False)
-        triton.infer("accumulator", [value], sequence_id=4242, sequence_start=True, sequence_end=True)
+        triton.infer(
+            "accumulator", [value], sequence_id=4242, sequence_start=True, sequence_end=True, headers=AUTH
+        )
 
         config = triton.get_model_config("accumulator")
         print(f"config: max_batch_size={config['max_batch_size']} instances={config['instance_group'][0]['count']}")
@@ -46,11 +68,11 @@ def main(base_url: str) -> int:
         print(f"scaled down: workers={back['workers']}")
         checks.append((scaled["workers"], back["workers"]) == (2, 1))
 
-        triton.unload_model("identity", headers=auth)
+        triton.unload_model("identity", headers=AUTH)
         states = {m["name"]: (m["state"], m.get("reason", "")) for m in triton.get_model_repository_index()}
         print(f"after unload: identity is {states['identity']}")
         checks.append(states["identity"] == ("UNAVAILABLE", "unloaded"))
-        triton.load_model("identity", headers=auth)
+        triton.load_model("identity", headers=AUTH)
         checks.append(triton.is_model_ready("identity"))
         print(f"reloaded: identity ready={checks[-1]}")
     triton.close()
@@ -63,4 +85,9 @@ if __name__ == "__main__":
     parser.add_argument("--http", default="http://127.0.0.1:8080", help="REST base URL of a running actorserve")
     parser.add_argument("--grpc", help="ignored (this example uses REST)")
     args = parser.parse_args()
-    sys.exit(main(args.http))
+    try:
+        sys.exit(main(args.http))
+    except InferenceServerException as exc:  # tritonclient.http: our 401 says "unauthorized"
+        if exc.message() != "unauthorized":
+            raise
+        sys.exit(REFUSED.format(f"a tritonclient call ({exc.message()})"))

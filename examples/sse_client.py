@@ -11,15 +11,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import httpx
 from httpx_sse import connect_sse
 
+#: a refused request (401/403: the route needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+AUTH = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
+
+
+def refused(response: httpx.Response) -> None:
+    """httpx response hook: exit with :data:`REFUSED` on 401 / 403."""
+    if response.status_code in (401, 403):
+        request = response.request
+        sys.exit(REFUSED.format(f"{request.method} {request.url.path} (HTTP {response.status_code})"))
+
+
+HOOKS = {"response": [refused]}
+
 
 def main(base_url: str) -> int:
     tokens: list[str] = []
-    with httpx.Client(base_url=base_url, timeout=30) as client:
+    with httpx.Client(base_url=base_url, timeout=30, headers=AUTH, event_hooks=HOOKS) as client:
         # 1. Triton's generate extension: one JSON object per event.
         body = {"id": "sse-1", "text_input": "hello", "parameters": {"n_tokens": 5, "delay": 0.05}}
         with connect_sse(client, "POST", "/v2/models/streamer/generate_stream", json=body) as events:

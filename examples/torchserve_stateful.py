@@ -12,19 +12,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import threading
 
 import httpx
+from grpclib import Status
 from grpclib.client import Channel
+from grpclib.exceptions import GRPCError
 
 from actorserve.proto.torchserve.org.pytorch.serve.grpc import inference as ts
 
 SEQ_ID, SEQ_END = "ts_request_sequence_id", "ts_request_sequence_end"
+#: a refused request (401/403: the route needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+AUTH = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
+METADATA = {k.lower(): v for k, v in AUTH.items()}
+
+
+def refused(response: httpx.Response) -> None:
+    """httpx response hook: exit with :data:`REFUSED` on 401 / 403."""
+    if response.status_code in (401, 403):
+        request = response.request
+        sys.exit(REFUSED.format(f"{request.method} {request.url.path} (HTTP {response.status_code})"))
+
+
+HOOKS = {"response": [refused]}
 
 
 def rest(url: str) -> bool:
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30, headers=AUTH, event_hooks=HOOKS) as client:
         first = client.post("/predictions/ts_stateful", content=b"1")  # no id: a new sequence
         sequence = first.headers[SEQ_ID]
         print(f"started {sequence}: {first.text}")
@@ -49,7 +71,7 @@ def rest(url: str) -> bool:
 
 async def grpc(host: str, port: int) -> bool:
     async with Channel(host, port) as channel:
-        stub = ts.InferenceApIsServiceStub(channel, timeout=30)
+        stub = ts.InferenceApIsServiceStub(channel, timeout=30, metadata=METADATA)
         requests = [
             ts.PredictionsRequest(model_name="ts_stateful", sequence_id="grpc-1", input={"data": value, **flags})
             for value, flags in ((b"2", {"ts_request_sequence_start": b"true"}), (b"4", {}), (b"0", {}))
@@ -65,7 +87,12 @@ def main() -> int:
     parser.add_argument("--grpc", default="127.0.0.1:8081", help="gRPC host:port")
     args = parser.parse_args()
     host, _, port = args.grpc.rpartition(":")
-    ok = rest(args.http) and asyncio.run(grpc(host, int(port)))
+    try:
+        ok = rest(args.http) and asyncio.run(grpc(host, int(port)))
+    except GRPCError as error:
+        if error.status is not Status.UNAUTHENTICATED:
+            raise
+        sys.exit(REFUSED.format(f"StreamPredictions2 ({error.status.name})"))
     return 0 if ok else 1
 
 

@@ -11,14 +11,24 @@ when every answer is right.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import sys
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 TIMEOUT = 30.0
+#: a refused call (UNAUTHENTICATED: it needs the server's bearer token) stops the example
+#: with this, not with a stack trace
+REFUSED = (
+    "the server refused {}: it needs its bearer token. Run with "
+    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
+)
+TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
+METADATA = {"authorization": f"Bearer {TOKEN}"} if TOKEN else {}
 
 
 def text_input(prompt: str) -> grpcclient.InferInput:
@@ -33,10 +43,28 @@ def int_input(value: int) -> grpcclient.InferInput:
     return tensor
 
 
+def failed(error: Any) -> int:
+    """Exit with :data:`REFUSED` if the server wants a token, else say the error."""
+    if error.status() == "StatusCode.UNAUTHENTICATED":
+        sys.exit(REFUSED.format(f"the stream ({error.message()})"))
+    print(f"error: {error}")
+    return 1
+
+
 def main(url: str) -> int:
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        return exchange(url, results)
+    except InferenceServerException:
+        # The server ended the stream (as it does at once for a missing token) before a
+        # request went out; the callback holds the reason.
+        _, error = results.get(timeout=TIMEOUT)
+        return failed(error)
+
+
+def exchange(url: str, results: queue.Queue[tuple[Any, Any]]) -> int:
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.start_stream(callback=lambda result, error: results.put((result, error)), headers=METADATA)
     try:
         # 1. Tokens from the streamer, each response carrying the request id.
         client.async_stream_infer("streamer", [text_input("hello")], request_id="tokens", parameters={"n_tokens": 5})
@@ -44,8 +72,7 @@ def main(url: str) -> int:
         for _ in range(5):
             result, error = results.get(timeout=TIMEOUT)
             if error is not None:
-                print(f"error: {error}")
-                return 1
+                return failed(error)
             tokens.append(result.as_numpy("text_output")[0].decode())
         print("streamer:", tokens)
 
@@ -66,8 +93,7 @@ def main(url: str) -> int:
         for _ in plan:
             result, error = results.get(timeout=TIMEOUT)
             if error is not None:
-                print(f"error: {error}")
-                return 1
+                return failed(error)
             sequence_id = result.get_response().parameters["sequence_id"].string_param
             sums[sequence_id].append(int(result.as_numpy("OUTPUT")[0]))
         print("accumulator:", sums)

@@ -1,5 +1,6 @@
 """Every ``examples/*.py`` runs against one real server and exits 0, so the examples
-never rot.
+never rot; against a server that refuses it (no token, or a wrong one), each exits 1 with
+one line saying how to pass the token, never a stack trace.
 
 The server is ``python -m actorserve`` (built-in models, 127.0.0.1, port 0 for REST and
 gRPC) in a subprocess shared by the module; its real addresses come from its log. Each
@@ -81,3 +82,61 @@ def test_example_runs(running_server: RunningServer, example: Path) -> None:
             pytest.xfail(f"needs gRPC, which cannot be imported here: {missing}")
     assert result.returncode == 0, f"{example.name} failed:\n{result.stdout}\n{result.stderr}"
     assert running_server.process.poll() is None, "the server died:\n" + "\n".join(running_server.log)
+
+
+# -- a server that refuses: every example says why, in one line, without a stack trace --------
+
+#: runs a server of its own (inference there needs no token): nothing can refuse it
+OWN_SERVER = {"embed_in_trio.py"}
+
+
+def assert_refused(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"the server refused .+ \((HTTP 401|UNAUTHENTICATED|unauthorized)\): it needs its bearer token\. Run with "
+        r"ACTORSERVE_TOKEN=\$\(cat <the token file named in the server's log>\) \(see docs/security\.md\)",
+        last,
+    ), last
+
+
+def test_manage_models_without_the_token_says_so(running_server: RunningServer) -> None:
+    """Management needs the token by default; this example once died on KeyError: 'workers'."""
+    args = [sys.executable, str(ROOT / "examples" / "manage_models.py"), "--http", running_server.http_url]
+    env = {k: v for k, v in os.environ.items() if k != "ACTORSERVE_TOKEN"}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT, cwd=ROOT, env=env)
+    assert_refused(result)
+    assert "POST /v2/repository/models/accumulator/workers (HTTP 401)" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def refusing_server() -> Iterator[RunningServer]:
+    """One process whose inference needs the token too (``--auth-inference``)."""
+    grpc_port = "off" if grpc_import_error() is not None else "0"
+    server = start_server("--http-port", "0", "--grpc-port", grpc_port, "--api-workers", "0", "--auth-inference")
+    try:
+        http = server.wait_for(r"REST listening on (http://\S+)", STARTUP_TIMEOUT)
+        grpc = re.search(r"gRPC listening on (\S+:\d+)", server.text())
+        yield RunningServer(server.process, http[1], grpc[1] if grpc else None, server.log, token="")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "example", [p for p in EXAMPLES if p.name not in OWN_SERVER], ids=lambda p: str(p.name)
+)
+@pytest.mark.parametrize("token", ["", "wrong-token"], ids=["no-token", "wrong-token"])
+def test_example_refused_says_how_to_pass_the_token(
+    refusing_server: RunningServer, example: Path, token: str
+) -> None:
+    if refusing_server.grpc_target is None and _uses_grpc(example.read_text()):
+        pytest.xfail(f"needs gRPC, which cannot be imported here: {grpc_import_error()}")
+    args = [sys.executable, str(example), "--http", refusing_server.http_url]
+    if refusing_server.grpc_target is not None:
+        args += ["--grpc", refusing_server.grpc_target]
+    env = {k: v for k, v in os.environ.items() if k != "ACTORSERVE_TOKEN"}
+    if token:
+        env["ACTORSERVE_TOKEN"] = token
+    result = subprocess.run(args, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT, cwd=ROOT, env=env)
+    assert_refused(result)

@@ -331,7 +331,7 @@ class ModelHost:
 
     def _cancel(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
         assert self.supervisor is not None
-        sequence_id = self.supervisor.cancel(control.id)
+        sequence_id = self.supervisor.cancel(control.id, control.owner)
         return cancelled_response(self.name, self.version, request, sequence_id)
 
     # -- the public operations ----------------------------------------------------------
@@ -343,7 +343,7 @@ class ModelHost:
         runner = self._enter()
         started, ok = self.counters.started(), False
         try:
-            control = SequenceControl.from_parameters(request.parameters)
+            control = SequenceControl.take(request.parameters, self.settings.sequence.max_id_length)
             if control.cancel:
                 yield OneByOne(_single(self._cancel(request, control)))
             else:
@@ -362,7 +362,7 @@ class ModelHost:
         runner = self._enter()
         started, ok = self.counters.started(), False
         try:
-            control = SequenceControl.from_parameters(request.parameters)
+            control = SequenceControl.take(request.parameters, self.settings.sequence.max_id_length)
             if control.cancel:
                 response = self._cancel(request, control)
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..api import ModelInfo, ModelMetadata, ModelStatistics, TensorMetadata
+from ..declarations import declared_parameters, text_generation_of
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -14,7 +15,6 @@ from ..descriptions import (
     ReplicaDescription,
 )
 from ..model import BatchModel
-from ..textgen import TextGeneration
 from .plain import PlainRunner
 
 if TYPE_CHECKING:
@@ -38,22 +38,14 @@ def info(host: ModelHost) -> ModelInfo:
         workers=host.settings.workers,
         max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
         reason=host.reason,
-        text_generation=_text_generation(host),
+        text_generation=text_generation_of(host.settings, host.model_class),
     )
-
-
-def _text_generation(host: ModelHost) -> TextGeneration | None:
-    """The model class's declaration with its settings' ``text_generation`` block over it."""
-    declared = host.model_class.text_generation
-    block = host.settings.text_generation
-    if block is None:
-        return declared
-    return (declared or TextGeneration()).with_settings(block)
 
 
 def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
     """``host``'s metadata as the model gives it (``Model.metadata``), with the
-    settings' ``any_datatype`` marks; the engine knows the versions around it."""
+    settings' ``any_datatype`` marks and what the model declares about its requests
+    (:mod:`actorserve.declarations`); the engine knows the versions around it."""
     meta = host.metadata()
     specs = (*host.settings.inputs, *host.settings.outputs)
     any_datatype = frozenset(s.name for s in specs if s.any_datatype)
@@ -63,6 +55,7 @@ def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
         platform=str(meta.get("platform", "")),
         inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
         outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
+        parameters=declared_parameters(host.settings, host.model_class),
     )
 
 

@@ -72,6 +72,8 @@ class SequenceActor:
         "idle_since",
         "mailbox",
         "model",
+        "opened_at",
+        "owner",
         "replica",
         "state",
         "streaming",
@@ -86,15 +88,19 @@ class SequenceActor:
         replica: ContinuousBatcher | None,
         max_queue: int,
         state: Any = None,
+        owner: str | None = None,
     ) -> None:
         self.id = sequence_id
+        #: the fingerprint of the token that opened it (bound to tokens), else None
+        self.owner = owner
         self.supervisor = supervisor
         self.model = model
         self.replica = replica
         self.mailbox: Mailbox[Job] = Mailbox(max_queue, name=f"sequence {sequence_id!r}")
         self.current: Job | None = None
         self.end_reason: EndReason | None = None
-        self.idle_since: float | None = trio.current_time()  # None while a request runs
+        self.opened_at = trio.current_time()
+        self.idle_since: float | None = self.opened_at  # None while a request runs
         self.idle_queued = False  # an idle deadline of ours is in the supervisor's heap
         self.state = state  # lent to the model's step only while a request of ours runs
         #: earlier requests still streaming while later ones run (``sequence_overlap``)

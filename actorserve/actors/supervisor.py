@@ -4,16 +4,23 @@ It opens sequences (``sequence_start``), routes requests to their actor's mailbo
 cancels sequences, enforces ``max_sequences`` (refusing, or evicting the least recently
 used idle sequence with ``evict_idle``) and remembers recently ended ids so that a late
 request hears *why* its sequence is gone.
+
+Server-made ids are 128 random bits (:func:`new_sequence_id`): an id is a bearer secret,
+whoever holds it may continue, end or cancel the sequence. When sequences are bound to
+tokens, a request names its ``owner`` (the fingerprint of its token): a sequence opened
+by one owner is unknown to every other (the same 404 as an id never opened), an owner
+holds at most ``max_sequences_per_token`` open sequences, and eviction makes room only
+among the sequences of the owner asking.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
+import secrets
 from collections import OrderedDict
-from collections.abc import Callable
-from heapq import heapify, heappop, heappush
+from collections.abc import Callable, Iterable, Mapping
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
 import attrs
@@ -31,6 +38,13 @@ from .sequence import Job, SequenceActor, ended
 REMEMBER_ENDED = 4096
 #: deadlines of ended sequences tolerated before they are swept out of the heap
 COMPACT_SLACK = 64
+#: the most a refusal's ``Retry-After`` says (seconds), however far the next expiry is
+MAX_RETRY_AFTER = 3600
+
+
+def new_sequence_id() -> str:
+    """A server-made sequence id: 128 bits from :mod:`secrets`, as 32 hex digits."""
+    return secrets.token_hex(16)
 
 
 @attrs.frozen
@@ -63,11 +77,12 @@ class Supervisor:
         self.name = name
         self._pick_replica = pick_replica
         self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
-        self._ended: OrderedDict[str, EndReason] = OrderedDict()
+        #: ended id -> (why, its owner), to explain a late request (to its owner only)
+        self._ended: OrderedDict[str, tuple[EndReason, str | None]] = OrderedDict()
+        #: owner -> its open sequences, least recently used first (bound to tokens only)
+        self._owned: dict[str, OrderedDict[str, SequenceActor]] = {}
         self._nursery: trio.Nursery | None = None
         self._closing = False
-        self._ids = itertools.count(1)
-        self._id_prefix = os.urandom(4).hex()
         self.started = 0
         self.ended_by_reason: dict[str, int] = {}
         #: open sequences per replica they are pinned to
@@ -184,59 +199,65 @@ class Supervisor:
         or :class:`ShuttingDown`; on success the job is queued in the actor's mailbox.
         """
         if control.start:
-            actor = await self._open(control.id)
+            actor = await self._open(control.id, control.owner)
         else:
-            actor = self._find(control.id)
+            actor = self._find(control.id, control.owner)
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:
             raise ended(actor.id, actor.end_reason or EndReason.ENDED) from None
         except Overloaded:
             raise Overloaded(
-                f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued "
-                "(max_queue)",
+                f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued (max_queue)",
                 bound="mailbox_full",
             ) from None
         if control.end:
             job.end = True
         self._actors.move_to_end(actor.id)
+        if actor.owner is not None:
+            self._owned[actor.owner].move_to_end(actor.id)
         return actor
 
-    def cancel(self, sequence_id: str | None) -> str:
+    def cancel(self, sequence_id: str | None, owner: str | None = None) -> str:
         """Cancel an open sequence: its running request stops at the next step."""
-        actor = self._find(sequence_id)
+        actor = self._find(sequence_id, owner)
         if actor.ending is not None:  # it ends anyway: say why, don't claim to cancel it
             raise ended(actor.id, actor.ending)
         self._let_go(actor, EndReason.CANCELLED)
         return actor.id
 
-    def _find(self, sequence_id: str | None) -> SequenceActor:
+    def _find(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:
         if sequence_id is None:
             raise SequenceNotFound("a request without sequence_start must carry a sequence_id")
         actor = self._actors.get(sequence_id)
-        if actor is None:
-            why = self._ended.get(sequence_id)
-            if why is None:
-                raise SequenceNotFound(
-                    f"sequence {sequence_id!r} is not open (unknown id; start it with "
-                    "sequence_start)"
-                )
+        if actor is not None and actor.owner == owner:
+            return actor
+        # another owner's sequence is told apart from an unknown id by nothing
+        why, ended_owner = self._ended.get(sequence_id, (None, None))
+        if actor is None and why is not None and ended_owner == owner:
             raise ended(sequence_id, why)
-        return actor
+        raise SequenceNotFound(
+            f"sequence {sequence_id!r} is not open (unknown id; start it with sequence_start)"
+        )
 
-    async def _open(self, sequence_id: str | None) -> SequenceActor:
+    async def _open(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:
         if self._closing or self._nursery is None:
             raise ShuttingDown(f"{self.name} is shutting down")
         if sequence_id is None:
-            sequence_id = f"{self._id_prefix}-{next(self._ids)}"
+            sequence_id = new_sequence_id()
         elif sequence_id in self._actors:
             if self._actors[sequence_id].ending is None:
                 raise SequenceConflict(f"sequence {sequence_id!r} is already open")
             # Ending (expired, ended, ...) but its actor has not finished yet: the id is
             # free again. The old actor still ends once, with its own reason.
-            del self._actors[sequence_id]
-        if len(self._actors) >= self.settings.max_sequences:
-            self._make_room()
+            self._disown(self._actors.pop(sequence_id))
+        owned = self._owned.get(owner) if owner is not None else None
+        per_token = self.settings.max_sequences_per_token
+        if owned is not None and per_token and len(owned) >= per_token:
+            self._make_room(owned, "max_sequences_per_token")
+        elif len(self._actors) >= self.settings.max_sequences:
+            # bound to tokens: room is made among the asker's own sequences only
+            self._make_room(self._actors if owner is None else owned or {}, "max_sequences")
         # The replica first: its own model instance makes, begins and ends the
         # sequence's state (replicas are replaced when they hang or are recycled).
         replica = self._pick_replica()
@@ -247,8 +268,10 @@ class Supervisor:
                 state = model.new_state(sequence_id)
             except Exception as exc:
                 raise ModelFailed.wrap(model.name, exc, f"to start sequence {sequence_id!r}") from None
-        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state)
+        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner)
         self._actors[sequence_id] = actor
+        if owner is not None:
+            self._owned.setdefault(owner, OrderedDict())[sequence_id] = actor
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
         self._ended.pop(sequence_id, None)
         self.started += 1
@@ -261,25 +284,76 @@ class Supervisor:
         self.became_idle(actor)
         return actor
 
-    def _make_room(self) -> None:
+    def _make_room(self, candidates: Mapping[str, SequenceActor], limit: str) -> None:
+        """Evict the least recently used idle sequence of ``candidates`` (with
+        ``evict_idle``), or refuse with :class:`Overloaded` naming ``limit``, with a
+        ``retry_after`` that tells when the first of them can expire."""
         if self.settings.evict_idle:
-            for actor in self._actors.values():  # least recently used first
+            for actor in candidates.values():  # least recently used first
                 if actor.idle:
                     self._let_go(actor, EndReason.EVICTED)
                     return
-        raise Overloaded(
-            f"{self.name}: {self.settings.max_sequences} sequences are open (max_sequences)", bound="max_sequences"
-        )
+        if limit == "max_sequences":
+            what = f"{self.settings.max_sequences} sequences are open (max_sequences)"
+            retry_after = self._retry_after_all()
+        else:
+            what = f"this token holds {self.settings.max_sequences_per_token} open sequences ({limit})"
+            retry_after = self._retry_after_of(candidates.values())
+        raise Overloaded(f"{self.name}: {what}", retry_after=retry_after, bound="max_sequences")
+
+    def _retry_after_all(self) -> int:
+        """Seconds until the first deadline of an open sequence. Entries at the top of
+        the heap that no longer say when their sequence expires are settled first, as
+        the reaper would settle them when due: an ended sequence's is dropped, a busy
+        one's too (it is queued again once idle), one used since is moved to its new
+        deadline."""
+        idle = self.settings.idle_timeout_ms / 1000
+        heap = self._deadlines
+        while heap:
+            when, _, actor, max_duration = heap[0]
+            if actor.end_reason is None:
+                if max_duration:
+                    break
+                since = actor.idle_since
+                if since is not None and not len(actor.mailbox):
+                    if since + idle <= when:
+                        break
+                    heapreplace(heap, (since + idle, next(self._order), actor, False))
+                    continue
+                actor.idle_queued = False
+            heappop(heap)
+        return _seconds_until(heap[0][0] if heap else math.inf)
+
+    def _retry_after_of(self, actors: Iterable[SequenceActor]) -> int:
+        """Seconds until the first of ``actors`` can expire (few: one owner's)."""
+        settings = self.settings
+        due = math.inf
+        for actor in actors:
+            if settings.max_duration_ms:
+                due = min(due, actor.opened_at + settings.max_duration_ms / 1000)
+            if settings.idle_timeout_ms and actor.idle_since is not None:
+                due = min(due, actor.idle_since + settings.idle_timeout_ms / 1000)
+        return _seconds_until(due)
+
+    def _disown(self, actor: SequenceActor) -> None:
+        """``actor`` no longer counts for its owner (its id was freed)."""
+        owner = actor.owner
+        owned = self._owned.get(owner) if owner is not None else None
+        if owner is not None and owned is not None and owned.get(actor.id) is actor:
+            del owned[actor.id]
+            if not owned:
+                del self._owned[owner]
 
     def _let_go(self, actor: SequenceActor, reason: EndReason) -> None:
         """Stop ``actor`` and free its id now (its request may take a step to leave the
         batch): a request for that id meanwhile hears why the sequence is gone."""
         del self._actors[actor.id]
-        self._remember(actor.id, actor.ending or reason)
+        self._disown(actor)
+        self._remember(actor.id, actor.ending or reason, actor.owner)
         actor.stop(reason)
 
-    def _remember(self, sequence_id: str, reason: EndReason) -> None:
-        self._ended[sequence_id] = reason
+    def _remember(self, sequence_id: str, reason: EndReason, owner: str | None) -> None:
+        self._ended[sequence_id] = (reason, owner)
         self._ended.move_to_end(sequence_id)
         if len(self._ended) > REMEMBER_ENDED:
             self._ended.popitem(last=False)
@@ -289,10 +363,20 @@ class Supervisor:
         self._pinned[actor.replica] -= 1
         if self._actors.get(actor.id) is actor:
             del self._actors[actor.id]
+        self._disown(actor)
         if actor.id not in self._actors:  # not opened again meanwhile
-            self._remember(actor.id, reason)
+            self._remember(actor.id, reason, actor.owner)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
         if self.metrics is not None:
             self.metrics.sequences_open.dec()
             self.metrics.sequences_ended[key].inc()
+
+
+def _seconds_until(when: float) -> int:
+    """A ``Retry-After`` for a slot that can free at ``when``: whole seconds, at least 1
+    (also when no deadline is known: a busy sequence may end at any moment) and at most
+    :data:`MAX_RETRY_AFTER`."""
+    if when == math.inf:
+        return 1
+    return max(1, min(MAX_RETRY_AFTER, math.ceil(when - trio.current_time())))

@@ -21,6 +21,7 @@ import sys
 import trio
 
 from ..engine import open_engine
+from ..logformat import quiet_protocol_loggers
 from ..models import builtin_settings as builtin_models
 from ..settings import ModelSettings, Settings, discover_models
 from .engine_side import open_unix_listener, serve_fronts
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folders", nargs="*", help="model folders to serve besides the built-in models")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ACTORSERVE_LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    quiet_protocol_loggers()
     models: list[ModelSettings] = builtin_models()
     for folder in args.folders:
         models.extend(discover_models(folder))

@@ -33,6 +33,7 @@ from ..api import (
     RepositoryEntry,
     TensorMetadata,
 )
+from ..codecs import MAX_DIMS
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..textgen import TextGeneration
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
@@ -71,7 +72,9 @@ def tensor_from_plain(plain: Plain) -> Tensor:
     if not isinstance(name, str) or not isinstance(raw, bytes) or not isinstance(shape, list):
         raise WireError(f"malformed tensor {_short(plain)}")
     dtype = _RAW_DTYPES.get(datatype) if isinstance(datatype, str) else None
-    if dtype is not None and all(type(d) is int and d >= 0 for d in shape):  # the fast path
+    # The fast path takes only data-bearing shapes numpy can reshape to; an empty or odd
+    # one goes through tensor_from_raw's full shape check (a ValueError is never raised).
+    if dtype is not None and raw and len(shape) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in shape):
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
         return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))
@@ -159,17 +162,19 @@ def _spec_from_plain(plain: Plain) -> TensorMetadata:
 
 def _metadata_to_plain(meta: ModelMetadata) -> Plain:
     return [meta.name, list(meta.versions), meta.platform,
-            [_spec_to_plain(s) for s in meta.inputs], [_spec_to_plain(s) for s in meta.outputs]]  # fmt: skip
+            [_spec_to_plain(s) for s in meta.inputs], [_spec_to_plain(s) for s in meta.outputs],
+            dict(meta.parameters)]  # fmt: skip
 
 
 def _metadata_from_plain(plain: Plain) -> ModelMetadata:
-    name, versions, platform, inputs, outputs = _fields(plain, 5, "model metadata")
+    name, versions, platform, inputs, outputs, parameters = _fields(plain, 6, "model metadata")
     return ModelMetadata(
         _str(name),
         tuple(_str(v) for v in _list(versions)),
         _str(platform),
         tuple(_spec_from_plain(s) for s in _list(inputs)),
         tuple(_spec_from_plain(s) for s in _list(outputs)),
+        {_str(k): v if isinstance(v, bool) else _str(v) for k, v in _map(parameters).items()},
     )
 
 

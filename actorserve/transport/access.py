@@ -45,12 +45,34 @@ def fields_of(line: Line) -> dict[str, object]:
     return dict(zip(FIELDS, line[1:], strict=True))
 
 
+def escape(value: str) -> str:
+    """``value`` with every character that could forge a line or a field escaped as
+    Python does (``\\n``, ``\\x1b``, ``\\u2028``): control and other non-printable
+    characters, spaces and backslashes. The fields come from clients (a path's ``%0a``
+    is a newline by the time it is logged); printable text is returned as it is."""
+    if value.isprintable() and " " not in value and "\\" not in value:
+        return value  # the common case, checked at C speed
+    return "".join(_escaped(c) for c in value)
+
+
+def _escaped(char: str) -> str:
+    if char == " ":
+        return "\\x20"
+    if char == "\\":
+        return "\\\\"
+    if char.isprintable():
+        return char
+    return repr(char)[1:-1]
+
+
 def text_of(line: Line) -> str:
-    """``rest POST /v2/models/m/infer status=200 bytes=84 duration_ms=1.234 model=m ...``"""
+    """``rest POST /v2/models/m/infer status=200 bytes=84 duration_ms=1.234 model=m ...``,
+    every field from the client escaped (:func:`escape`)."""
     _, transport, method, route, status, size, duration, model, version, sequence = line
     return (
-        f"{transport} {method} {route} status={status} bytes={'-' if size is None else size} "
-        f"duration_ms={duration:.3f} model={model or '-'} version={version or '-'} sequence_id={sequence or '-'}"
+        f"{transport} {escape(method)} {escape(route)} status={status} bytes={'-' if size is None else size} "
+        f"duration_ms={duration:.3f} model={escape(model or '-')} version={escape(version or '-')} "
+        f"sequence_id={escape(sequence or '-')}"
     )
 
 
@@ -107,7 +129,7 @@ def _emit(batch: list[Line], dropped: int) -> None:
         log.warning("access log: %d line(s) dropped (more than %d waited for a flush)", dropped, MAX_WAITING)
 
 
-__all__ = ["ACCESS_LOGGER", "FIELDS", "AccessHandler", "AccessLog", "Line", "fields_of", "text_of"]
+__all__ = ["ACCESS_LOGGER", "FIELDS", "AccessHandler", "AccessLog", "Line", "escape", "fields_of", "text_of"]
 
 
 class AccessHandler(logging.StreamHandler[TextIO]):

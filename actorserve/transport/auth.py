@@ -1,8 +1,11 @@
 """Bearer-token auth, for every transport: which routes need a token, and the check.
 
-No I/O here (the token file is read by :func:`actorserve.auth.server_tokens`). What is
-protected is decided by route prefix and gRPC service, so routes added later under the
-same prefix are covered without a change here:
+No I/O here (the token file is read by :func:`actorserve.auth.server_tokens`). Which
+scope a REST request is in is said by the door that owns its path, on the one canonical
+path (:mod:`actorserve.transport.rest.target`) that also routes it, after the door's own
+normalisation (the OpenAI door's trailing ``/``); the guard is the one table of which
+scope needs a token (:meth:`Guard.needs`). gRPC methods are classified here by service
+and prefix, so routes or methods added later under the same prefix are covered:
 
 - management (unless ``--no-auth``): REST every path under ``/v2/repository/models/``
   (load, unload and whatever else is added there) and TorchServe's ``/models`` paths,
@@ -30,12 +33,6 @@ import hmac
 from collections.abc import Iterable
 from typing import Final
 
-#: REST paths under this prefix are management routes.
-MANAGEMENT_PREFIX: Final = "/v2/repository/models/"
-#: TorchServe's management paths: ``/models`` and everything under it.
-TORCHSERVE_MANAGEMENT: Final = "/models"
-#: TorchServe's inference paths (``/ping`` is health: open).
-TORCHSERVE_INFERENCE_PREFIXES: Final = ("/predictions/", "/explanations/")
 #: gRPC methods (``/package.Service/Method``) with these prefixes are management methods.
 GRPC_MANAGEMENT_PREFIXES: Final = (
     "/inference.GRPCInferenceService/RepositoryModel",
@@ -46,10 +43,7 @@ GRPC_MANAGEMENT_PREFIXES: Final = (
 GRPC_INFERENCE: Final = frozenset({"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"})
 GRPC_INFERENCE_PREFIXES: Final = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/",)
 GRPC_OPEN: Final = frozenset({"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"})
-#: REST model operations that are inference.
-INFERENCE_OPS: Final = frozenset({"infer", "infer_stream", "generate", "generate_stream"})
-#: the OpenAI API's inference routes (``/v1/models`` is metadata: open)
-OPENAI_INFERENCE: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
+#: the REST path of the metrics (``--auth-metrics``)
 METRICS_PATH: Final = "/metrics"
 
 #: what a client without the right token is told (REST body, gRPC message).
@@ -83,15 +77,15 @@ class Guard:
     def active(self) -> bool:
         return self.management or self.inference or self.metrics
 
-    def rest_scope(self, path: str, inference_op: bool) -> Scope | None:
-        """The scope a REST request needs (None: open). ``inference_op``: the path is a
-        model's infer / generate route (the caller matched it already)."""
-        if inference_op or path in OPENAI_INFERENCE or path.startswith(TORCHSERVE_INFERENCE_PREFIXES):
-            return Scope.INFERENCE if self.inference else None
-        if path.startswith(MANAGEMENT_PREFIX) or path == TORCHSERVE_MANAGEMENT or path.startswith("/models/"):
-            return Scope.MANAGEMENT if self.management else None
-        if path == METRICS_PATH:
-            return Scope.METRICS if self.metrics else None
+    def needs(self, scope: Scope | None) -> Scope | None:
+        """The scope a request in ``scope`` (as its door classified it; None: open) must
+        hold a token for, or None if this server leaves that scope open."""
+        if scope is Scope.MANAGEMENT:
+            return scope if self.management else None
+        if scope is Scope.INFERENCE:
+            return scope if self.inference else None
+        if scope is Scope.METRICS:
+            return scope if self.metrics else None
         return None
 
     def grpc_scope(self, method: str) -> Scope | None:
@@ -99,9 +93,9 @@ class Guard:
         if method in GRPC_OPEN:
             return None
         if method in GRPC_INFERENCE or method.startswith(GRPC_INFERENCE_PREFIXES):
-            return Scope.INFERENCE if self.inference else None
+            return self.needs(Scope.INFERENCE)
         if method.startswith(GRPC_MANAGEMENT_PREFIXES):
-            return Scope.MANAGEMENT if self.management else None
+            return self.needs(Scope.MANAGEMENT)
         return None
 
     def allows(self, authorization: str | bytes | None) -> bool:
@@ -127,10 +121,7 @@ __all__ = [
     "CHALLENGE",
     "GRPC_INFERENCE",
     "GRPC_MANAGEMENT_PREFIXES",
-    "INFERENCE_OPS",
-    "MANAGEMENT_PREFIX",
     "METRICS_PATH",
-    "OPENAI_INFERENCE",
     "UNAUTHORIZED",
     "Guard",
     "Scope",

@@ -33,6 +33,9 @@ from actorserve.proto.actorserve.v1 import (
 from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
+from actorserve.transport.openai import OpenAIRoutes
+from actorserve.transport.rest.management import auth_scope as management_scope
+from actorserve.transport.torchserve import TorchServeInference, TorchServeManagement
 
 TOKEN = "s3cret-token-for-tests"
 RIGHT = {"Authorization": f"Bearer {TOKEN}"}
@@ -207,22 +210,24 @@ def test_the_guard_covers_management_services_by_name() -> None:
     assert guard.grpc_scope("/inference.GRPCInferenceService/RepositoryModelLoad") is Scope.MANAGEMENT
     assert guard.grpc_scope("/inference.GRPCInferenceService/RepositoryIndex") is None
     assert guard.grpc_scope("/inference.GRPCInferenceService/ModelInfer") is None
-    assert guard.rest_scope("/v2/repository/models/m/versions/2/default", False) is Scope.MANAGEMENT
-    assert guard.rest_scope("/v2/repository/index", False) is None
+    assert management_scope("/v2/repository/models/m/versions/2/default") is Scope.MANAGEMENT
+    assert management_scope("/v2/repository/index") is None
     assert Guard([TOKEN], inference=True).grpc_scope("/inference.GRPCInferenceService/ModelStreamInfer") is Scope.INFERENCE
-    assert Guard([TOKEN], management=False).rest_scope("/v2/repository/models/m/load", False) is None
+    assert Guard([TOKEN], management=False).needs(Scope.MANAGEMENT) is None
     openai = Guard([TOKEN], inference=True)
-    assert openai.rest_scope("/v1/chat/completions", False) is Scope.INFERENCE
-    assert openai.rest_scope("/v1/completions", False) is Scope.INFERENCE
-    assert openai.rest_scope("/v1/models", False) is None
-    assert guard.rest_scope("/v1/chat/completions", False) is None
+    # REST: each door says which of its paths are in which scope, after its own normalisation
+    assert OpenAIRoutes.auth_scope("/v1/chat/completions") is Scope.INFERENCE
+    assert OpenAIRoutes.auth_scope("/v1/completions/") is Scope.INFERENCE  # the door ignores the slash
+    assert OpenAIRoutes.auth_scope("/v1/models") is None
+    assert openai.needs(Scope.INFERENCE) is Scope.INFERENCE and guard.needs(Scope.INFERENCE) is None
+    assert guard.needs(Scope.MANAGEMENT) is Scope.MANAGEMENT and guard.needs(None) is None
     # TorchServe's APIs
-    assert guard.rest_scope("/models", False) is Scope.MANAGEMENT
-    assert guard.rest_scope("/models/m/1.0", False) is Scope.MANAGEMENT
-    assert guard.rest_scope("/modelsx", False) is None
-    assert guard.rest_scope("/predictions/m", False) is None
-    assert openai.rest_scope("/predictions/m/1.0", False) is Scope.INFERENCE
-    assert openai.rest_scope("/ping", False) is None
+    assert TorchServeManagement.auth_scope("/models") is Scope.MANAGEMENT
+    assert TorchServeManagement.auth_scope("/models/m/1.0") is Scope.MANAGEMENT
+    assert TorchServeManagement.auth_scope("/modelsx") is None
+    assert TorchServeInference.auth_scope("/predictions/m/1.0") is Scope.INFERENCE
+    assert TorchServeInference.auth_scope("/predictions/m/") is Scope.INFERENCE
+    assert TorchServeInference.auth_scope("/ping") is None
     ts_management = "/org.pytorch.serve.grpc.management.ManagementAPIsService/ScaleWorker"
     ts_inference = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
     assert guard.grpc_scope(ts_management) is Scope.MANAGEMENT

@@ -89,6 +89,18 @@ def test_sequences_are_served_by_any_front(cluster: Cluster) -> None:
     assert gone.status_code == 404 and "has ended" in gone.json()["error"]
 
 
+def test_fronts_show_declared_parameters_and_the_token_file_is_logged_once(cluster: Cluster) -> None:
+    """Model metadata crosses the process boundary whole (the playground reads its
+    parameters); the parent generates the token and logs its file once for every process."""
+    with httpx.Client(base_url=cluster.http_url, timeout=10) as client:
+        streamer = client.get("/v2/models/streamer").json()
+        accumulator = client.get("/v2/models/accumulator").json()
+    assert streamer["parameters"]["request_parameters"] == "delay,n_tokens,usage"
+    assert streamer["parameters"]["text_generation.max_tokens"] == "n_tokens"
+    assert accumulator["parameters"] == {"request_parameters": ""}
+    assert len(re.findall(r"management token generated: .* token in \S+", cluster.text())) == 1
+
+
 def _stream_tokens(url: str, n_tokens: int, delay: float) -> list[str]:
     body = {"text_input": "x", "parameters": {"n_tokens": n_tokens, "delay": delay}}
     with httpx.Client(base_url=url, timeout=30) as client, client.stream(

@@ -50,6 +50,7 @@ async def test_playground_files_are_served(client: httpx.AsyncClient) -> None:
         types[path] = reply.headers["content-type"]
     assert types == {
         "/": "text/html; charset=utf-8",
+        "/playground/models.js": "text/javascript; charset=utf-8",
         "/playground/playground.js": "text/javascript; charset=utf-8",
         "/playground/playground.css": "text/css; charset=utf-8",
     }
@@ -169,7 +170,7 @@ async def test_playground_streams_and_continues_a_sequence(server: Server, tmp_p
     second = generate(model.core, "ROMEO:\n" + first + "JULIET:\n", 60, temperature=0)
     assert got["selected"] == "text"
     assert {"text", "streamer"} <= set(got["models"])
-    assert "accumulator" not in got["models"]  # it takes INT64 INPUT, not text_input
+    assert "accumulator (raw OIP)" in got["models"]  # it takes INT64 INPUT: no prompt box
     assert (got["first"], got["first_events"]) == (first, "60")
     assert re.fullmatch(r"60 tokens · \d+ tok/s · first token \d+ ms", got["stats"])
     sequence_id = got["sequence_shown"]

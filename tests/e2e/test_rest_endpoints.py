@@ -48,7 +48,25 @@ async def test_model_metadata(client: httpx.AsyncClient, path: str) -> None:
         "platform": "actorserve/AccumulatorModel",
         "inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1]}],
         "outputs": [{"name": "OUTPUT", "datatype": "INT64", "shape": [1]}],
+        "parameters": {"request_parameters": ""},  # it reads no parameter of its own
     }
+
+
+async def test_model_metadata_declares_request_parameters_and_text_generation(client: httpx.AsyncClient) -> None:
+    """What a generic client (the playground) needs to offer exactly what a model takes."""
+    streamer = (await client.get("/v2/models/streamer")).json()
+    assert streamer["parameters"] == {
+        "request_parameters": "delay,n_tokens,usage",
+        "text_generation.input": "text_input",
+        "text_generation.output": "text_output",
+        "text_generation.max_tokens": "n_tokens",
+        "text_generation.sampling": "",
+        "text_generation.stop": False,
+        "text_generation.usage": True,
+        "text_generation.chat": False,
+    }
+    # A model that declares nothing says nothing: any parameter passes.
+    assert "parameters" not in (await client.get("/v2/models/identity")).json()
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,8 @@ def test_records_and_results_round_trip() -> None:
                    ModelInfo("t", "1", ModelState.READY, True, False, 1, 8, text_generation=TextGeneration(
                        sampling=("seed",), stop=True, chat_template="{{ x }}", chat_stop=("\n",)))],
         "model_info": ModelInfo("m", "1", ModelState.UNAVAILABLE, False, False, 1),
-        "metadata": ModelMetadata("m", ("1", "2"), "p", (TensorMetadata("a", "FP32", (-1, 3)),), (TensorMetadata("b", "BYTES", (1,)),)),
+        "metadata": ModelMetadata("m", ("1", "2"), "p", (TensorMetadata("a", "FP32", (-1, 3)),), (TensorMetadata("b", "BYTES", (1,)),),
+                                  {"request_parameters": "n", "text_generation.chat": True}),
         "repository_index": [RepositoryEntry("m", "1", ModelState.READY), RepositoryEntry("n", "2", ModelState.UNAVAILABLE, "broken")],
         "statistics": ModelStatistics("m", "1", 3, 1, 2, 10, 40, 5, 9, {"ended": 3, "expired": 1}),
         "load_from_repository": None,

@@ -16,12 +16,24 @@ from typing import Any, TypeVar
 
 import trio_asyncio
 
+from ..owner import OWNER
+
 T = TypeVar("T")
 
 
 def to_trio(afn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
-    """From asyncio: ``await to_trio(afn, *args)`` runs ``afn(*args)`` as a trio task."""
+    """From asyncio: ``await to_trio(afn, *args)`` runs ``afn(*args)`` as a trio task,
+    which sees the calling task's :data:`~actorserve.transport.owner.OWNER` (trio_asyncio
+    carries no context variable over)."""
+    owner = OWNER.get()
+    if owner is not None:
+        return trio_asyncio.trio_as_aio(_as_owner)(owner, afn, *args)  # type: ignore[no-any-return]
     return trio_asyncio.trio_as_aio(afn)(*args)  # type: ignore[no-any-return]
+
+
+async def _as_owner(owner: str, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    OWNER.set(owner)  # this trio task's own context: nothing else sees it
+    return await afn(*args)
 
 
 async def to_aio(afn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:

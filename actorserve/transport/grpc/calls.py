@@ -19,6 +19,7 @@ from grpclib.server import Stream
 
 from ..auth import UNAUTHORIZED, Guard
 from ..exchange import Exchange, Recorder
+from ..owner import OWNER, owner_of
 
 #: The exchange of the call being served (set in the handler's asyncio task).
 CALL: Final = contextvars.ContextVar[Exchange | None]("actorserve_grpc_call", default=None)
@@ -46,13 +47,16 @@ def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder
         exchange = Exchange("grpc", "POST", path)
         exchange.bytes = None
         token = CALL.set(exchange)
+        owned = OWNER.set(None)
         status = Status.OK
         try:
             if needs_token:
                 assert guard is not None
                 metadata: Any = stream.metadata or {}
-                if not guard.allows(metadata.get("authorization")):
+                owner = owner_of(guard, metadata.get("authorization"))
+                if owner is None:
                     raise GRPCError(Status.UNAUTHENTICATED, UNAUTHORIZED)
+                OWNER.set(owner)  # who calls, for sequences bound to tokens (transport/owner.py)
             await func(stream)
         except GRPCError as exc:
             status = exc.status
@@ -65,6 +69,7 @@ def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder
             raise
         finally:
             CALL.reset(token)
+            OWNER.reset(owned)
             exchange.status = status.name
             outcome = None if status is Status.CANCELLED else HTTP_OF.get(status, 500)
             recorder.finish(exchange, outcome)

@@ -25,7 +25,7 @@ from typing import Any, Final
 import trio
 from grpclib.exceptions import GRPCError
 
-from ...api import EngineAPI, ResponseIterator, SequenceControl
+from ...api import ANY_ID_LENGTH, EngineAPI, ResponseIterator, SequenceControl
 from ...errors import ActorServeError, BadInput, ModelNotFound
 from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import ModelInferResponse, ModelStreamInferResponse
@@ -232,7 +232,7 @@ class TritonStream(StreamCall):
             try:
                 request = request_from_pb(message)
                 session = await self._session_for(request, requests, outbox)
-                control = SequenceControl.from_parameters(request.parameters) if session is None else None
+                control = SequenceControl.from_parameters(request.parameters, ANY_ID_LENGTH) if session is None else None
             except Exception as exc:
                 self.slots.release()
                 await self._fail(outbox, message, exc)

@@ -21,7 +21,9 @@ import trio
 
 from ...api import EngineAPI
 from ...errors import BadInput, ModelNotFound
+from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
 from ...textgen import TextGeneration
+from ..auth import Scope
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
@@ -49,6 +51,14 @@ _EVENT_STREAM: Final = [(b"content-type", b"text/event-stream"), (b"cache-contro
                         (b"x-accel-buffering", b"no")]  # fmt: skip
 #: events buffered per choice between the engine and the writer
 _EVENTS_PER_CHOICE: Final = 16
+#: the routes that run a model (``/v1/models`` is metadata: open)
+_INFERENCE: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def _route(path: str) -> str:
+    """The route a path under ``/v1/`` is served as: a trailing ``/`` is ignored (as
+    OpenAI's clients sometimes send it)."""
+    return path.rstrip("/")
 
 
 class OpenAIRoutes:
@@ -58,12 +68,17 @@ class OpenAIRoutes:
         self.engine = engine
         self._limit = limit
 
+    @staticmethod
+    def auth_scope(path: str) -> Scope | None:
+        """The scope of a path under ``/v1/``, read as :meth:`__call__` routes it."""
+        return Scope.INFERENCE if _route(path) in _INFERENCE else None
+
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        path: str = scope["path"].rstrip("/")
+        path = _route(scope["path"])
         method: str = scope["method"]
         if path == "/v1/models" or path.startswith("/v1/models/"):
             allowed = "GET"
-        elif path in ("/v1/completions", "/v1/chat/completions"):
+        elif path in _INFERENCE:
             allowed = "POST"
         else:
             await _send_error(
@@ -120,10 +135,7 @@ class OpenAIRoutes:
 
     async def _generate(self, send: ASGISend, body: bytes, headers: Mapping[str, str], *, chat: bool) -> None:
         try:
-            try:
-                obj = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
+            obj = await _loads(body)
             call = parse_chat(obj, headers) if chat else parse_completion(obj, headers)
             spec = await self._text_model(call.model)
             if chat:
@@ -247,6 +259,20 @@ async def _send_error(
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _loads(body: bytes) -> Any:
+    """The JSON body, its container count checked first; a large one parsed off the loop."""
+    try:
+        check_json_containers(body)
+    except BadInput as exc:
+        raise OpenAIError(exc.message) from None
+    try:
+        if len(body) < PARSE_IN_THREAD_BYTES:
+            return orjson.loads(body)
+        return await trio.to_thread.run_sync(orjson.loads, body)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
 
 
 def _too_large(limit: int) -> OpenAIError:

@@ -1,10 +1,11 @@
 """The browser playground: ``GET /`` (one static page) and its script and style under
 ``/playground/``.
 
-Three small files in this package, read once when the routes are registered and served
+Four small files in this package, read once when the routes are registered and served
 from memory; nothing is fetched from elsewhere. The page talks to the server only
-through the public API (``/v2/repository/index``, model metadata, ``generate_stream``
-over ``EventSource`` and ``infer`` to cancel a sequence).
+through the public API (``/v2/repository/index``, model metadata and the request
+parameters it declares, ``generate_stream`` over ``EventSource``, ``infer_stream`` for a
+raw request, the OpenAI chat API, and ``infer`` to cancel a sequence).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _HERE: Final = Path(__file__).resolve().parent
 #: URL path -> (file in this package, content type)
 FILES: Final = {
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/playground/models.js": ("models.js", "text/javascript; charset=utf-8"),
     "/playground/playground.js": ("playground.js", "text/javascript; charset=utf-8"),
     "/playground/playground.css": ("playground.css", "text/css; charset=utf-8"),
 }

@@ -1,6 +1,8 @@
 // actorserve playground: one EventSource per prompt on GET /v2/models/{model}/generate_stream,
-// or, in chat mode, one streamed POST /v1/chat/completions per message (the OpenAI API).
-// No build step, no dependencies. In "continue" mode the first request sends
+// or, in chat mode, one streamed POST /v1/chat/completions per message (the OpenAI API), or,
+// in raw mode, a JSON request of the user's own streamed from POST .../infer_stream.
+// No build step, no dependencies; models.js (loaded first) reads what each model takes.
+// In "continue" mode the first request sends
 // sequence_start=true and reads the server-made sequence_id (from the events, or the
 // sequence-id header in chat mode); later requests send that sequence_id, so the model
 // continues from its state. A chat without "continue" resends the whole conversation.
@@ -10,9 +12,13 @@ const $ = (id) => document.getElementById(id);
 const form = $("controls");
 const modelSelect = $("model");
 const promptBox = $("prompt");
-const maxTokensBox = $("max-tokens");
-const temperatureBox = $("temperature");
+const paramsBox = $("params");
 const continueBox = $("continue");
+const continueField = $("continue-field");
+const promptField = $("prompt-field");
+const rawField = $("raw-field");
+const rawBox = $("raw");
+const rawHint = $("raw-hint");
 const modeSelect = $("mode");
 const generateButton = $("generate");
 const stopButton = $("stop");
@@ -30,6 +36,8 @@ let history = []; // the conversation so far, in chat mode without a sequence
 let sequence = null; // {id, model} of the open sequence, in continue mode
 let run = null; // counters of the running request
 let statsPending = false;
+let models = new Map(); // name -> what it takes (describeModel in models.js)
+let rawModel = null; // the model whose template the raw editor holds, until edited
 
 // -- models -----------------------------------------------------------------------------
 
@@ -48,21 +56,51 @@ async function loadModels() {
     names = ["text", "streamer"]; // the built-in text models
     showError(`could not list the models (${err.message}); showing the built-ins`);
   }
-  // A model is usable here if it takes a text_input (or declares no inputs at all).
   const metadata = await Promise.all(
     names.map((name) => getJSON(`/v2/models/${encodeURIComponent(name)}`).catch(() => null)),
   );
+  models = new Map(names.map((name, i) => [name, describeModel(name, metadata[i])]));
   modelSelect.replaceChildren();
-  names.forEach((name, i) => {
-    const inputs = (metadata[i] && metadata[i].inputs) || [];
-    const usable = inputs.length === 0 || inputs.some((t) => t.name === "text_input");
-    const option = new Option(usable ? name : `${name} (no text_input)`, name);
-    option.disabled = !usable;
-    modelSelect.add(option);
-  });
-  const preferred = names.includes("text") ? "text" : [...modelSelect.options].find((o) => !o.disabled)?.value;
+  for (const model of models.values()) {
+    // A model that takes no prompt is still served here: by a raw OIP request.
+    modelSelect.add(new Option(model.prompt ? model.name : `${model.name} (raw OIP)`, model.name));
+  }
+  const preferred = names.includes("text") ? "text" : names[0];
   if (preferred) modelSelect.value = preferred;
+  applyModel();
   modelSelect.dataset.ready = "true";
+}
+
+// Offer what the selected model takes: the modes it serves, its parameters' fields, and
+// the prompt box or the raw request editor.
+function applyModel() {
+  const model = models.get(modelSelect.value);
+  if (!model) return;
+  const options = Object.fromEntries([...modeSelect.options].map((o) => [o.value, o]));
+  options.generate.disabled = model.prompt === null;
+  options.chat.disabled = !(model.text && model.text.chat);
+  if (options[modeSelect.value].disabled) modeSelect.value = model.prompt === null ? "raw" : "generate";
+  renderFields(paramsBox, model.fields);
+  if (rawModel !== null || !rawBox.value) {
+    rawBox.value = rawTemplate(model);
+    rawModel = model.name;
+  }
+  rawHint.textContent = rawHintOf(model);
+  applyMode();
+}
+
+function applyMode() {
+  const mode = modeSelect.value;
+  const raw = mode === "raw";
+  promptField.hidden = raw;
+  rawField.hidden = !raw;
+  continueField.hidden = raw; // a raw request says its sequence parameters itself
+  paramsBox.hidden = raw;
+  for (const input of paramsBox.querySelectorAll("input[data-param]")) {
+    input.closest("label").hidden = mode === "chat" && input.dataset.chat !== "true";
+  }
+  generateButton.textContent = raw ? "Send" : "Generate";
+  document.body.dataset.mode = mode;
 }
 
 // -- output -----------------------------------------------------------------------------
@@ -90,8 +128,8 @@ function showSequence() {
   forgetButton.disabled = sequence === null || source !== null;
 }
 
-function textOf(data) {
-  const value = data.text_output;
+function textOf(data, name) {
+  const value = data[name];
   if (typeof value === "string") return value;
   if (Array.isArray(value)) return value.flat(Infinity).join("");
   const rest = Object.fromEntries(
@@ -103,7 +141,8 @@ function textOf(data) {
 function updateStats() {
   statsPending = false;
   if (!run) return;
-  const parts = [`${run.events} token${run.events === 1 ? "" : "s"}`];
+  const noun = modeSelect.value === "raw" ? "event" : "token";
+  const parts = [`${run.events} ${noun}${run.events === 1 ? "" : "s"}`];
   if (run.first !== null) {
     const seconds = (run.last - run.first) / 1000;
     if (run.events > 1 && seconds > 0) parts.push(`${Math.round((run.events - 1) / seconds)} tok/s`);
@@ -123,25 +162,24 @@ function scheduleStats() {
 // -- a request --------------------------------------------------------------------------
 
 function streamURL(model, prompt) {
-  const params = new URLSearchParams({
-    text_input: prompt,
-    max_tokens: String(maxTokensBox.valueAsNumber),
-    temperature: String(temperatureBox.valueAsNumber),
-  });
+  const params = new URLSearchParams({ [model.prompt]: prompt });
+  for (const [name, value] of Object.entries(readParameters(paramsBox))) params.set(name, String(value));
   if (continueBox.checked) {
     if (sequence) params.set("sequence_id", sequence.id);
     else params.set("sequence_start", "true");
   }
-  return `/v2/models/${encodeURIComponent(model)}/generate_stream?${params}`;
+  return `/v2/models/${encodeURIComponent(model.name)}/generate_stream?${params}`;
 }
 
 function generate() {
   if (modeSelect.value === "chat") return chat();
+  if (modeSelect.value === "raw") return sendRaw();
   if (source) return;
-  const model = modelSelect.value;
-  if (!model) return;
+  const described = models.get(modelSelect.value);
+  if (!described || described.prompt === null) return;
+  const model = described.name;
   const prompt = promptBox.value;
-  const url = streamURL(model, prompt);
+  const url = streamURL(described, prompt);
   const keep = continueBox.checked;
   if (!keep || !sequence) output.replaceChildren();
   const promptSpan = document.createElement("span");
@@ -166,13 +204,8 @@ function generate() {
       sequence = { id: String(data.sequence_id), model };
       showSequence();
     }
-    generated.appendData(textOf(data));
-    const now = performance.now();
-    if (run.first === null) run.first = now;
-    run.last = now;
-    run.events += 1;
-    scheduleStats();
-    output.scrollTop = output.scrollHeight;
+    generated.appendData(textOf(data, described.output));
+    counted();
   };
   source.addEventListener("end", () => finish("done"));
   // Both the server's "event: error" (with data) and a failed connection land here.
@@ -195,11 +228,16 @@ function generate() {
 // -- chat mode: POST /v1/chat/completions, its SSE body read with fetch ---------------------
 
 function chatBody(model, content) {
+  // The text-generation parameters under the OpenAI API's names (max_tokens for the one
+  // that bounds the tokens, whatever the model calls it).
+  const chosen = readParameters(paramsBox, true);
+  const described = models.get(model);
+  const maxTokens = described && described.text ? described.text.maxTokens : "max_tokens";
+  const options = Object.fromEntries(Object.entries(chosen).map(([k, v]) => [k === maxTokens ? "max_tokens" : k, v]));
   const body = {
     model,
     messages: [{ role: "user", content }],
-    max_tokens: maxTokensBox.valueAsNumber,
-    temperature: temperatureBox.valueAsNumber,
+    ...options,
     stream: true,
     stream_options: { include_usage: true },
   };
@@ -256,31 +294,16 @@ async function chat() {
       sequence = { id, model };
       showSequence();
     }
-    const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let at;
-      while ((at = buffer.indexOf("\n\n")) >= 0) {
-        const data = buffer.slice(0, at).replace(/^data: /, "");
-        buffer = buffer.slice(at + 2);
-        if (data === "[DONE]") continue;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new Error(chunk.error.message);
-        const text = (chunk.choices[0] && chunk.choices[0].delta.content) || "";
-        if (!text) continue;
-        reply += text;
-        generated.appendData(text);
-        const now = performance.now();
-        if (run.first === null) run.first = now;
-        run.last = now;
-        run.events += 1;
-        scheduleStats();
-        output.scrollTop = output.scrollHeight;
-      }
-    }
+    await readEvents(answer, (event, data) => {
+      if (data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      const text = (chunk.choices[0] && chunk.choices[0].delta.content) || "";
+      if (!text) return;
+      reply += text;
+      generated.appendData(text);
+      counted();
+    });
     generated.appendData("\n");
     if (!keep) history.push({ role: "user", content }, { role: "assistant", content: reply });
     if (source === request) finish("done");
@@ -289,6 +312,88 @@ async function chat() {
     showError(err.message);
     finish("error");
   }
+}
+
+// -- raw mode: the editor's JSON, POSTed to infer_stream, each event shown as it comes ------
+
+async function sendRaw() {
+  if (source) return;
+  const model = modelSelect.value;
+  if (!model) return;
+  let body;
+  try {
+    body = JSON.parse(rawBox.value);
+  } catch (err) {
+    showError(`the request is not JSON: ${err.message}`);
+    return;
+  }
+  output.replaceChildren();
+  const events = document.createElement("span");
+  events.className = "generated";
+  output.append(events);
+  showError("");
+  run = { started: performance.now(), first: null, last: null, events: 0 };
+  output.dataset.events = "0";
+  statsLabel.textContent = "";
+  const abort = new AbortController();
+  const request = { close: () => abort.abort() };
+  source = request;
+  setState("streaming");
+  try {
+    const answer = await fetch(`/v2/models/${encodeURIComponent(model)}/infer_stream`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      signal: abort.signal,
+    });
+    if (!answer.ok) {
+      const error = await answer.json().catch(() => ({}));
+      throw new Error(`HTTP ${answer.status}: ${error.error || answer.statusText}`);
+    }
+    await readEvents(answer, (event, data) => {
+      if (event === "error") throw new Error(JSON.parse(data).error || data);
+      events.append(`${data}\n`);
+      counted();
+    });
+    if (source === request) finish("done");
+  } catch (err) {
+    if (source !== request) return; // stopped
+    showError(err.message);
+    finish("error");
+  }
+}
+
+// Call onEvent(event, data) for each server-sent event of a fetch answer's body.
+async function readEvents(answer, onEvent) {
+  const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let at;
+    while ((at = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, at);
+      buffer = buffer.slice(at + 2);
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      if (data.length) onEvent(event, data.join("\n"));
+    }
+  }
+}
+
+// One more piece of the running stream arrived.
+function counted() {
+  const now = performance.now();
+  if (run.first === null) run.first = now;
+  run.last = now;
+  run.events += 1;
+  scheduleStats();
+  output.scrollTop = output.scrollHeight;
 }
 
 // EventSource hides the status and body of a refused request: ask again with fetch to
@@ -374,11 +479,22 @@ continueBox.addEventListener("change", () => {
 modelSelect.addEventListener("change", () => {
   if (sequence && sequence.model !== modelSelect.value) endSequence();
   history = [];
+  applyModel();
 });
 modeSelect.addEventListener("change", () => {
   if (sequence) endSequence(); // a generate sequence is no chat, and the other way round
   history = [];
   output.replaceChildren();
+  applyMode();
+});
+rawBox.addEventListener("input", () => {
+  rawModel = null; // edited: keep it when the model changes
+});
+rawBox.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    event.preventDefault();
+    generate();
+  }
 });
 window.addEventListener("beforeunload", () => {
   if (sequence) {

@@ -2,6 +2,11 @@
 (``infer``, ``generate`` and every stream), the OpenAI API under ``/v1/``
 (:mod:`actorserve.transport.openai`), Quart (:mod:`.views`) for the rest.
 
+Every request's target is read once (:mod:`.target`): one that is not a canonical
+origin-form path is refused with 400 before CORS, auth or routing, and the path that
+routes is the path whose door said which auth scope it is in. Only HTTP (and lifespan)
+scopes are served; a WebSocket is closed unaccepted (hypercorn answers 403).
+
 Every error a client sees is ``{"error": "<message>"}`` JSON with a meaningful status,
 including unknown routes (404), wrong methods (405) and oversized bodies (413).
 """
@@ -21,7 +26,7 @@ from ...api import EngineAPI
 from ...metrics import CONTENT_TYPE, Metrics
 from ...settings import Settings
 from ..access import AccessLog
-from ..auth import CHALLENGE, MANAGEMENT_PREFIX, UNAUTHORIZED, Guard
+from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
 from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..openai import OpenAIRoutes
 from ..playground import register_playground
@@ -31,8 +36,10 @@ from ..torchserve.calls import TsError
 from ..torchserve.rest import send_error as send_ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
-from .management import ManagementViews, register_management
+from .management import MANAGEMENT_PREFIX, ManagementViews, register_management
+from .management import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
+from .target import refusal
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply, too_large_reply
 
@@ -83,8 +90,15 @@ class RestApp:
         self.torchserve_management = TorchServeManagement(engine)
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.quart(scope, receive, send)  # type: ignore[arg-type]
+            return
+        if scope["type"] != "http":  # no door serves WebSockets: never hand one on unguarded
+            await _refuse_other(scope, receive, send)
+            return
+        why = refusal(scope)
+        if why is not None:  # first: nothing below may read a second meaning into it
+            await self._bad_target(scope, send, why)
             return
         if self.cors is not None:  # first: a preflight is answered before auth (it has no token)
             origin, origin_ok = self.cors.allowed(scope)
@@ -114,7 +128,7 @@ class RestApp:
         try:
             if self.torchserve_management_only and not on_management_port(path):
                 await not_on_management_port(tracked)
-            elif self.guard is not None and not self._authorized(scope, path, match is not None):
+            elif self.guard is not None and not self._authorized(scope, self._auth_scope(path, match)):
                 await send_reply(tracked, _UNAUTHORIZED_REPLY)
             elif match is not None and (self.fast_path or match[3] != "infer"):
                 op = match[3]
@@ -129,7 +143,7 @@ class RestApp:
                 await self.openai(scope, receive, tracked)
             elif too_large(scope, self.settings.max_body_bytes):  # refused unread, read or not
                 await self._too_large(path, tracked)
-            elif path == "/metrics":
+            elif path == METRICS_PATH:
                 await self._metrics(scope, tracked)
             elif await self.torchserve.serve(scope, receive, tracked):
                 pass
@@ -156,9 +170,37 @@ class RestApp:
         else:
             await send_reply(send, too_large_reply(limit))
 
-    def _authorized(self, scope: ASGIScope, path: str, model_op: bool) -> bool:
+    async def _bad_target(self, scope: ASGIScope, send: ASGISend, why: str) -> None:
+        """400 for a target :func:`.target.refusal` refused, recorded as any request (the
+        access log escapes what the client sent)."""
+        exchange = Exchange("rest", scope["method"], scope.get("path") or "")
+        reply = json_reply({"error": why}, 400)
+        exchange.status, exchange.bytes, exchange.complete = 400, len(reply.body), True
+        try:
+            await send_reply(send, reply)
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
+
+    def _auth_scope(self, path: str, match: re.Match[str] | None) -> Scope | None:
+        """The scope of ``path`` as the door that serves it says. The doors own disjoint
+        paths (``/v2/...``, ``/v1/...``, ``/metrics``, TorchServe's ``/predictions/``,
+        ``/explanations/``, ``/ping`` and ``/models``), so the first to claim it is the
+        one that routes it below."""
+        if match is not None:  # a model's infer / generate, on the raw path or Quart's
+            return Scope.INFERENCE
+        if path.startswith("/v1/"):
+            return self.openai.auth_scope(path)
+        if path == METRICS_PATH:
+            return Scope.METRICS
+        return (
+            management_scope(path)
+            or self.torchserve.auth_scope(path)
+            or self.torchserve_management.auth_scope(path)
+        )
+
+    def _authorized(self, scope: ASGIScope, kind: Scope | None) -> bool:
         assert self.guard is not None
-        if self.guard.rest_scope(path, model_op) is None or scope["method"] == "OPTIONS":
+        if self.guard.needs(kind) is None or scope["method"] == "OPTIONS":
             return True  # a CORS preflight never carries the Authorization header
         for key, value in scope["headers"]:
             if key == b"authorization":
@@ -175,6 +217,16 @@ class RestApp:
 
 
 _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
+
+
+async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+    """A scope no door serves: a WebSocket is closed before it is accepted (hypercorn
+    answers the handshake 403); any other kind gets nothing."""
+    if scope["type"] == "websocket":
+        message = await receive()
+        if message.get("type") == "websocket.connect":
+            await send({"type": "websocket.close", "code": 1008, "reason": "WebSockets are not served"})
+
 
 _QUART_MODEL_ROUTES: Final = (
     ("", "model_metadata", ("GET",)),

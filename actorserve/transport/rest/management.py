@@ -2,8 +2,9 @@
 (Triton's and MLServer's shape) and actorserve's own routes under
 ``/v2/repository/models/{name}/...`` (describe, workers, default version).
 
-:func:`register_management` registers every one of them, and only them; the token check
-is the app's, by path prefix (:mod:`actorserve.transport.auth`). Views call only
+:func:`register_management` registers every one of them, and only them; every path under
+:data:`MANAGEMENT_PREFIX` is management (:func:`auth_scope`, routed or not), which the
+app's guard checks before routing (:mod:`actorserve.transport.auth`). Views call only
 :class:`~actorserve.api.EngineAPI` and raise domain errors (the app's error handler
 answers them).
 """
@@ -15,12 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from ...api import EngineAPI, ModelDescription, bool_parameter
 from ...errors import BadInput
 from ...settings import Settings
+from ..auth import Scope
 from ..triton import UNLOAD_DEPENDENTS_NOTE, load_config
 from .views import response
 from .wire import decompress_body, json_reply, loads
@@ -28,6 +31,9 @@ from .wire import decompress_body, json_reply, loads
 log = logging.getLogger(__name__)
 
 View = Callable[..., Awaitable[Response]]
+
+#: REST paths under this prefix are management routes, and only they are.
+MANAGEMENT_PREFIX: Final = "/v2/repository/models/"
 
 #: (rule, endpoint, methods) of every management route; ``<version>`` rules come twice.
 MANAGEMENT_ROUTES: Final = (
@@ -39,6 +45,13 @@ MANAGEMENT_ROUTES: Final = (
     ("/v2/repository/models/<name>/versions/<version>/workers", "workers", ("POST",)),
     ("/v2/repository/models/<name>/default_version", "default_version", ("POST",)),
 )
+
+
+def auth_scope(path: str) -> Scope | None:
+    """Management for every path under :data:`MANAGEMENT_PREFIX` (those added later
+    included), None for the others."""
+    return Scope.MANAGEMENT if path.startswith(MANAGEMENT_PREFIX) else None
+
 
 def description_json(description: ModelDescription) -> dict[str, Any]:
     return attrs.asdict(description)  # tuples: JSON arrays
@@ -54,7 +67,9 @@ class ManagementViews:
     async def _object(self) -> dict[str, Any]:
         """The JSON object of the body ({} for none); :class:`BadInput` otherwise."""
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        body = decompress_body(body, request.headers.get("Content-Encoding"), self.settings.max_body_bytes)
+        encoding = request.headers.get("Content-Encoding")
+        if encoding is not None:  # inflating up to max_body_bytes takes a while: off the event loop
+            body = await trio.to_thread.run_sync(decompress_body, body, encoding, self.settings.max_body_bytes)
         if not body.strip():
             return {}
         obj = loads(body)

@@ -148,6 +148,11 @@ def _schemas() -> Json:
                 "platform": {"type": "string"},
                 "inputs": {"type": "array", "items": _ref("MetadataTensor")},
                 "outputs": {"type": "array", "items": _ref("MetadataTensor")},
+                "parameters": {
+                    "type": "object",
+                    "description": "what the model declares about its requests (docs/rest.md)",
+                    "additionalProperties": {"type": ["string", "boolean"]},
+                },
             },
         },
         "ModelReady": {

@@ -4,7 +4,8 @@ Stateful headers are read as TorchServe's frontend reads them: ``ts_request_sequ
 names the sequence, ``..._start`` / ``..._end`` (true/false) mark its first / last
 request; the handler sees every header. On a model with sequence batching a request
 without an id starts a new sequence ``ts-seq-<uuid>`` (the handler sees the start header
-and the client gets the id back). TorchServe opens a sequence on the first request that
+and the client gets the id back; the uuid's 128 bits all come from :mod:`secrets`: the
+id is a bearer secret). TorchServe opens a sequence on the first request that
 names it and lets its handler decide what a missing start means; so do we: an unknown
 id is opened on our side without telling the handler it is a start, and a start for an
 id already open goes to that sequence (the handler resets it).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -165,7 +167,7 @@ class Predictor:
         start = _flag(headers, names.sequence_start)
         end = _flag(headers, names.sequence_end)
         if sequence_id is None and (start or await self._has_sequences(call.model, call.version)):
-            sequence_id = f"ts-seq-{uuid.uuid4()}"
+            sequence_id = f"ts-seq-{uuid.UUID(bytes=secrets.token_bytes(16))}"
             headers[names.sequence_id] = sequence_id
             headers[names.sequence_start] = "true"
             start = True

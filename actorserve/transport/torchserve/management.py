@@ -17,6 +17,7 @@ import attrs
 
 from ...api import EngineAPI, ModelDescription, ModelInfo, ReplicaDescription
 from ...errors import BadInput, ModelNotFound
+from ...modelsettings import check_name
 from .calls import TsError, TsRefusal, model_not_found, version_not_found
 
 
@@ -136,9 +137,12 @@ class Management:
         url = options.get("url")
         if not url:
             raise BadInput("Parameter url is required.")
+        name = options.get("model_name") or None
+        if name is not None:  # before the archive is opened; its own name is checked on load
+            check_name(name)
         info = await self.engine.load_archive(
             url,
-            name=options.get("model_name") or None,
+            name=name,
             handler=options.get("handler") or None,
             batch_size=_int_option(options, "batch_size"),
             max_batch_delay_ms=_int_option(options, "max_batch_delay"),

@@ -9,18 +9,23 @@ of TorchServe's management alone serves (:func:`on_management_port`).
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
 from ...api import EngineAPI
+from ..auth import Scope
 from .calls import TsError, ts_error
 from .management import Management, Reply, _int_option
 from .rest import ASGIReceive, ASGIScope, ASGISend, send_error, send_json
 
 
+def _owned(path: str) -> bool:
+    return path == "/models" or path.startswith("/models/")
+
+
 def on_management_port(path: str) -> bool:
     """A path served on TorchServe's management port (``--ts-management-http-port``):
     the management paths, and ``/ping`` for load balancers' health checks."""
-    return path in ("/models", "/ping") or path.startswith("/models/")
+    return path == "/ping" or _owned(path)
 
 
 async def not_on_management_port(send: ASGISend) -> None:
@@ -36,11 +41,18 @@ class TorchServeManagement:
     def __init__(self, engine: EngineAPI) -> None:
         self.management = Management(engine)
 
+    @staticmethod
+    def auth_scope(path: str) -> Scope | None:
+        """Every path :meth:`serve` owns is management (routed or not)."""
+        return Scope.MANAGEMENT if _owned(path) else None
+
     async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
         path: str = scope["path"]
-        if path != "/models" and not path.startswith("/models/"):
+        if not _owned(path):
             return False
-        parts = [unquote(p) for p in path.strip("/").split("/")[1:]]
+        # the path is percent-decoded once already (the ASGI scope's): decoding it again
+        # would turn ``%252F`` into a ``/`` inside a name
+        parts = path.strip("/").split("/")[1:]
         method: str = scope["method"]
         options = dict(parse_qsl(scope.get("query_string", b"").decode("utf-8", "replace"), keep_blank_values=True))
         try:

@@ -21,7 +21,9 @@ import trio
 
 from ...api import EngineAPI
 from ...errors import BadInput
+from ...limits import PARSE_IN_THREAD_BYTES
 from ...torchserve import envelope
+from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
@@ -79,6 +81,14 @@ class TorchServeInference:
         self.predictor = Predictor(engine)
         self.limit = max_body_bytes
 
+    @staticmethod
+    def auth_scope(path: str) -> Scope | None:
+        """The scope of ``path`` as :meth:`serve` routes it: predictions and explanations
+        are inference; ``/ping`` (health) and paths it does not serve are open here."""
+        if _PREDICTIONS.fullmatch(path) or _EXPLANATIONS.fullmatch(path):
+            return Scope.INFERENCE
+        return None
+
     async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
         path: str = scope["path"]
         method: str = scope["method"]
@@ -122,7 +132,11 @@ class TorchServeInference:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            inputs = split_body(body, headers.get("content-type", ""), self.limit)
+            content_type = headers.get("content-type", "")
+            if len(body) < PARSE_IN_THREAD_BYTES:
+                inputs = split_body(body, content_type, self.limit)
+            else:  # a large form is split off the event loop
+                inputs = await trio.to_thread.run_sync(split_body, body, content_type, self.limit)
         except BadInput as exc:
             await send_error(send, ts_error(exc))
             return

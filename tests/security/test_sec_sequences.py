@@ -1,0 +1,205 @@
+"""Sequence ids as bearer secrets, in the engine (issue 19, findings 4 and 7), driven by
+trio's MockClock: server-made ids are 128 random bits, client ids have a length and
+character cap, a sequence bound to its opener's token is invisible to other tokens, a
+token holds at most ``max_sequences_per_token``, eviction never takes another token's
+sequence, and a refusal's ``retry_after`` says when a slot can free. The doors (REST,
+gRPC, TorchServe, OpenAI) are in test_sec_sequences_e2e.py."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from support.models import RecordingModel, recording_settings, request
+
+import actorserve
+from actorserve import BadInput, Overloaded, SequenceNotFound, SequenceSettings
+from actorserve.api import OWNER_PARAMETER, SequenceControl
+from actorserve.settings import BadSetting, Settings
+
+
+def seq(
+    request_id: str, sid: Any = None, *, owner: str | None = None, **flags: Any
+) -> actorserve.InferenceRequest:
+    params: dict[str, Any] = {f"sequence_{k}": v for k, v in flags.items()}
+    if sid is not None:
+        params["sequence_id"] = sid
+    if owner is not None:
+        params[OWNER_PARAMETER] = owner
+    return request(request_id, 1, **params)
+
+
+def unknown(sid: str) -> str:
+    """What a request for an id that was never opened is told."""
+    return f"sequence {sid!r} is not open (unknown id; start it with sequence_start)"
+
+
+# -- server-made ids ---------------------------------------------------------------------
+
+
+async def test_server_made_ids_are_128_random_bits(autojump_clock: trio.testing.MockClock) -> None:
+    settings = recording_settings(sequence=SequenceSettings(max_sequences=2000, idle_timeout_ms=0))
+    async with actorserve.open_engine([settings]) as engine:
+        ids = []
+        for k in range(1000):
+            response = await engine.infer(seq(f"r{k}", start=True))
+            ids.append(response.parameters["sequence_id"])
+    assert all(re.fullmatch(r"[0-9a-f]{32}", sid) for sid in ids), ids[:3]
+    assert len(set(ids)) == 1000
+    # no shared prefix and no counter: neighbours differ, as random numbers do
+    assert len({sid[:8] for sid in ids}) > 990
+    numbers = [int(sid, 16) for sid in ids]
+    assert not any(abs(b - a) < 1 << 64 for a, b in itertools.pairwise(numbers))
+    # every hex digit turns up about equally often (32,000 digits; 2,000 each expected)
+    counts = [sum(sid.count(d) for sid in ids) for d in "0123456789abcdef"]
+    assert min(counts) > 1700 and max(counts) < 2300, counts
+
+
+# -- the id cap ----------------------------------------------------------------------------
+
+
+def test_an_id_over_the_cap_or_with_a_control_character_is_refused() -> None:
+    assert SequenceControl.from_parameters({"sequence_id": "x" * 128}).id == "x" * 128
+    assert SequenceControl.from_parameters({"sequence_id": 10**127}).id == str(10**127)
+    with pytest.raises(BadInput, match=r"129 characters, over the limit of 128 \(sequence.max_id_length\)"):
+        SequenceControl.from_parameters({"sequence_id": "x" * 129})
+    with pytest.raises(BadInput, match=r"over the limit of 128"):
+        SequenceControl.from_parameters({"sequence_id": 10**128})
+    huge = "y" * (1 << 20)
+    with pytest.raises(BadInput) as refused:
+        SequenceControl.from_parameters({"sequence_id": huge})
+    assert len(str(refused.value)) < 200  # the id is not echoed back
+    for bad in ("a\nb", "a\r\nSet-Cookie: x", "tab\there", "nul\x00", "del\x7f", "é"):
+        with pytest.raises(BadInput, match="only printable ASCII"):
+            SequenceControl.from_parameters({"sequence_id": bad})
+    assert SequenceControl.from_parameters({"sequence_id": "user 7: chat #1"}).id == "user 7: chat #1"
+
+
+async def test_the_cap_is_a_model_setting(autojump_clock: trio.testing.MockClock) -> None:
+    settings = recording_settings(sequence=SequenceSettings(max_id_length=8))
+    async with actorserve.open_engine([settings]) as engine:
+        assert (await engine.infer(seq("a", "12345678", start=True))).parameters["sequence_id"] == "12345678"
+        with pytest.raises(BadInput, match=r"9 characters, over the limit of 8 \(sequence.max_id_length\)"):
+            await engine.infer(seq("b", "123456789", start=True))
+        with pytest.raises(BadInput, match="over the limit of 8"):
+            await engine.infer(seq("c", "123456789", cancel=True))
+
+
+# -- Retry-After -----------------------------------------------------------------------------
+
+
+async def test_retry_after_tells_when_the_first_sequence_can_expire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = recording_settings(sequence=SequenceSettings(max_sequences=2, idle_timeout_ms=600_000))
+    async with actorserve.open_engine([settings]) as engine:
+        await engine.infer(seq("a", "a", start=True))
+        await trio.sleep(100)
+        await engine.infer(seq("b", "b", start=True))
+        with pytest.raises(Overloaded, match=r"2 sequences are open \(max_sequences\)") as full:
+            await engine.infer(seq("c", "c", start=True))
+        assert full.value.retry_after == 500  # 'a' expires 600 s after it went idle
+        await engine.infer(seq("a2", "a"))  # 'a' used again: now 'b' is first, at 700
+        await trio.sleep(150)
+        with pytest.raises(Overloaded) as full:
+            await engine.infer(seq("c", "c", start=True))
+        assert full.value.retry_after == 450
+        await trio.sleep(451)  # 'b' expired: its slot is free
+        assert (await engine.infer(seq("c", "c", start=True))).parameters["sequence_id"] == "c"
+
+
+async def test_retry_after_is_at_least_1_and_bounded(autojump_clock: trio.testing.MockClock) -> None:
+    never = recording_settings("never", sequence=SequenceSettings(max_sequences=1, idle_timeout_ms=0))
+    far = recording_settings("far", sequence=SequenceSettings(max_sequences=1, idle_timeout_ms=86_400_000))
+    total = recording_settings(
+        "total", sequence=SequenceSettings(max_sequences=1, idle_timeout_ms=0, max_duration_ms=30_000)
+    )
+    async with actorserve.open_engine([never, far, total]) as engine:
+        for name, expected in (("never", 1), ("far", 3600), ("total", 30)):
+            await engine.infer(seq("a", "a", start=True), model=name)
+            with pytest.raises(Overloaded) as full:
+                await engine.infer(seq("b", "b", start=True), model=name)
+            assert full.value.retry_after == expected, name
+
+
+# -- bound to the token that opened it ------------------------------------------------------
+
+
+async def test_a_bound_sequence_is_unknown_to_every_other_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with actorserve.open_engine([recording_settings()]) as engine:
+        await engine.infer(seq("open", "s", owner="A", start=True))
+        for flags in ({}, {"end": True}, {"cancel": True}):
+            with pytest.raises(SequenceNotFound) as other:
+                await engine.infer(seq("steal", "s", owner="B", **flags))
+            assert str(other.value) == unknown("s")
+        with pytest.raises(SequenceNotFound) as anonymous:
+            await engine.infer(seq("steal", "s"))
+        assert str(anonymous.value) == unknown("s")
+        assert (await engine.infer(seq("mine", "s", owner="A", end=True))).parameters["sequence_id"] == "s"
+        # once it ended, its owner is told why; anyone else hears nothing more than "unknown"
+        with pytest.raises(SequenceNotFound, match="'s' has ended"):
+            await engine.infer(seq("late", "s", owner="A"))
+        with pytest.raises(SequenceNotFound) as other:
+            await engine.infer(seq("late", "s", owner="B"))
+        assert str(other.value) == unknown("s")
+        model = engine.model("rec")
+        assert isinstance(model, RecordingModel)
+        assert model.ended == [("s", "ended")]
+
+
+async def test_the_model_never_sees_the_owner(autojump_clock: trio.testing.MockClock) -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Peek(RecordingModel):
+        def begin(self, request: actorserve.InferenceRequest, state: Any) -> Any:
+            seen.append(dict(request.parameters))
+            return super().begin(request, state)
+
+    async with actorserve.open_engine([recording_settings(implementation=Peek)]) as engine:
+        await engine.infer(seq("a", "s", owner="A", start=True))
+        await engine.infer(seq("b", owner="A"))  # not a sequence: stripped all the same
+    assert [OWNER_PARAMETER in params for params in seen] == [False, False]
+
+
+async def test_a_token_holds_at_most_max_sequences_per_token(autojump_clock: trio.testing.MockClock) -> None:
+    sequence = SequenceSettings(max_sequences=10, max_sequences_per_token=2, idle_timeout_ms=60_000)
+    async with actorserve.open_engine([recording_settings(sequence=sequence)]) as engine:
+        await engine.infer(seq("a1", "a1", owner="A", start=True))
+        await trio.sleep(20)
+        await engine.infer(seq("a2", "a2", owner="A", start=True))
+        with pytest.raises(Overloaded, match=r"holds 2 open sequences \(max_sequences_per_token\)") as capped:
+            await engine.infer(seq("a3", "a3", owner="A", start=True))
+        assert capped.value.retry_after == 40  # a1 expires 60 s after it opened
+        # another token is not held back by A's
+        await engine.infer(seq("b1", "b1", owner="B", start=True))
+        await engine.infer(seq("b2", "b2", owner="B", start=True))
+        # ending one of its own frees a place for A
+        await engine.infer(seq("a1-end", "a1", owner="A", end=True))
+        await engine.infer(seq("a3", "a3", owner="A", start=True))
+
+
+async def test_eviction_never_takes_another_tokens_sequence(autojump_clock: trio.testing.MockClock) -> None:
+    sequence = SequenceSettings(max_sequences=2, evict_idle=True, idle_timeout_ms=60_000)
+    async with actorserve.open_engine([recording_settings(sequence=sequence)]) as engine:
+        await engine.infer(seq("a1", "a1", owner="A", start=True))
+        await engine.infer(seq("a2", "a2", owner="A", start=True))
+        with pytest.raises(Overloaded, match=r"2 sequences are open \(max_sequences\)") as full:
+            await engine.infer(seq("b1", "b1", owner="B", start=True))
+        assert full.value.retry_after == 60
+        await engine.infer(seq("a1", "a1", owner="A"))  # a2 is now A's least recently used
+        await engine.infer(seq("a3", "a3", owner="A", start=True))
+        with pytest.raises(SequenceNotFound, match="'a2' was evicted"):
+            await engine.infer(seq("late", "a2", owner="A"))
+        await engine.infer(seq("a1-again", "a1", owner="A"))
+
+
+def test_binding_needs_auth_inference() -> None:
+    with pytest.raises(BadSetting, match="bind_sequences_to_token needs auth_inference"):
+        Settings(bind_sequences_to_token=True)
+    assert Settings(bind_sequences_to_token=True, auth_inference=True, token="t").bind_sequences_to_token
