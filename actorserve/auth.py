@@ -37,7 +37,7 @@ from typing import IO
 import attrs
 
 from .settings import Settings, SettingsError
-from .tempdirs import make_temp_folder
+from .tempdirs import is_temp_folder, make_temp_folder
 
 log = logging.getLogger("actorserve.auth")
 
@@ -113,7 +113,7 @@ def generate_token_file(folder: Path | None = None) -> Path:
 def remove_token_file(path: Path) -> None:
     """Remove a file made by :func:`generate_token_file`, with its temporary folder (a
     stable folder stays, empty)."""
-    if path.parent.name.startswith("actorserve-auth-"):
+    if is_temp_folder(path.parent, "auth"):
         shutil.rmtree(path.parent, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

@@ -34,6 +34,12 @@ def make_temp_folder(purpose: str) -> Path:
     return folder
 
 
+def is_temp_folder(folder: Path, purpose: str) -> bool:
+    """``folder`` was made by :func:`make_temp_folder` for ``purpose``."""
+    match = _NAME.match(folder.name)
+    return match is not None and folder.name[match.end() :].startswith(f"{purpose}-")
+
+
 def remove_stale(root: Path | None = None) -> list[Path]:
     """Remove the folders :func:`make_temp_folder` made in ``root`` (default: the temporary folder)
     for processes that are gone, if this user owns them; log them in one line and
