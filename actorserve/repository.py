@@ -36,6 +36,7 @@ import attrs
 import trio
 
 from .errors import BadInput, ModelNotFound
+from .loadfailure import explain, where
 from .model import Model
 from .overrides import LoadOverrideRefused, allows, check_registration, needs_declaration, override_settings
 from .settings import (
@@ -196,11 +197,13 @@ def resolve_implementation(settings: ModelSettings) -> type[Model]:
                 module = importlib.import_module(module_name)
             cls = getattr(module, attr)
         except (ImportError, AttributeError) as exc:
-            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {exc}") from None
+            # the class or its module missing: the message says it all; an import in the
+            # model's own code that fails: which error, on which line
+            cause = explain(exc, folder) if where(exc, folder) else str(exc)
+            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {cause}") from exc
         except Exception as exc:  # the model's module failed while it ran (SyntaxError, ...)
-            raise SettingsError(
-                f"model {settings.name!r}: cannot import {impl!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            cause = explain(exc, folder)
+            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {cause}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Model)):
         raise SettingsError(f"model {settings.name!r}: {impl!r} is not an actorserve Model")
     return cls

@@ -268,8 +268,8 @@ class InferenceService:
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
-        info = await self._engine(self.engine.model_info, message.name, message.version or None)
-        await wire.send(ModelReadyResponse(ready=info.ready and not self.draining))
+        ready = await self._engine(_model_is_ready, self.engine, message.name, message.version or None)
+        await wire.send(ModelReadyResponse(ready=ready and not self.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerMetadataRequest)
@@ -380,3 +380,12 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
 
 
 __all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+
+
+async def _model_is_ready(engine: EngineAPI, name: str, version: str | None) -> bool:
+    """Triton's ``ModelReady``: ``false``, not an error, for a model that is not loaded
+    (unloaded or never known), as ``InferenceServer::ModelIsReady`` answers."""
+    try:
+        return (await engine.model_info(name, version)).ready
+    except ModelNotFound:
+        return False
