@@ -103,7 +103,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         source = self.source()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=self.dtype)
+            model: Any = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=self.dtype)
         except (OSError, ValueError) as exc:
             raise BadInput(f"model {self.name!r}: cannot load {source!r} (local files only): {exc}") from None
         self.model = model.to(self.device).eval()
@@ -116,6 +116,9 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         start = self.tokenizer.bos_token_id
         self.start_token = int(start if start is not None else min(self.eos, default=0))
+        with torch.inference_mode():  # warms the kernels up and measures a token's cache
+            kv, _ = prefill(self.model, None, [self.start_token], self.device)
+        self.token_bytes = kv_bytes(kv)
 
     def _dtype(self) -> torch.dtype:
         name = self.dtype_name
@@ -147,10 +150,11 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
     def cache_bytes(self) -> int:
         return sum(kv_bytes(s.kv) for s in self.sequences.values())
 
-    def _keep_budget(self) -> None:
-        """Evict the least recently used idle sequences while the caches exceed the budget
-        (``kv_cache_budget_mb``); the next request of one is told it was evicted."""
-        total = self.cache_bytes()
+    def _keep_budget(self, state: LLMState, tokens: int) -> None:
+        """Make room for ``tokens`` in the cache of ``state``: evict the least recently used
+        idle sequences while the caches would exceed the budget (``kv_cache_budget_mb``);
+        the next request of one is told it was evicted."""
+        total = self.cache_bytes() - kv_bytes(state.kv) + tokens * self.token_bytes
         for state in list(self.sequences.values()):
             if total <= self.kv_budget:
                 break
@@ -206,7 +210,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         state.busy = True
         if state.sequence_id is not None:
             self.sequences.move_to_end(state.sequence_id)
-            self._keep_budget()
+            self._keep_budget(state, len(ids) + max_tokens)
         return LLMWork(
             request,
             state,
