@@ -7,6 +7,8 @@ sequences, the cache budget, cancellation and parameter errors."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -261,18 +263,24 @@ async def test_cancelled_request_leaves_and_its_sequence_goes_on(folders: dict[s
 # -- through the servers ------------------------------------------------------------------------
 
 
-async def test_rest_generate_stream_infer_and_openai(
+async def test_every_front_door(
     nursery: trio.Nursery, folders: dict[str, Path], oracles: dict[str, Oracle]
 ) -> None:
+    """REST generate / generate_stream / infer, the OpenAI routes through the openai
+    client (chat through the tokenizer's template), gRPC ModelStreamInfer."""
+    import openai
+    import tritonclient.grpc as grpcclient
+
     data = {"name": "llm", "implementation": "actorserve.models.llm.TransformersModel"}
     settings = Settings(
         models=(model_settings_from_dict(data, folder=folders["gpt2"]),),
         host="127.0.0.1",
         http_port=0,
-        grpc_port=None,
+        grpc_port=0,
     )
     server = await nursery.start(partial(serve, settings))
-    expected = oracles["gpt2"].text("ROMEO:\n", 20)
+    oracle = oracles["gpt2"]
+    expected = oracle.text("ROMEO:\n", 20)
     params = {"max_tokens": 20, "temperature": 0}
     async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client:
         body = {"text_input": "ROMEO:\n", "parameters": params}
@@ -281,16 +289,73 @@ async def test_rest_generate_stream_infer_and_openai(
         reply = await client.post("/v2/models/llm/generate_stream", json=body)
         events = [json.loads(e.removeprefix("data: ")) for e in reply.text.split("\n\n") if e]
         assert "".join(e["text_output"] for e in events) == expected
-        oip = {
-            "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["ROMEO:\n"]}],
-            "parameters": params,
-        }
-        outputs = (await client.post("/v2/models/llm/infer", json=oip)).json()["outputs"]
-        assert outputs[0]["data"] == [expected]
-        completion = {"model": "llm", "prompt": "ROMEO:\n", "max_tokens": 20, "temperature": 0}
-        reply = await client.post("/v1/completions", json=completion)
-        assert reply.json()["choices"][0]["text"] == expected
+        tensor = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["ROMEO:\n"]}
+        outputs = (
+            await client.post("/v2/models/llm/infer", json={"inputs": [tensor], "parameters": params})
+        ).json()
+        assert outputs["outputs"][0]["data"] == [expected]
         reply = await client.post(
             "/v2/models/llm/generate", json={"text_input": "a", "parameters": {"top_k": -1}}
         )
         assert reply.status_code == 400 and "top_k" in reply.json()["error"]
+
+    ai = openai.OpenAI(base_url=server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    completion = await trio.to_thread.run_sync(
+        lambda: ai.completions.create(model="llm", prompt="ROMEO:\n", max_tokens=20, temperature=0)
+    )
+    assert completion.choices[0].text == expected
+    messages = [{"role": "system", "content": "Speak."}, {"role": "user", "content": "Who is there?"}]
+    rendered = oracle.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith("<|endoftext|>system: Speak.")
+
+    def chat() -> str:
+        stream = ai.chat.completions.create(
+            model="llm",
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    assert await trio.to_thread.run_sync(chat) == oracle.text(rendered, 16)
+    with pytest.raises(openai.BadRequestError, match="unknown role"):
+        bad = [{"role": "developer", "content": "x"}]
+        await trio.to_thread.run_sync(
+            lambda: ai.chat.completions.create(model="llm", messages=bad, max_tokens=2)  # type: ignore[arg-type]
+        )
+
+    def grpc_stream() -> str:
+        pieces: list[str] = []
+        done = threading.Event()
+
+        def callback(result: Any, error: Any) -> None:
+            if error is not None:
+                pieces.append(f"error: {error}")
+                done.set()
+                return
+            pieces.append(result.as_numpy("text_output")[0].decode())
+            if result.get_response().parameters.get("finish_reason") is not None:
+                done.set()
+
+        with grpcclient.InferenceServerClient("{}:{}".format(*server.grpc_address)) as client:
+            text_input = grpcclient.InferInput("text_input", [1], "BYTES")
+            text_input.set_data_from_numpy(np.array([b"ROMEO:\n"], dtype=object))
+            client.start_stream(callback)
+            client.async_stream_infer("llm", [text_input], parameters={"max_tokens": 20, "temperature": 0})
+            assert done.wait(TIMEOUT)
+            client.stop_stream()
+        return "".join(pieces)
+
+    assert await trio.to_thread.run_sync(grpc_stream) == expected
+
+
+def test_without_the_extra_the_error_names_it(
+    folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers fails
+    settings = model_settings_from_dict(
+        {"name": "llm", "implementation": "transformers"}, folder=folders["gpt2"]
+    )
+    with pytest.raises(BadInput, match=r"needs the extra: pip install 'actorserve\[llm\]'"):
+        TransformersModel(settings)._load()

@@ -12,6 +12,12 @@ import torch
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 SPECIAL = "<|endoftext|>"
+#: a chat template as checkpoints ship them (using bos_token, raise_exception)
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role') }}{% endif %}"
+    "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def tokenizer(vocab_size: int = 400) -> Any:
@@ -28,7 +34,9 @@ def tokenizer(vocab_size: int = 400) -> Any:
         vocab_size=vocab_size, special_tokens=[SPECIAL], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([text[i : i + 4096] for i in range(0, len(text), 4096)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def build(

@@ -15,15 +15,18 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import torch
 
 from ...api import bool_parameter
 from ...errors import BadInput, SequenceNotFound
 from ...model import BatchModel, StepOutput, float_parameter, int_parameter
+from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, stop_strings
+from .checkpoint import chat_template, source_of
 from .forward import crop, decode, kv_bytes, prefill
 from .state import LLMState, LLMWork
 
@@ -74,16 +77,18 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     # -- loading -----------------------------------------------------------------------------
 
+    @classmethod
+    def declare_text_generation(cls, settings: ModelSettings) -> TextGeneration | None:
+        """The text-generation declaration with the chat template of the checkpoint's
+        tokenizer (when it has one in its folder)."""
+        declared = cls.text_generation
+        template = chat_template(Path(source_of(settings)))
+        if declared is None or not template:
+            return declared
+        return attrs.evolve(declared, chat_template=template)
+
     def source(self) -> str:
-        """Where the checkpoint is: ``parameters.uri`` relative to the model folder (default
-        the folder itself); a string that is no existing path is a hub id of the local cache."""
-        uri = str(self.parameters.get("uri", "") or "")
-        folder = self.settings.folder
-        base = Path(folder) if folder is not None else Path.cwd()
-        path = base / uri if uri else base
-        if path.exists() or not uri:
-            return str(path)
-        return uri
+        return source_of(self.settings)
 
     async def load(self) -> None:
         import trio
