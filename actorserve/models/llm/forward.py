@@ -10,6 +10,7 @@ takes each row's new position back out (see docs/llm.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -57,55 +58,77 @@ def prefill(model: Any, kv: KV | None, ids: list[int], device: torch.device) -> 
     return _taken(out.cache), out.logits[0, -1]
 
 
+class Batched:
+    """The padded cache of the last batched decode: ``rows`` (the works, by identity) and
+    each row's left padding. When the next step decodes the same rows, it goes on in this
+    cache (one copy of the batch per step, in ``DynamicCache``) instead of padding every
+    row's cache again."""
+
+    __slots__ = ("cache", "pads", "rows")
+
+    def __init__(self, rows: Sequence[object], cache: Any, pads: list[int]) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.pads = pads
+
+    def row(self, i: int) -> KV:
+        """Row i's cache: views of the batch's tensors (:func:`owned` before keeping it)."""
+        pad = self.pads[i]
+        return [
+            (layer.keys[i : i + 1, :, pad:], layer.values[i : i + 1, :, pad:]) for layer in self.cache.layers
+        ]
+
+
+def owned(kv: KV | None) -> KV | None:
+    """``kv`` in tensors of its own (a row of a batch would keep the whole batch alive)."""
+    if not kv or kv[0][0]._base is None:
+        return kv
+    return [(k.clone(), v.clone()) for k, v in kv]
+
+
 def decode(
-    model: Any, kvs: list[KV], tokens: list[int], device: torch.device
-) -> tuple[list[KV], torch.Tensor]:
-    """One token for each row, all rows in one forward: the rows' new caches and logits [B, V].
+    model: Any,
+    rows: Sequence[object],
+    kvs: list[KV],
+    tokens: list[int],
+    device: torch.device,
+    last: Batched | None,
+) -> tuple[Batched, torch.Tensor]:
+    """One token for each row, all rows in one forward: the batch (each row's new cache
+    is ``row(i)``) and the logits [B, V].
 
     Caches of different lengths are left-padded to the longest; the attention mask hides
     the padding and each row gets its own position, so a row's result is the one it would
-    have alone (up to the rounding of a wider matrix product)."""
-    lengths = [kv_length(kv) for kv in kvs]
-    longest = max(lengths)
-    rows = len(kvs)
-    input_ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
-    positions = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(1)
-    if rows == 1:
-        cache = _cache(kvs[0])
-        mask = None
+    have alone (up to the rounding of a wider matrix product). ``last``: the previous
+    step's batch, continued when its rows are the same."""
+    count = len(rows)
+    if (
+        last is not None
+        and len(last.rows) == count
+        and all(a is b for a, b in zip(last.rows, rows, strict=True))
+    ):
+        cache, pads = last.cache, last.pads
+        longest = kv_length(kvs[0]) + pads[0]
     else:
+        lengths = [kv_length(kv) for kv in kvs]
+        longest = max(lengths)
+        pads = [longest - n for n in lengths]
         layers: KV = []
         for layer in range(len(kvs[0])):
             k0, v0 = kvs[0][layer]
-            keys = k0.new_zeros((rows, k0.shape[1], longest, k0.shape[3]))
-            values = v0.new_zeros((rows, v0.shape[1], longest, v0.shape[3]))
+            keys = k0.new_zeros((count, k0.shape[1], longest, k0.shape[3]))
+            values = v0.new_zeros((count, v0.shape[1], longest, v0.shape[3]))
             for i, kv in enumerate(kvs):
-                n = lengths[i]
-                keys[i, :, longest - n :] = kv[layer][0][0]
-                values[i, :, longest - n :] = kv[layer][1][0]
+                keys[i, :, pads[i] :] = kv[layer][0][0]
+                values[i, :, pads[i] :] = kv[layer][1][0]
             layers.append((keys, values))
         cache = _cache(layers)
-        mask = torch.zeros((rows, longest + 1), dtype=torch.long, device=device)
-        for i, n in enumerate(lengths):
-            mask[i, longest - n :] = 1
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-    )
-    if rows == 1:
-        return [_taken(out.cache)], out.logits[:, -1]
-    new = []
-    for i, kv in enumerate(kvs):
-        new.append(
-            [
-                (
-                    torch.cat([k, layer.keys[i : i + 1, :, longest:]], dim=2),
-                    torch.cat([v, layer.values[i : i + 1, :, longest:]], dim=2),
-                )
-                for (k, v), layer in zip(kv, out.cache.layers, strict=True)
-            ]
-        )
-    return new, out.logits[:, -1]
+    input_ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
+    positions = torch.tensor([longest - pad for pad in pads], dtype=torch.long, device=device).unsqueeze(1)
+    mask = None
+    if any(pads):
+        mask = torch.ones((count, longest + 1), dtype=torch.long, device=device)
+        for i, pad in enumerate(pads):
+            mask[i, :pad] = 0
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    return Batched(rows, out.cache, pads), out.logits[:, -1]

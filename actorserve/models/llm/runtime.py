@@ -27,7 +27,7 @@ from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, stop_strings
 from .checkpoint import chat_template, source_of
-from .forward import crop, decode, kv_bytes, prefill
+from .forward import Batched, crop, decode, kv_bytes, prefill
 from .state import LLMState, LLMWork
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
@@ -74,6 +74,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.tokenizer: Any = None
         self.eos: frozenset[int] = frozenset()
         self.start_token = 0
+        self._batched: Batched | None = None  # the last step's batched decode
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -269,14 +270,22 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                     rows.append(work)
                     logits.append(last.unsqueeze(0))
         if decoding:
-            kvs, last = decode(
-                self.model, [w.kv or [] for w in decoding], [w.feed[-1] for w in decoding], self.device
+            previous = self._batched
+            self._batched, out = decode(
+                self.model,
+                decoding,
+                [w.kv or [] for w in decoding],
+                [w.feed[-1] for w in decoding],
+                self.device,
+                previous,
             )
-            for work, kv in zip(decoding, kvs, strict=True):
-                work.kv = kv
+            for i, work in enumerate(decoding):
+                work.kv = self._batched.row(i)
                 work.cached += 1
             rows.extend(decoding)
-            logits.append(last)
+            logits.append(out)
+        else:
+            self._batched = None
         tokens: list[int] = []
         if rows:
             both = logits[0] if len(logits) == 1 else torch.cat(logits)

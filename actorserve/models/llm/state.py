@@ -9,7 +9,7 @@ import torch
 
 from ...types import InferenceRequest
 from ..textlm.generation import DRAW_BLOCK
-from .forward import KV
+from .forward import KV, owned
 
 
 class LLMState:
@@ -148,4 +148,4 @@ class LLMWork:
         state.busy = False
         state.text = self.text + self.sent
         state.ids = self.feed[: self.cached]
-        state.kv = self.kv
+        state.kv = owned(self.kv)
