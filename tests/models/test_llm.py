@@ -136,6 +136,17 @@ async def test_greedy_equals_generate_alone_and_16_at_once(
             for i in range(16):
                 nursery.start_soon(one, i)
         assert ["".join(got[i]) for i in range(16)] == expected
+        # arriving together with prompts of one length: their prefill is one forward
+        same = [PROMPTS[4], PROMPTS[1], PROMPTS[4]]
+        burst: dict[int, str] = {}
+
+        async def together(i: int) -> None:
+            burst[i] = await text(engine, same[i % 3], temperature=0, max_tokens=5 + i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(together, i)
+        assert [burst[i] for i in range(6)] == [oracle.text(same[i % 3], 5 + i) for i in range(6)]
 
 
 def test_detokenizer_pieces_are_final_and_whole_characters(oracles: dict[str, Oracle]) -> None:

@@ -48,14 +48,22 @@ def _taken(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def prefill(model: Any, kv: KV | None, ids: list[int], device: torch.device) -> tuple[KV, torch.Tensor]:
-    """Read ``ids`` after ``kv``: the new cache and the logits [V] of the last position."""
+def prefill(
+    model: Any, kv: KV | None, chunks: list[list[int]], device: torch.device
+) -> tuple[list[KV], torch.Tensor]:
+    """Read ``chunks`` (of the same length; several only when ``kv`` is None) after
+    ``kv``: each chunk's new cache and the logits [B, V] of each chunk's last position."""
     start = kv_length(kv)
     cache = _cache(kv)
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    positions = torch.arange(start, start + len(ids), device=device).unsqueeze(0)
+    input_ids = torch.tensor(chunks, dtype=torch.long, device=device)
+    positions = (
+        torch.arange(start, start + len(chunks[0]), device=device).unsqueeze(0).expand(len(chunks), -1)
+    )
     out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True)
-    return _taken(out.cache), out.logits[0, -1]
+    taken = _taken(out.cache)
+    if len(chunks) == 1:
+        return [taken], out.logits[:, -1]
+    return [[(k[i : i + 1], v[i : i + 1]) for k, v in taken] for i in range(len(chunks))], out.logits[:, -1]
 
 
 class Batched:

@@ -123,7 +123,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         start = self.tokenizer.bos_token_id
         self.start_token = int(start if start is not None else min(self.eos, default=0))
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
-            kv, _ = prefill(self.model, None, [self.start_token], self.device)
+            (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = kv_bytes(kv)
 
     def _dtype(self) -> torch.dtype:
@@ -256,6 +256,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         rows: list[LLMWork] = []
         logits: list[torch.Tensor] = []
         decoding: list[LLMWork] = []
+        fresh: dict[int, list[tuple[LLMWork, list[int]]]] = {}
+        groups: list[list[tuple[LLMWork, list[int]]]] = []
         for i, work in enumerate(batch):
             left = len(work.feed) - work.cached
             if work.max_tokens == 0:
@@ -264,11 +266,21 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 decoding.append(work)
             else:
                 chunk = work.feed[work.cached : work.cached + self.prefill_chunk]
-                work.kv, last = prefill(self.model, work.kv, chunk, self.device)
+                # fresh requests whose chunks have the same length are read in one forward
+                group = fresh.setdefault(len(chunk), []) if work.kv is None else []
+                group.append((work, chunk))
+                if work.kv is not None:
+                    groups.append(group)
+        groups.extend(fresh.values())
+        for group in groups:
+            works = [work for work, _ in group]
+            kvs, last = prefill(self.model, works[0].kv, [chunk for _, chunk in group], self.device)
+            for work, kv, (_, chunk), row in zip(works, kvs, group, last, strict=True):
+                work.kv = kv
                 work.cached += len(chunk)
                 if work.cached == len(work.feed):
                     rows.append(work)
-                    logits.append(last.unsqueeze(0))
+                    logits.append(row.unsqueeze(0))
         if decoding:
             previous = self._batched
             self._batched, out = decode(
