@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import trio
+from support.servers import start_server
 from support.tiny_llm import build
 
 import actorserve
@@ -370,3 +371,27 @@ def test_without_the_extra_the_error_names_it(
     )
     with pytest.raises(BadInput, match=r"needs the extra: pip install 'actorserve\[llm\]'"):
         TransformersModel(settings)._load()
+
+
+def test_one_command_with_fronts_and_an_engine_process(
+    folders: dict[str, Path], oracles: dict[str, Oracle]
+) -> None:
+    """``python -m actorserve FOLDER`` (the model folder says ``"transformers"``) with a
+    front process: generate and chat answer as transformers does."""
+    server = start_server(
+        "--http-port", "0", "--grpc-port", "off", "--api-workers", "1", str(folders["gpt2"])
+    )
+    try:
+        url = server.wait_for(r"REST listening on (http://\S+)", TIMEOUT)[1]
+        oracle = oracles["gpt2"]
+        with httpx.Client(base_url=url, timeout=TIMEOUT) as client:
+            body = {"text_input": "ROMEO:\n", "parameters": {"max_tokens": 12, "temperature": 0}}
+            reply = client.post("/v2/models/gpt2/generate", json=body)
+            assert reply.json()["text_output"] == oracle.text("ROMEO:\n", 12), reply.text
+            messages = [{"role": "user", "content": "Who is there?"}]
+            chat = {"model": "gpt2", "messages": messages, "max_tokens": 10, "temperature": 0}
+            reply = client.post("/v1/chat/completions", json=chat)
+            rendered = oracle.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert reply.json()["choices"][0]["message"]["content"] == oracle.text(rendered, 10), reply.text
+    finally:
+        server.stop()
