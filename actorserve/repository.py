@@ -175,6 +175,10 @@ class ModelRepository:
         return self.apply_overrides(found)
 
 
+#: built-in runtimes by short name (``"implementation": "transformers"``)
+SHORT_NAMES = {"transformers": "actorserve.models.llm.TransformersModel"}
+
+
 def resolve_implementation(settings: ModelSettings) -> type[Model]:
     """The model class named by ``implementation`` ("module.Class" or a class).
 
@@ -183,6 +187,7 @@ def resolve_implementation(settings: ModelSettings) -> type[Model]:
     the problem when the module cannot be imported, fails while it runs, or does not
     hold an actorserve :class:`Model`."""
     impl = settings.implementation
+    impl = SHORT_NAMES.get(impl, impl) if isinstance(impl, str) else impl
     if isinstance(impl, type):
         cls: object = impl
     else:
