@@ -288,11 +288,10 @@ class Wire:
             raise GRPCError(Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}") from None
 
     async def send(self, message: Any) -> None:
-        """One message (a unary reply, or a lone stream message)."""
-        if self.response_encoding is None:
-            await self.stream.send_message(message)
-        else:
-            await self.send_many((message,))
+        """One message (a unary reply, or a lone stream message), as :meth:`send_many`
+        writes it: grpclib's own ``send_message`` refuses a message that is not of the
+        method's betterproto2 class, and the hot replies are upb's (see proto/upb.py)."""
+        await self.send_many((message,))
 
     async def send_many(self, messages: Sequence[Any]) -> None:
         """Every message in one HTTP/2 ``send_data`` (one per :data:`WRITE_CHUNK` of
