@@ -14,7 +14,10 @@ grpclib lacks four things this transport needs, and adds them here:
 - :meth:`Wire.send_many` writes every message already waiting in one ``send_data`` on
   the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
   grpclib's own bookkeeping right (headers sent, message sent, counters), so its
-  trailers and statistics stay correct.
+  trailers and statistics stay correct;
+- :class:`CoalescedWrites` joins what grpclib writes to a connection in one turn of the
+  event loop (response headers, DATA, trailers, of every stream) into one socket write
+  (grpclib writes each as it goes: two or three ``send`` calls per unary call).
 
 :func:`frame_messages` is the pure part (bytes in, bytes out), tested without a server.
 Everything else here runs on grpclib's asyncio loop.
@@ -22,6 +25,7 @@ Everything else here runs on grpclib's asyncio loop.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import weakref
@@ -117,7 +121,7 @@ class GrpclibServer(Server):
             deadlines.received(len(data))
 
         def connection_made(transport: Any) -> None:
-            made(transport)
+            made(CoalescedWrites(transport))  # type: ignore[arg-type]  # a transport in all grpclib uses
             deadlines.released()  # idle from the start: no stream yet
 
         def connection_lost(exc: BaseException | None) -> None:
@@ -145,6 +149,45 @@ class GrpclibServer(Server):
             connection = getattr(protocol, "connection", None)
             if connection is not None and not connection.is_closing():
                 connection.close()
+
+
+class CoalescedWrites:
+    """A connection's transport as grpclib sees it: :meth:`write` appends to a buffer,
+    written in one ``transport.write`` when the event loop next runs callbacks (so at
+    the end of the current turn, after every handler that ran in it). Closing writes
+    what is pending first, as the transport itself would; aborting drops it. The rest
+    (``is_closing``, ``get_extra_info``, flow control) is the transport's own."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self._pending: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self.transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def _flush_goaway_on_protocol_errors(protocol: H2Protocol) -> None:
@@ -331,4 +374,12 @@ class Wire:
         stream._send_initial_metadata_done = True
 
 
-__all__ = ["ACCEPT_ENCODING", "PREFIX", "WRITE_CHUNK", "GrpclibServer", "Wire", "frame_messages"]
+__all__ = [
+    "ACCEPT_ENCODING",
+    "PREFIX",
+    "WRITE_CHUNK",
+    "CoalescedWrites",
+    "GrpclibServer",
+    "Wire",
+    "frame_messages",
+]
