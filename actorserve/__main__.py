@@ -112,6 +112,8 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
     "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
     "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
+    "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
+    "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
@@ -234,7 +236,7 @@ def cli(
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
-    repository = ModelRepository(folders, workers)
+    repository = ModelRepository(folders, workers).with_archive_limits(settings)
     try:
         if not folders:
             models = repository.apply_overrides(builtin_models())
@@ -295,7 +297,7 @@ async def _run(settings: Settings, repository: ModelRepository) -> None:
     async with trio.open_nursery() as nursery:
 
         async def run_server(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-            await serve(settings, repository=repository, task_status=task_status)
+            await serve(settings, repository=repository, freeze_heap=True, task_status=task_status)
             nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
 
         # serve() logs "REST listening on ... (playground: ...)"; gRPC logs its own line

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import BadInput
+from .limits import MAX_INPUTS, check_count
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "MAX_DIMS",
+    "MAX_EXTENT",
     "check_shape",
     "element_count",
     "parameters_from_json",
@@ -50,15 +53,33 @@ __all__ = [
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf", "O": ""}
 
 
+#: Most dimensions a tensor may have (numpy's own limit: more is a ValueError there).
+MAX_DIMS: Final = 64
+#: Largest product of a shape's non-zero dimensions. numpy refuses a shape whose extent
+#: times the item size overflows, even with a zero dimension (``[0, 2**62]``); this bound
+#: keeps every datatype far below that, and far above any tensor a body can carry.
+MAX_EXTENT: Final = 2**48
+
+
 def check_shape(name: str, shape: object) -> tuple[int, ...]:
-    """Validate a shape: a list of non-negative integers."""
+    """Validate a shape: at most :data:`MAX_DIMS` non-negative integers whose non-zero
+    product is at most :data:`MAX_EXTENT`. Checked before anything is allocated."""
     if not isinstance(shape, (list, tuple)):
-        raise BadInput(f"input {name!r}: shape must be a list of integers, got {shape!r}")
+        raise BadInput(f"input {name!r}: shape must be a list of integers, got {_short(shape)}")
+    if len(shape) > MAX_DIMS:
+        raise BadInput(f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are allowed")
+    extent = 1
     for dim in shape:
         if isinstance(dim, bool) or not isinstance(dim, int):
-            raise BadInput(f"input {name!r}: shape must be a list of integers, got {shape!r}")
+            raise BadInput(f"input {name!r}: shape must be a list of integers, got {_short(shape)}")
         if dim < 0:
             raise BadInput(f"input {name!r}: negative dimension {dim} in shape {list(shape)}")
+        extent *= dim or 1
+        if extent > MAX_EXTENT:
+            raise BadInput(
+                f"input {name!r}: shape {_short(list(shape))} is too large (the product of its "
+                f"non-zero dimensions must be at most 2**48)"
+            )
     return tuple(shape)
 
 
@@ -76,12 +97,23 @@ def _bytes_element(name: str, value: object) -> bytes:
     )
 
 
-def _flatten(value: object, out: list[object]) -> None:
-    if isinstance(value, list):
-        for item in value:
-            _flatten(item, out)
-    else:
+def _flatten(name: str, value: object, out: list[object]) -> None:
+    """Append the leaves of nested lists to ``out``, row-major. Iterative and bounded by
+    :data:`MAX_DIMS` levels: data nested deeper than any shape is refused, never a
+    RecursionError."""
+    stack = [iter(value)] if isinstance(value, list) else []
+    if not stack:
         out.append(value)
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                if len(stack) >= MAX_DIMS:
+                    raise BadInput(f"input {name!r}: data is nested more than {MAX_DIMS} lists deep")
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
 
 
 def tensor_from_list(
@@ -99,7 +131,7 @@ def tensor_from_list(
     expected = element_count(dims)
     if datatype == "BYTES":
         flat: list[object] = []
-        _flatten(data, flat)
+        _flatten(name, data, flat)
         if len(flat) != expected:
             raise _count_mismatch(name, dims, expected, len(flat))
         array = np.empty(expected, dtype=object)
@@ -138,7 +170,7 @@ def _exact_integers(
     """Slow path for integers numpy could not type on its own (e.g. 0 and 2**63 in one
     UINT64 list make float64). None if the elements are not all integers."""
     flat: list[object] = []
-    _flatten(data, flat)
+    _flatten(name, data, flat)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
         return None
     info = np.iinfo(dtype)
@@ -235,12 +267,14 @@ def request_from_json(obj: object) -> InferenceRequest:
         raise BadInput("the request has no 'inputs'")
     if not isinstance(inputs, list):
         raise BadInput(f"'inputs' must be a list, got a JSON {_json_kind(inputs)}")
+    check_count(inputs, MAX_INPUTS, "inputs", "MAX_INPUTS")
     request_id = obj.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadInput("'id' must be a string")
     outputs_obj = obj.get("outputs") or []
     if not isinstance(outputs_obj, list):
         raise BadInput("'outputs' must be a list")
+    check_count(outputs_obj, MAX_INPUTS, "requested outputs", "MAX_INPUTS")
     outputs = []
     for out in outputs_obj:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):

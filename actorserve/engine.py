@@ -248,7 +248,7 @@ class Engine:
 
     async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
         try:
-            found = self.repository.find(name, known=self.settings.models)
+            found = await trio.to_thread.run_sync(self.repository.find, name, self.settings.models)
         except BadInput as exc:  # the model's own settings file is broken
             self.catalog.failed(name, "", exc.message)
             raise
@@ -261,7 +261,8 @@ class Engine:
                 raise BadInput(str(exc)) from None
 
     async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
-        return _info(await self.load(self.repository.archive(path, self.settings.allow_load_overrides, **overrides)))
+        settings = await self.repository.archive(path, self.settings.allow_load_overrides, **overrides)
+        return _info(await self.load(settings))
 
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)

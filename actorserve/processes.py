@@ -40,7 +40,7 @@ import trio
 from .auth import TOKENS_FD_VAR, read_tokens, remove_token_file, token_handoff, with_token
 from .engine import open_engine
 from .gauges import watch_engine
-from .heaptrim import trim_heap_when_idle
+from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
@@ -352,12 +352,14 @@ async def run_engine_child(settings: Settings, repository: ModelRepository) -> N
     from .ipc.engine_side import open_unix_listener, serve_fronts
 
     listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
+    repository = repository.with_archive_limits(settings)
     async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, nursery.cancel_scope)
         watch_engine(engine)
         nursery.start_soon(engine.metrics.keep_fresh)  # the live-work gauges the fronts' scrapes read
         nursery.start_soon(trim_heap_when_idle)  # its C heap back to the system once idle after load
         await nursery.start(serve_fronts, engine, listener)
+        freeze_startup_objects()
         say_ready()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
@@ -382,6 +384,7 @@ async def run_front_child(settings: Settings) -> None:
 
             nursery.start_soon(watch_parent, nursery.cancel_scope)
             server: Server = await nursery.start(transports)
+            freeze_startup_objects()
             say_ready()
             nursery.start_soon(_front_signals, server, nursery.cancel_scope)
     finally:

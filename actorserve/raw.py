@@ -35,6 +35,13 @@ def tensor_from_raw(
     dtype = numpy_dtype(datatype)
     count = element_count(dims)
     if datatype == "BYTES":
+        # Every element takes at least its 4-byte length: a shape that claims more
+        # elements than the data can hold is refused before the array is allocated.
+        if count * 4 > len(raw):
+            raise BadInput(
+                f"input {name!r}: shape {list(dims)} needs {count} BYTES elements (at least "
+                f"{count * 4} bytes), the raw data has {len(raw)} bytes"
+            )
         array = np.empty(count, dtype=object)
         view = memoryview(raw)
         pos = 0

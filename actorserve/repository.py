@@ -19,6 +19,7 @@ IdentityModel``, an installed package) is imported normally.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -32,6 +33,7 @@ from types import CodeType, ModuleType
 from typing import Any
 
 import attrs
+import trio
 
 from .errors import BadInput, ModelNotFound
 from .model import Model
@@ -39,11 +41,12 @@ from .overrides import LoadOverrideRefused, allows, check_registration, needs_de
 from .settings import (
     MODEL_SETTINGS_FILE,
     ModelSettings,
+    Settings,
     SettingsError,
     discover_models,
     load_model_settings,
 )
-from .torchserve.archive import Overrides, archive_name, archive_settings, find_archives
+from .torchserve.archive import ArchiveLimits, Overrides, archive_name, archive_settings, find_archives
 
 
 @attrs.frozen
@@ -54,12 +57,19 @@ class ModelRepository:
 
     folders: tuple[Path, ...] = ()
     workers: int | None = None
+    #: how much a ``.mar`` may hold (:meth:`with_archive_limits` takes them from settings)
+    archive_limits: ArchiveLimits = attrs.field(factory=ArchiveLimits)
+
+    def with_archive_limits(self, settings: Settings) -> ModelRepository:
+        """This repository with the archive limits of the server's ``settings``."""
+        limits = ArchiveLimits(settings.max_archive_bytes, settings.max_archive_members)
+        return attrs.evolve(self, archive_limits=limits)
 
     def discover(self) -> list[ModelSettings]:
         """Every model in the folders; :class:`SettingsError` names a bad file."""
         models: list[ModelSettings] = []
         for folder in self.folders:
-            archives = [archive_settings(path) for path in find_archives(Path(folder))]
+            archives = [archive_settings(path, limits=self.archive_limits) for path in find_archives(Path(folder))]
             if not archives or any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
                 models.extend(discover_models(folder))
             models.extend(archives)
@@ -108,13 +118,16 @@ class ModelRepository:
             raise BadInput(f"model archive {path!r} not found")
         return found
 
-    def archive(self, path: str, allowed: Collection[str] = (), **overrides: Any) -> ModelSettings:
+    async def archive(self, path: str, allowed: Collection[str] = (), **overrides: Any) -> ModelSettings:
         """The settings of the TorchServe archive at ``path`` (:meth:`locate`), with
         :class:`~actorserve.torchserve.archive.Overrides` fields; :class:`SettingsError`.
         ``allowed``: the operator's ``allow_load_overrides`` (``url``: an archive outside
-        the model folders; ``handler``: another handler than the manifest's)."""
+        the model folders; ``handler``: another handler than the manifest's). Extracted
+        in a worker thread: a large archive never stalls the event loop."""
         check_registration(path, overrides.get("handler"), allowed)
-        return archive_settings(self.locate(path, anywhere=allows(allowed, "url")), Overrides(**overrides))
+        located = self.locate(path, anywhere=allows(allowed, "url"))
+        extract = functools.partial(archive_settings, located, Overrides(**overrides), self.archive_limits)
+        return await trio.to_thread.run_sync(extract)
 
     def override(
         self, settings: ModelSettings, config: Mapping[str, Any], allowed: Collection[str] = ()
@@ -151,7 +164,7 @@ class ModelRepository:
                     found.append(model)
             for archive in find_archives(Path(folder)):  # TorchServe archives, by manifest name
                 if archive_name(archive) == name:
-                    found.append(archive_settings(archive))
+                    found.append(archive_settings(archive, limits=self.archive_limits))
         if not found:
             found = [m for m in known if m.name == name]
         if not found:

@@ -37,7 +37,7 @@ from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
 from .engine import open_engine, raise_single
 from .gauges import watch_engine
-from .heaptrim import trim_heap_when_idle
+from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
 from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
@@ -98,6 +98,7 @@ async def serve(
     repository: ModelRepository | None = None,
     listeners: Listeners | None = None,
     rest_fast_path: bool = True,
+    freeze_heap: bool = False,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until :meth:`Server.shutdown` (graceful) or cancellation (immediate).
@@ -111,6 +112,8 @@ async def serve(
     ``server.http_address``). ``repository`` is where
     ``POST /v2/repository/models/{name}/load`` looks (default: ``settings.models``).
     ``rest_fast_path=False`` serves ``infer`` through Quart too (for comparisons).
+    ``freeze_heap=True`` (a process that only serves, as the CLI's) freezes the objects
+    alive once the models are loaded (:func:`~actorserve.heaptrim.freeze_startup_objects`).
 
     With auth on and no token given, a token is generated into a new file (mode 0600)
     whose path is logged and is ``server.settings.token_file``; it is removed on return."""
@@ -118,12 +121,14 @@ async def serve(
         settings = Settings(models=tuple(builtin_models()))
     if listeners is None:
         listeners = open_listeners(settings)
-    repository = repository or ModelRepository()
+    repository = (repository or ModelRepository()).with_archive_limits(settings)
     generated = None
     try:
         settings, generated = with_token(settings)
         async with open_engine(settings, repository=repository) as engine:
             watch_engine(engine)  # its live-work gauges, read at each scrape
+            if freeze_heap:
+                freeze_startup_objects()
             await serve_transports(
                 engine,
                 settings,

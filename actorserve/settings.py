@@ -225,6 +225,10 @@ class Settings:
     bind_sequences_to_token: bool = attrs.field(default=False, validator=_bind_needs_auth)
     #: a file of bearer tokens, one a line (none and auth on: one is generated).
     token_file: str | None = attrs.field(default=None, validator=_optional_text)
+    #: largest total a TorchServe ``.mar`` may extract to, in bytes (counted while extracting).
+    max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
+    #: most files and folders one ``.mar`` may hold.
+    max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
     #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
     #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)

@@ -123,8 +123,10 @@ def test_request_and_response_json_round_trip() -> None:
 def test_raw_errors() -> None:
     with pytest.raises(BadInput, match="needs 8 bytes, got 4"):
         tensor_from_raw("x", "FP32", [2], b"\0" * 4)
-    with pytest.raises(BadInput, match="ends after 0 of 1"):
+    with pytest.raises(BadInput, match="needs 1 BYTES elements"):  # checked before allocating
         tensor_from_raw("x", "BYTES", [1], b"\1")
+    with pytest.raises(BadInput, match="ends after 1 of 2"):
+        tensor_from_raw("x", "BYTES", [2], b"\4\0\0\0abcd")
     with pytest.raises(BadInput, match="left over"):
         tensor_from_raw("x", "BYTES", [1], b"\1\0\0\0ab")
 

@@ -33,6 +33,7 @@ from ..api import (
     RepositoryEntry,
     TensorMetadata,
 )
+from ..codecs import MAX_DIMS
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..textgen import TextGeneration
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
@@ -71,7 +72,9 @@ def tensor_from_plain(plain: Plain) -> Tensor:
     if not isinstance(name, str) or not isinstance(raw, bytes) or not isinstance(shape, list):
         raise WireError(f"malformed tensor {_short(plain)}")
     dtype = _RAW_DTYPES.get(datatype) if isinstance(datatype, str) else None
-    if dtype is not None and all(type(d) is int and d >= 0 for d in shape):  # the fast path
+    # The fast path takes only data-bearing shapes numpy can reshape to; an empty or odd
+    # one goes through tensor_from_raw's full shape check (a ValueError is never raised).
+    if dtype is not None and raw and len(shape) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in shape):
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
         return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))

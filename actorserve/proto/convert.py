@@ -27,6 +27,7 @@ import numpy as np
 
 from ..codecs import check_shape
 from ..errors import BadInput
+from ..limits import MAX_INPUTS, check_count
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 from .inference import (
@@ -285,6 +286,8 @@ def _use_raw(tensors: Sequence[Tensor], raw: bool) -> bool:
 def request_from_pb(msg: ModelInferRequest) -> InferenceRequest:
     """Decode a ``ModelInferRequest`` (raw or typed contents) into an :class:`InferenceRequest`."""
     _strings(msg, "model_name", "model_version", "id")
+    check_count(msg.inputs, MAX_INPUTS, "inputs", "MAX_INPUTS")
+    check_count(msg.outputs, MAX_INPUTS, "requested outputs", "MAX_INPUTS")
     _no_missing(msg.outputs, "requested output")
     return InferenceRequest(
         inputs=_decode_tensors(

@@ -2,7 +2,9 @@
 
 A ``.mar`` is a zip holding ``MAR-INF/MANIFEST.json`` (``model.modelName``,
 ``modelVersion``, ``handler``, ``serializedFile``, ``modelFile``, ``configFile``) and
-the files it names; it is extracted once into a temporary folder (removed at exit). A
+the files it names; it is extracted into a temporary folder (removed at exit), once per
+archive file (loading the same unchanged ``.mar`` again reuses that folder), within
+:class:`ArchiveLimits` counted while extracting, never trusting the zip's headers. A
 folder with ``MAR-INF/MANIFEST.json`` (``torch-model-archiver --archive-format
 no-archive``) is used in place. ``model-config.yaml`` keys map onto
 :class:`~actorserve.settings.ModelSettings` (see :data:`CONFIG_KEYS`); the whole file
@@ -15,6 +17,7 @@ import atexit
 import json
 import shutil
 import tempfile
+import threading
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +30,8 @@ from .envelope import PLATFORM, SEQUENCE_PLATFORM
 
 MANIFEST: Final = "MAR-INF/MANIFEST.json"
 IMPLEMENTATION: Final = "actorserve.torchserve.handler_model.TorchServeModel"
+#: the largest MANIFEST.json or model-config.yaml read
+MAX_MANIFEST_BYTES: Final = 1024 * 1024
 
 #: model-config.yaml keys we act on (the rest are kept for the handler and ignored)
 CONFIG_KEYS: Final = (
@@ -57,8 +62,12 @@ def archive_name(path: Path) -> str:
     try:
         if path.is_file():
             with zipfile.ZipFile(path) as archive:
+                if archive.getinfo(MANIFEST).file_size > MAX_MANIFEST_BYTES:
+                    return path.stem
                 manifest = json.loads(archive.read(MANIFEST))
         else:
+            if (path / MANIFEST).stat().st_size > MAX_MANIFEST_BYTES:
+                return path.stem
             manifest = json.loads((path / MANIFEST).read_text())
         name = manifest["model"]["modelName"]
     except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
@@ -66,24 +75,87 @@ def archive_name(path: Path) -> str:
     return str(name) if name else path.stem
 
 
-def _extract(path: Path) -> Path:
-    target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
-    atexit.register(shutil.rmtree, target, True)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for member in archive.namelist():  # no member may land outside the folder
-                if not (target / member).resolve().is_relative_to(target.resolve()):
-                    raise SettingsError(f"{path}: archive member {member!r} points outside the archive")
-            archive.extractall(target)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise SettingsError(f"{path}: not a readable .mar archive: {exc}") from None
-    return target
+@attrs.frozen
+class ArchiveLimits:
+    """How much one ``.mar`` may hold once extracted (settings ``max_archive_bytes`` and
+    ``max_archive_members``): a small zip of zeros can inflate to gigabytes."""
+
+    max_bytes: int = 16 * 1024**3
+    max_members: int = 100_000
+
+
+#: (archive path, size, mtime) -> its extraction, so a reload of an unchanged archive
+#: reuses the folder instead of extracting another copy. Guarded by the lock: loads
+#: extract in worker threads.
+_extracted: dict[tuple[str, int, int], Path] = {}
+_extracting = threading.Lock()
+_CHUNK: Final = 1024 * 1024
+
+
+def _extract(path: Path, limits: ArchiveLimits) -> Path:
+    """The folder holding ``path`` extracted (blocking: call it off the event loop)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _extracting:
+        known = _extracted.get(key)
+        if known is not None and known.is_dir():
+            return known
+        target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
+        atexit.register(shutil.rmtree, target, True)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                _extract_members(path, archive, target, limits)
+        except (zipfile.BadZipFile, OSError) as exc:
+            shutil.rmtree(target, True)
+            raise SettingsError(f"{path}: not a readable .mar archive: {exc}") from None
+        except SettingsError:
+            shutil.rmtree(target, True)
+            raise
+        _extracted[key] = target
+        return target
+
+
+def _extract_members(path: Path, archive: zipfile.ZipFile, target: Path, limits: ArchiveLimits) -> None:
+    members = archive.infolist()
+    if len(members) > limits.max_members:
+        raise SettingsError(
+            f"{path}: the archive has {len(members)} members, more than max_archive_members ({limits.max_members})"
+        )
+    root = target.resolve()
+    too_large = SettingsError(
+        f"{path}: the archive extracts to more than max_archive_bytes ({limits.max_bytes} bytes)"
+    )
+    if sum(m.file_size for m in members) > limits.max_bytes:  # what the headers declare
+        raise too_large
+    written = 0
+    for member in members:
+        destination = (target / member.filename).resolve()
+        if not destination.is_relative_to(root):  # no member may land outside the folder
+            raise SettingsError(f"{path}: archive member {member.filename!r} points outside the archive")
+        if member.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(member) as source, destination.open("wb") as out:
+            while chunk := source.read(_CHUNK):  # counted as written: headers can lie
+                written += len(chunk)
+                if written > limits.max_bytes:
+                    raise too_large
+                out.write(chunk)
+
+
+def _check_small(path: Path) -> None:
+    """A manifest or model-config.yaml is a few hundred bytes: one of megabytes is refused
+    before it is read and parsed (on every load, and for every archive of the store)."""
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise SettingsError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest or config may be")
 
 
 def read_manifest(model_dir: Path) -> dict[str, Any]:
     path = model_dir / MANIFEST
     if not path.is_file():
         return {}
+    _check_small(path)
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -104,6 +176,7 @@ def read_model_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str,
         return {}
     import yaml
 
+    _check_small(path)
     try:
         config = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -140,13 +213,16 @@ class Overrides:
     response_timeout_s: int | None = None
 
 
-def archive_settings(path: Path | str, overrides: Overrides = Overrides()) -> ModelSettings:
+def archive_settings(
+    path: Path | str, overrides: Overrides = Overrides(), limits: ArchiveLimits = ArchiveLimits()
+) -> ModelSettings:
     """The settings of the TorchServe model at ``path`` (a ``.mar`` or a folder);
-    :class:`SettingsError` says what is wrong with it."""
+    :class:`SettingsError` says what is wrong with it. Blocking (a ``.mar`` is extracted):
+    an event loop calls it in a worker thread."""
     path = Path(path)
     if not path.exists():
         raise SettingsError(f"{path}: no such model archive or folder")
-    model_dir = _extract(path) if path.is_file() else path
+    model_dir = _extract(path, limits) if path.is_file() else path
     manifest = read_manifest(model_dir)
     model = manifest.get("model") or {}
     if not isinstance(model, Mapping):

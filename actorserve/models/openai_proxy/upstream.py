@@ -28,8 +28,13 @@ from ...settings import SettingsError
 log = logging.getLogger(__name__)
 
 API_TYPES: Final = ("chat", "completions")
-_EXTRA_KEYS: Final = frozenset({"base_url", "model", "api_type", "api_key_env", "timeout", "headers"})
+_EXTRA_KEYS: Final = frozenset(
+    {"base_url", "model", "api_type", "api_key_env", "timeout", "headers", "max_response_bytes"}
+)
 _MESSAGE_CHARS: Final = 300
+#: the default of ``parameters.extra.max_response_bytes``: the most bytes read of one
+#: upstream answer (a whole answer, an error body, or one line of a stream).
+MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 
 
 @attrs.frozen(slots=True)
@@ -43,6 +48,7 @@ class UpstreamConfig:
     timeout: float = 60.0
     headers: Mapping[str, str] = attrs.field(factory=dict)
     api_key: str | None = attrs.field(default=None, repr=False)
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
     @property
     def url(self) -> str:
@@ -86,7 +92,48 @@ class UpstreamConfig:
             api_key = os.environ.get(env)
             if not api_key:
                 raise SettingsError(f"{where}.api_key_env: the environment variable {env} is not set")
-        return cls(base_url, model, str(api_type), float(timeout), dict(headers), api_key)
+        cap = extra.get("max_response_bytes", MAX_RESPONSE_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise SettingsError(f"{where}.max_response_bytes: expected a number of bytes >= 1")
+        return cls(base_url, model, str(api_type), float(timeout), dict(headers), api_key, cap)
+
+
+class AnswerTooLarge(ModelFailed):
+    """The upstream sent more than ``max_response_bytes`` in one answer or line."""
+
+    def __init__(self, config: UpstreamConfig, what: str) -> None:
+        super().__init__(
+            f"upstream {config.url} sent {what} larger than {config.max_response_bytes} bytes "
+            "(parameters.extra.max_response_bytes); it was not read further"
+        )
+
+
+async def _read_capped(config: UpstreamConfig, response: httpx.Response) -> bytes:
+    """The whole body of ``response``, at most ``max_response_bytes`` of it."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > config.max_response_bytes:
+            raise AnswerTooLarge(config, "an answer")
+    return bytes(body)
+
+
+async def _lines(config: UpstreamConfig, response: httpx.Response) -> AsyncGenerator[str, None]:
+    """The lines of a streamed answer; no line may pass ``max_response_bytes`` (httpx's
+    own line reader would buffer a line without end)."""
+    pending = bytearray()
+    async for chunk in response.aiter_bytes():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield pending.rstrip(b"\r").decode("utf-8", "replace")
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > config.max_response_bytes:
+            raise AnswerTooLarge(config, "a stream line")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
 
 def request_body(config: UpstreamConfig, prompt: str, options: Mapping[str, Any], *, stream: bool, usage: bool) -> bytes:
@@ -145,15 +192,16 @@ def _read(config: UpstreamConfig, doc: Any, reply: Reply, *, stream: bool) -> st
 async def complete(client: httpx.AsyncClient, config: UpstreamConfig, body: bytes, reply: Reply) -> str:
     """A whole (non-streamed) answer's text."""
     try:
-        response = await client.post(config.url, content=body, headers=config.request_headers())
+        async with client.stream("POST", config.url, content=body, headers=config.request_headers()) as response:
+            content = await _read_capped(config, response)
     except httpx.HTTPError as exc:
         raise transport_error(config, exc) from None
     if response.status_code != 200:
-        raise status_error(config, response.status_code, response.headers, response.content)
+        raise status_error(config, response.status_code, response.headers, content)
     try:
-        doc = orjson.loads(response.content)
+        doc = orjson.loads(content)
     except orjson.JSONDecodeError:
-        raise ModelFailed(f"upstream {config.url} answered with invalid JSON: {_short(response.content)}") from None
+        raise ModelFailed(f"upstream {config.url} answered with invalid JSON: {_short(content)}") from None
     text = _read(config, doc, reply, stream=False)
     reply.done = True
     return text
@@ -167,8 +215,8 @@ async def stream(
     try:
         async with client.stream("POST", config.url, content=body, headers=config.request_headers()) as response:
             if response.status_code != 200:
-                raise status_error(config, response.status_code, response.headers, await response.aread())
-            async for line in response.aiter_lines():
+                raise status_error(config, response.status_code, response.headers, await _read_capped(config, response))
+            async for line in _lines(config, response):
                 if not line.startswith("data:"):
                     continue  # comments, event names, blank separators
                 data = line[5:].strip()

@@ -18,6 +18,7 @@ import attrs
 
 from ...api import bool_parameter
 from ...errors import BadInput
+from ...limits import MAX_CHAT_MESSAGES
 from ...textgen import TextOptions
 
 #: at most this many choices per request (``n`` times the prompts)
@@ -263,6 +264,9 @@ def parse_chat(obj: Any, headers: Mapping[str, str]) -> TextCall:
     raw = obj.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list", "messages", "missing_required_parameter")
+    if len(raw) > MAX_CHAT_MESSAGES:
+        message = f"'messages' has {len(raw)} messages, at most {MAX_CHAT_MESSAGES} are allowed"
+        raise _bad(f"{message} (limit MAX_CHAT_MESSAGES; see docs/security.md#limits)", "messages")
     messages = []
     for i, message in enumerate(raw):
         if not isinstance(message, Mapping):

@@ -21,6 +21,7 @@ import trio
 
 from ...api import EngineAPI
 from ...errors import BadInput, ModelNotFound
+from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
 from ...textgen import TextGeneration
 from ..auth import Scope
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
@@ -71,6 +72,11 @@ class OpenAIRoutes:
     def auth_scope(path: str) -> Scope | None:
         """The scope of a path under ``/v1/``, read as :meth:`__call__` routes it."""
         return Scope.INFERENCE if _route(path) in _INFERENCE else None
+
+    @staticmethod
+    async def refuse(send: ASGISend, message: str) -> None:
+        """400 in OpenAI's error shape, for a request the host refuses before routing."""
+        await _send_error(send, OpenAIError(message, status=400, code="invalid_request"))
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         path = _route(scope["path"])
@@ -134,10 +140,7 @@ class OpenAIRoutes:
 
     async def _generate(self, send: ASGISend, body: bytes, headers: Mapping[str, str], *, chat: bool) -> None:
         try:
-            try:
-                obj = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
+            obj = await _loads(body)
             call = parse_chat(obj, headers) if chat else parse_completion(obj, headers)
             spec = await self._text_model(call.model)
             if chat:
@@ -261,6 +264,20 @@ async def _send_error(
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _loads(body: bytes) -> Any:
+    """The JSON body, its container count checked first; a large one parsed off the loop."""
+    try:
+        check_json_containers(body)
+    except BadInput as exc:
+        raise OpenAIError(exc.message) from None
+    try:
+        if len(body) < PARSE_IN_THREAD_BYTES:
+            return orjson.loads(body)
+        return await trio.to_thread.run_sync(orjson.loads, body)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
 
 
 def _too_large(limit: int) -> OpenAIError:

@@ -173,11 +173,18 @@ class RestApp:
     async def _bad_target(self, scope: ASGIScope, send: ASGISend, why: str) -> None:
         """400 for a target :func:`.target.refusal` refused, recorded as any request (the
         access log escapes what the client sent)."""
-        exchange = Exchange("rest", scope["method"], scope.get("path") or "")
-        reply = json_reply({"error": why}, 400)
-        exchange.status, exchange.bytes, exchange.complete = 400, len(reply.body), True
+        path = scope.get("path") or ""
+        exchange = Exchange("rest", scope["method"], path)
+        exchange.status, exchange.complete = 400, True
         try:
-            await send_reply(send, reply)
+            # in the error format of the family the path would belong to, as every
+            # other refusal of that family (a client's error handling reads that shape)
+            if path.startswith("/v1/"):
+                await self.openai.refuse(send, why)
+            elif on_management_port(path) or path.startswith(("/predictions/", "/explanations/")):
+                await send_ts_error(send, TsError(400, "BadRequestException", why))
+            else:
+                await send_reply(send, json_reply({"error": why}, 400))
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl
 
 import trio
 
 from ...api import EngineAPI
 from ...errors import ModelNotFound
+from ...limits import PARSE_IN_THREAD_BYTES
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
@@ -55,6 +56,7 @@ from .wire import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Raw ASGI messages are handled as plain dicts; hypercorn's TypedDicts only matter at
 # the boundary (app.py), where these aliases are cast.
@@ -100,6 +102,21 @@ def note_response(exchange: Exchange | None, response: InferenceResponse) -> Non
         exchange.answered(response.model_version, response.parameters.get("sequence_id"))
 
 
+async def decode_off_loop(
+    parse: Callable[[bytes, RequestHeaders], _T], body: bytes, headers: RequestHeaders, limit: int
+) -> _T:
+    """Inflate ``body`` (``limit``: ``max_body_bytes``) and ``parse`` it: in a worker
+    thread when it is compressed or at least ``PARSE_IN_THREAD_BYTES``, so that inflating
+    and parsing megabytes never stalls the other requests on this event loop."""
+
+    def run() -> _T:
+        return parse(decompress_body(body, headers.content_encoding, limit), headers)
+
+    if headers.content_encoding is None and len(body) < PARSE_IN_THREAD_BYTES:
+        return run()
+    return await trio.to_thread.run_sync(run)
+
+
 async def infer_reply(
     engine: EngineAPI,
     name: str,
@@ -111,8 +128,7 @@ async def infer_reply(
 ) -> HttpReply:
     """Decode, infer, encode; every failure is an error reply, never an exception."""
     try:
-        body = decompress_body(body, headers.content_encoding, limit)
-        request, encoding = decode_infer_request(body, headers)
+        request, encoding = await decode_off_loop(decode_infer_request, body, headers, limit)
         response = await engine.infer(request, model=name, version=version)
         note_response(exchange, response)
         return encode_infer_response(response, encoding)
@@ -185,7 +201,7 @@ class RawRoutes:
     ) -> tuple[InferenceRequest, Encoder]:
         """Either shape of a generate body: OIP tensors (answered as OIP, like infer) or
         Triton's ``text_input`` shape (answered with ``text_output``)."""
-        parsed = parse_generate_body(decompress_body(body, headers.content_encoding, self._limit), headers)
+        parsed = await decode_off_loop(parse_generate_body, body, headers, self._limit)
         if isinstance(parsed, tuple):
             return parsed
         datatypes = (await self.engine.metadata(name, version)).input_datatypes()
@@ -216,7 +232,7 @@ class RawRoutes:
                 encode: Encoder = encode_event_source
                 end_event = True
             elif op == "infer_stream":
-                request = decode_infer_request(decompress_body(body, headers.content_encoding, self._limit), headers)[0]
+                request = (await decode_off_loop(decode_infer_request, body, headers, self._limit))[0]
                 encode = encode_oip
             else:
                 request, encode = await self._generate_request(name, version, body, headers)

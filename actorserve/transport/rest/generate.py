@@ -22,6 +22,7 @@ import numpy as np
 
 from ...codecs import tensor_from_list
 from ...errors import BadInput
+from ...limits import MAX_INPUTS, check_count
 from ...textgen import element_text, text_tensor
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .wire import RequestHeaders, decode_infer_request, encode_oip, json_bytes, loads
@@ -84,7 +85,9 @@ def generate_request_from_json(obj: dict[str, Any], datatypes: Mapping[str, str]
         parameters = {}
     elif not isinstance(parameters, dict):
         raise BadInput("'parameters' must be a JSON object")
-    inputs = [generate_tensor(k, v, datatypes) for k, v in obj.items() if k not in _GENERATE_RESERVED]
+    names = [k for k in obj if k not in _GENERATE_RESERVED]
+    check_count(names, MAX_INPUTS, "inputs", "MAX_INPUTS")
+    inputs = [generate_tensor(k, obj[k], datatypes) for k in names]
     return InferenceRequest(inputs=inputs, id=request_id, parameters=parameters)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from quart import Response, request
 from werkzeug.datastructures import Headers as WerkzeugHeaders
 from werkzeug.exceptions import HTTPException
@@ -79,7 +80,11 @@ class RestViews:
     async def _body(self) -> bytes:
         """The request body, inflated; :class:`~.wire.BodyTooLarge` past the limit."""
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        return decompress_body(body, request.headers.get("Content-Encoding"), self.settings.max_body_bytes)
+        encoding = request.headers.get("Content-Encoding")
+        if encoding is None:
+            return body
+        # inflating up to max_body_bytes takes a while: off the event loop
+        return await trio.to_thread.run_sync(decompress_body, body, encoding, self.settings.max_body_bytes)
 
     async def live(self) -> Response:
         return response(json_reply({"live": True}))

@@ -19,6 +19,7 @@ import orjson
 from ...api import bool_parameter
 from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
+from ...limits import MAX_INPUTS, check_count, check_json_containers
 from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .. import compression
@@ -192,6 +193,7 @@ def loads(body: bytes | memoryview) -> Any:
     """Parse JSON; :class:`BadInput` says what is wrong with it."""
     if not len(body):
         raise BadInput("the request body is empty; expected a JSON object")
+    check_json_containers(body)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -254,6 +256,7 @@ def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
     inputs = obj.get("inputs") if isinstance(obj, dict) else None
     raw_positions: dict[int, Tensor] = {}
     if isinstance(inputs, list):
+        check_count(inputs, MAX_INPUTS, "inputs", "MAX_INPUTS")
         offset = 0
         for position, tensor_obj in enumerate(inputs):
             params = tensor_obj.get("parameters") if isinstance(tensor_obj, dict) else None

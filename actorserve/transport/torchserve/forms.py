@@ -14,6 +14,7 @@ from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
 from ...errors import BadInput
+from ...limits import MAX_FORM_FIELDS
 from ...torchserve import envelope
 
 
@@ -22,14 +23,27 @@ def split_body(body: bytes, content_type: str, limit: int) -> dict[str, tuple[by
     mime, options = parse_options_header(content_type)
     mime = mime.lower()
     if mime == "application/x-www-form-urlencoded":
+        _check_fields(body.count(b"&") + 1)
         fields = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
         return {name: (value.encode(), "") for name, value in fields}
     if mime == "multipart/form-data":
         boundary = options.get("boundary")
         if not boundary:
             raise BadInput("multipart/form-data without a boundary")
-        return _multipart(body, boundary.encode("latin-1"), limit)
+        delimiter = b"--" + boundary.encode("latin-1")
+        _check_fields(body.count(delimiter) - 1)
+        return _multipart(body, delimiter[2:], limit)
     return {envelope.BODY: (body, mime)}
+
+
+def _check_fields(count: int) -> None:
+    """Each field becomes one input of the handler: refuse a form with too many before
+    any is parsed (``count`` is an upper bound counted in C: separators or delimiters)."""
+    if count > MAX_FORM_FIELDS:
+        raise BadInput(
+            f"the form has more than {MAX_FORM_FIELDS} fields "
+            "(limit MAX_FORM_FIELDS; see docs/security.md#limits)"
+        )
 
 
 def _multipart(body: bytes, boundary: bytes, limit: int) -> dict[str, tuple[bytes, str]]:

@@ -21,6 +21,7 @@ import trio
 
 from ...api import EngineAPI
 from ...errors import BadInput
+from ...limits import PARSE_IN_THREAD_BYTES
 from ...torchserve import envelope
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
@@ -131,7 +132,11 @@ class TorchServeInference:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            inputs = split_body(body, headers.get("content-type", ""), self.limit)
+            content_type = headers.get("content-type", "")
+            if len(body) < PARSE_IN_THREAD_BYTES:
+                inputs = split_body(body, content_type, self.limit)
+            else:  # a large form is split off the event loop
+                inputs = await trio.to_thread.run_sync(split_body, body, content_type, self.limit)
         except BadInput as exc:
             await send_error(send, ts_error(exc))
             return
