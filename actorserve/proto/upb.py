@@ -73,6 +73,8 @@ class _InferRequestDecoder:
     message (and its errors) when the fast path does not apply."""
 
     __name__ = "ModelInferRequest"  # what the wire's "not a valid ... message" names
+    #: the betterproto2 class it stands for (the wire's count checks are looked up by it)
+    message_class = ModelInferRequest
 
     @staticmethod
     def FromString(data: bytes) -> DecodedRequest | ModelInferRequest:

@@ -15,9 +15,10 @@ grpclib lacks four things this transport needs, and adds them here:
   the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
   grpclib's own bookkeeping right (headers sent, message sent, counters), so its
   trailers and statistics stay correct;
-- :class:`CoalescedWrites` joins what grpclib writes to a connection in one turn of the
-  event loop (response headers, DATA, trailers, of every stream) into one socket write
-  (grpclib writes each as it goes: two or three ``send`` calls per unary call).
+- each connection's transport is wrapped in :class:`.writes.CoalescedWrites`, so what
+  grpclib writes to it in one turn of the event loop (response headers, DATA, trailers,
+  of every stream) goes out in one socket write (grpclib writes each as it goes: two or
+  three ``send`` calls per unary call).
 
 :func:`frame_messages` is the pure part (bytes in, bytes out), tested without a server.
 Everything else here runs on grpclib's asyncio loop.
@@ -43,6 +44,7 @@ from ...errors import BadInput
 from ...proto.counts import PRECHECKS
 from .. import compression
 from .deadlines import Deadlines
+from .writes import CoalescedWrites
 
 #: messages at least this large are parsed in a worker thread: betterproto2 parses in
 #: Python, about a tenth of a second for 100 KB of small nested messages.
@@ -155,45 +157,6 @@ class GrpclibServer(Server):
             connection = getattr(protocol, "connection", None)
             if connection is not None and not connection.is_closing():
                 connection.close()
-
-
-class CoalescedWrites:
-    """A connection's transport as grpclib sees it: :meth:`write` appends to a buffer,
-    written in one ``transport.write`` when the event loop next runs callbacks (so at
-    the end of the current turn, after every handler that ran in it). Closing writes
-    what is pending first, as the transport itself would; aborting drops it. The rest
-    (``is_closing``, ``get_extra_info``, flow control) is the transport's own."""
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self._pending: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._pending:
-            self._loop.call_soon(self.flush)
-        self._pending.append(data)
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if not self.transport.is_closing():
-            self.transport.write(data)
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        self.transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
 
 
 def _flush_goaway_on_protocol_errors(protocol: H2Protocol) -> None:
@@ -325,7 +288,8 @@ class Wire:
         return await asyncio.get_running_loop().run_in_executor(None, self._parse, data)
 
     def _parse(self, data: bytes) -> Any:
-        precheck = PRECHECKS.get(self.recv_type)
+        # (the inference methods decode with proto/upb.py's decoder: its betterproto2 class's check)
+        precheck = PRECHECKS.get(getattr(self.recv_type, "message_class", self.recv_type))
         if precheck is not None:
             try:
                 precheck(data)
@@ -397,7 +361,6 @@ __all__ = [
     "ACCEPT_ENCODING",
     "PREFIX",
     "WRITE_CHUNK",
-    "CoalescedWrites",
     "GrpclibServer",
     "Wire",
     "frame_messages",
