@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ...types import InferenceRequest
-from ..textlm.generation import DRAW_BLOCK
+from ..textlm.generation import Draws
 from .forward import KV, owned
 
 
@@ -71,7 +71,6 @@ class LLMWork:
     __slots__ = (
         "cached",
         "detok",
-        "draw_at",
         "draws",
         "feed",
         "finished",
@@ -125,19 +124,12 @@ class LLMWork:
         self.generated = 0
         self.held = ""  # generated text that may be the start of a stop string
         self.sent = ""  # the text sent so far
-        self.draws: list[float] = []
-        self.draw_at = 0
+        self.draws = Draws(self.generator)
 
     def next_draw(self) -> float:
-        """The next uniform of this request's generator (drawn in blocks; see the
-        ``text`` model's :class:`~actorserve.models.textlm.generation.Generation`)."""
-        if self.draw_at == len(self.draws):
-            block = min(DRAW_BLOCK, max(1, self.max_tokens - self.generated))
-            self.draws = torch.rand(block, generator=self.generator, dtype=torch.float64).tolist()
-            self.draw_at = 0
-        value = self.draws[self.draw_at]
-        self.draw_at += 1
-        return value
+        """The next uniform of this request's generator (drawn in blocks, as the ``text``
+        model draws them: :class:`~actorserve.models.textlm.generation.Draws`)."""
+        return self.draws.next(self.max_tokens - self.generated)
 
     def settle(self) -> None:
         """Leave the sequence with what this request read and said (once)."""
