@@ -14,7 +14,9 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ...proto.inference import InferParameter
+from ...proto.upb import DecodedRequest
 from .h2 import Wire
+from .metadata import add_initial_metadata
 
 #: request metadata naming the call's sequence; a response echoes its sequence's id
 #: in its initial metadata under the same key
@@ -31,7 +33,8 @@ def metadata_sequence_id(stream: Stream[Any, Any]) -> str | None:
 
 
 def parameter_sequence_id(parameters: Any) -> str | None:
-    """The ``sequence_id`` of a request's or response's protobuf parameters (None: none)."""
+    """The ``sequence_id`` of a request's or response's protobuf parameters, betterproto2's
+    or upb's (None: none)."""
     param = parameters.get("sequence_id")
     for kind in _ID_KINDS:
         value = getattr(param, kind, None)
@@ -41,19 +44,34 @@ def parameter_sequence_id(parameters: Any) -> str | None:
 
 
 def agree_on_sequence(message: Any, metadata_id: str | None) -> None:
-    """Check a ``ModelInferRequest`` against the call's ``sequence-id`` metadata (see
-    the module docstring); :class:`GRPCError` INVALID_ARGUMENT when they differ."""
+    """Check a decoded ``ModelInferRequest`` (a :class:`~actorserve.proto.upb.DecodedRequest`
+    or betterproto2's message) against the call's ``sequence-id`` metadata (see the
+    module docstring); :class:`GRPCError` INVALID_ARGUMENT when they differ."""
     if metadata_id is None:
         return
-    parameter = parameter_sequence_id(message.parameters)
-    if parameter is None:
-        message.parameters["sequence_id"] = InferParameter(string_param=metadata_id)
-    elif parameter != metadata_id:
+    if isinstance(message, DecodedRequest):
+        parameters = message.request.parameters
+        value = parameters.get("sequence_id")
+        parameter = None if value is None or value == "" or value == 0 else str(value)
+        if parameter is None:
+            parameters["sequence_id"] = metadata_id
+    else:
+        parameter = parameter_sequence_id(message.parameters)
+        if parameter is None:
+            message.parameters["sequence_id"] = InferParameter(string_param=metadata_id)
+    if parameter is not None and parameter != metadata_id:
         raise GRPCError(
             Status.INVALID_ARGUMENT,
             f"gRPC metadata 'sequence-id' ({metadata_id!r}) and parameter 'sequence_id' "
             f"({parameter!r}) name different sequences; send one id, or the same in both",
         )
+
+
+def echo_sequence(stream: Stream[Any, Any], sequence_id: str | None) -> None:
+    """Echo ``sequence_id`` (None: nothing) in the call's initial metadata: a proxy or
+    client learns a server-made id from the first answer."""
+    if sequence_id is not None:
+        add_initial_metadata(stream, SEQUENCE_METADATA, sequence_id)
 
 
 class SequenceWire(Wire):
@@ -77,6 +95,7 @@ __all__ = [
     "SEQUENCE_METADATA",
     "SequenceWire",
     "agree_on_sequence",
+    "echo_sequence",
     "metadata_sequence_id",
     "parameter_sequence_id",
 ]

@@ -26,7 +26,6 @@ from grpclib.server import Stream
 from ...api import EngineAPI, ModelState, TensorMetadata
 from ...errors import ModelNotFound
 from ...metrics import Metrics
-from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import (
     ModelConfigRequest,
     ModelConfigResponse,
@@ -54,6 +53,7 @@ from ...proto.inference import (
     ServerReadyRequest,
     ServerReadyResponse,
 )
+from ...proto.upb import InferRequestDecoder, request_of, response_message
 from ...replica import REPLICA_HEADER, replica_id
 from ...settings import Settings, SettingsError
 from ...version import __version__
@@ -65,8 +65,7 @@ from .bridge import to_trio
 from .calls import call_exchange, guarded
 from .h2 import GrpclibServer, Wire
 from .management import ManagementService
-from .metadata import add_initial_metadata
-from .routing import SEQUENCE_METADATA, SequenceWire, parameter_sequence_id
+from .routing import SequenceWire, echo_sequence, parameter_sequence_id
 from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
 from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
@@ -244,7 +243,7 @@ class InferenceService:
         return handler
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
-        kind = SequenceWire if recv_type is ModelInferRequest else Wire  # the routing key checked (.routing)
+        kind = SequenceWire if recv_type is InferRequestDecoder else Wire  # the routing key checked (.routing)
         return kind(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
@@ -273,8 +272,8 @@ class InferenceService:
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
-        info = await self._engine(self.engine.model_info, message.name, message.version or None)
-        await wire.send(ModelReadyResponse(ready=info.ready and not self.draining))
+        ready = await self._engine(_model_is_ready, self.engine, message.name, message.version or None)
+        await wire.send(ModelReadyResponse(ready=ready and not self.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerMetadataRequest)
@@ -319,23 +318,21 @@ class InferenceService:
     # -- inference and management -------------------------------------------------------
 
     async def _model_infer(self, stream: Stream[Any, Any]) -> None:
-        wire, message = await self._request(stream, ModelInferRequest)
+        wire, message = await self._request(stream, InferRequestDecoder)
         exchange = call_exchange()
         if exchange is not None:
             exchange.model_request(message.model_name, message.model_version or None)
             self.recorder.open(exchange)
         reply = await to_trio(self._infer, message, exchange)
-        echoed = parameter_sequence_id(reply.parameters)
-        if echoed is not None:  # a proxy or client learns a server-made id from the first answer
-            add_initial_metadata(stream, SEQUENCE_METADATA, echoed)
+        echo_sequence(stream, parameter_sequence_id(reply.parameters))
         await wire.send(reply)
 
     async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
         try:
-            response = await self.engine.infer(request_from_pb(message))
+            response = await self.engine.infer(request_of(message))
             if exchange is not None:
                 exchange.answered(response.model_version, response.parameters.get("sequence_id"))
-            return response_to_pb(response)
+            return response_message(response)
         except Exception as exc:
             if exchange is not None and isinstance(exc, ModelNotFound):
                 exchange.not_found = True
@@ -362,9 +359,9 @@ class InferenceService:
         await self.engine.unload(name, grace=self.settings.grace_period)
 
     async def _model_stream_infer(self, stream: Stream[Any, Any]) -> None:
-        wire = self._wire(stream, ModelInferRequest)
-        if isinstance(wire, SequenceWire) and wire.sequence_id is not None:
-            add_initial_metadata(stream, SEQUENCE_METADATA, wire.sequence_id)
+        wire = self._wire(stream, InferRequestDecoder)
+        if isinstance(wire, SequenceWire):
+            echo_sequence(stream, wire.sequence_id)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":
@@ -390,3 +387,12 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
 
 
 __all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+
+
+async def _model_is_ready(engine: EngineAPI, name: str, version: str | None) -> bool:
+    """Triton's ``ModelReady``: ``false``, not an error, for a model that is not loaded
+    (unloaded or never known), as ``InferenceServer::ModelIsReady`` answers."""
+    try:
+        return (await engine.model_info(name, version)).ready
+    except ModelNotFound:
+        return False
