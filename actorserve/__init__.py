@@ -20,6 +20,7 @@ from .errors import (
     Overloaded,
     SequenceConflict,
     SequenceNotFound,
+    SequenceNotHeld,
     ShuttingDown,
 )
 from .model import BatchModel, Model, StepOutput
@@ -43,6 +44,7 @@ __all__ = [
     "RequestedOutput",
     "SequenceConflict",
     "SequenceNotFound",
+    "SequenceNotHeld",
     "SequenceSettings",
     "Settings",
     "ShuttingDown",

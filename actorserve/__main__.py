@@ -70,6 +70,11 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
     "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
+    "drain_timeout": (
+        click.FLOAT,
+        "seconds a SIGTERM'd server keeps serving its open sequences (not ready, new starts refused "
+        "503) before the shutdown; 0: off; the one-process shape only (docs/deploy.md#drain)",
+    ),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
     "grpc_idle_timeout": (click.FLOAT, "seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no limit)"),
@@ -114,12 +119,21 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
     "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
     "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
+    "replica_id": (
+        click.STRING,
+        "this server's name behind a proxy: the actorserve-replica header, the /metrics label, the "
+        "prefix of server-made sequence ids (default: the host name; docs/deploy.md)",
+    ),
     "token_file": (
         click.Path(dir_okay=False),
         f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
         "is generated into a new file whose path is logged",
     ),
 }
+
+
+#: the default shown for a field whose None means something other than "off"
+_SHOWN_DEFAULTS: dict[str, str] = {"replica_id": "the host name"}
 
 
 class _Option(click.Option):
@@ -153,7 +167,8 @@ def _settings_options(command: F) -> F:
             is_flag=flag,
             default=default,
             multiple=multiple,
-            show_default=False if flag else "off" if default is None else "none" if multiple else True,
+            show_default=_SHOWN_DEFAULTS.get(field.name)
+            or (False if flag else "off" if default is None else "none" if multiple else True),
             metavar=None if flag else metavar_of(kind),
             show_envvar=True,
             help=help_text,
@@ -231,6 +246,8 @@ def cli(
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
+        if settings.drain_timeout and settings.api_workers:  # the fronts hold no sequences: not built there yet
+            raise BadSetting("drain_timeout", "needs --api-workers 0 (the one-process shape), for now")
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

@@ -39,6 +39,7 @@ from .loadfailure import explain, underlying
 from .metrics import Metrics
 from .model import BatchModel, Model
 from .polling import poll_repository
+from .replica import mint_id, minting, naming, replica_id
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
 from .types import InferenceRequest, InferenceResponse
@@ -64,6 +65,10 @@ class Engine:
         self._closing = False
         #: every request in flight in any host (and what it left in a batch)
         self._inflight = Inflight()
+        #: what this server is called behind a proxy (errors and server-made ids say it)
+        self.replica = replica_id(settings.replica_id)
+        #: scale-in (actorserve.scalein): not ready, new sequence starts refused
+        self.draining = False
 
     # -- models ------------------------------------------------------------------------
 
@@ -181,21 +186,24 @@ class Engine:
         contract = self._contracts.get(host)
         if contract is not None:
             contract.check(request)
+        mint_id(request.parameters, self.replica, draining=self.draining)
         return host
 
     async def infer(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> InferenceResponse:
         """One response for ``request`` (a streaming model's responses merged)."""
-        return await self._route(request, model, version).infer(request)
+        with naming(self.replica):
+            return await self._route(request, model, version).infer(request)
 
     @asynccontextmanager
     async def infer_stream(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> AsyncIterator[ResponseIterator]:
         """The responses of one request, as produced. Leaving the block cancels it."""
-        async with self._route(request, model, version).infer_stream(request) as responses:
-            yield responses
+        with naming(self.replica):
+            async with self._route(request, model, version).infer_stream(request) as responses:
+                yield responses
 
     @asynccontextmanager
     async def stream(
@@ -212,13 +220,14 @@ class Engine:
         contract = self._contracts.get(host)
         if contract is not None:
             requests = _checked(requests, contract)
-        async with host.stream(requests) as responses:
-            yield responses
+        with naming(self.replica):
+            async with host.stream(minting(requests, self.replica)) as responses:
+                yield responses
 
     # -- the EngineAPI (typed records; what the transports call) -------------------------
 
     async def ready(self) -> bool:
-        return not self._closing and all(h.ready for h in self.hosts())
+        return not self._closing and not self.draining and all(h.ready for h in self.hosts())
 
     async def models(self) -> list[ModelInfo]:
         return [info(h) for h in self.hosts()]

@@ -9,6 +9,7 @@ These are the errors the engine raises; they carry no HTTP or gRPC status. One t
     ├── ModelNotReady        the model exists but is not loaded (yet / any more)
     ├── ShuttingDown         the engine no longer accepts work
     ├── SequenceNotFound     unknown, ended or expired sequence id
+    │   └── SequenceNotHeld  an id this replica never held (sent to the wrong replica?)
     ├── SequenceConflict     a start for a sequence id that is already open
     ├── Overloaded           a bounded queue or limit is full; retry later
     └── ModelFailed          the model raised; the message includes the exception
@@ -50,6 +51,24 @@ class ShuttingDown(ActorServeError):
 
 class SequenceNotFound(ActorServeError):
     """A request named a sequence that is not open; the message says why."""
+
+
+class SequenceNotHeld(SequenceNotFound):
+    """A request (not a start) named a sequence this replica does not hold and never
+    ended: a proxy sent it to the wrong replica, or the replica that held it died or
+    restarted. The message names this replica and the id; the request never starts
+    fresh state. Same status as :class:`SequenceNotFound` (404 / NOT_FOUND)."""
+
+    #: what the REST error body's ``reason`` says (docs/deploy.md#stickiness)
+    reason = "sequence_not_held"
+
+    def __init__(self, *args: object) -> None:
+        """``SequenceNotHeld(message)`` (as rebuilt from the engine link) or
+        ``SequenceNotHeld(sequence_id, message)`` (where the id is known)."""
+        self.sequence_id: str | None = None
+        if len(args) == 2 and isinstance(args[0], str):
+            self.sequence_id, args = args[0], args[1:]
+        super().__init__(*args)
 
 
 class SequenceConflict(ActorServeError):

@@ -249,6 +249,34 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
+        # what a scrape behind a proxy says about where it came from (set by serve_transports)
+        self.replica_info = Gauge(
+            "actorserve_replica_info",
+            "Always 1; label replica: this server's --replica-id (docs/deploy.md#replica-identity).",
+            ("replica",),
+            registry=own,
+            multiprocess_mode="max",
+        )
+        # the server's totals under the Gateway API Inference Extension's model-server
+        # protocol (TotalQueuedRequests, TotalRunningRequests; vLLM's names, our prefix)
+        self.requests_waiting = Gauge(
+            "actorserve_num_requests_waiting",
+            "Requests queued in every model: waiting for a batch slot or behind their sequence's running one.",
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.requests_running = Gauge(
+            "actorserve_num_requests_running",
+            "Requests being served in every model (batch slots held; plain models: inside predict).",
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.draining = Gauge(
+            "actorserve_draining",
+            "1 while a SIGTERM'd server serves only its open sequences (--drain-timeout), else 0.",
+            registry=own,
+            multiprocess_mode="max",
+        )
         self.tasks = Gauge(
             "actorserve_tasks",
             "trio tasks alive in the server's processes (multi-process: one series per process, label pid).",

@@ -28,7 +28,6 @@ from typing import Any, cast
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets as HypercornSockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
@@ -42,7 +41,9 @@ from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log
 from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
+from .replica import REPLICA_HEADER, replica_id
 from .repository import ModelRepository
+from .scalein import drain_sequences
 from .settings import Settings, SettingsError
 from .tempdirs import remove_stale
 from .transport.access import AccessLog
@@ -136,6 +137,7 @@ async def serve(
                 settings,
                 listeners,
                 drain=engine.aclose,
+                scale_in=partial(drain_sequences, engine, settings.drain_timeout) if settings.drain_timeout else None,
                 rest_fast_path=rest_fast_path,
                 metrics=engine.metrics,  # the engine's and the transports' series in one registry
                 task_status=task_status,
@@ -155,6 +157,7 @@ async def serve_transports(
     listeners: Listeners,
     *,
     drain: Callable[[float], Awaitable[None]] | None = None,
+    scale_in: Callable[[], Awaitable[object]] | None = None,
     rest_fast_path: bool = True,
     metrics: Metrics | None = None,
     announce: bool = True,
@@ -164,7 +167,8 @@ async def serve_transports(
     (graceful) or cancellation. Used by :func:`serve` (with the in-process engine) and by
     every front process of the multi-process server (with an engine client).
 
-    On shutdown: gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
+    On shutdown, ``scale_in()`` first, when given (:func:`~actorserve.scalein.drain_sequences`:
+    the open sequences are served while new starts are refused); then gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
     (the in-process engine's ``aclose``; nothing in a front, whose engine process is
     stopped after every front) lets in-flight requests finish; all within the grace period.
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
@@ -175,6 +179,7 @@ async def serve_transports(
     quiet_protocol_loggers()
     metrics = metrics if metrics is not None else Metrics()
     server = Server(engine, settings, metrics=metrics)
+    metrics.replica_info.labels(replica_id(settings.replica_id)).set(1)
     tokens = read_tokens(settings)
     if auth_enabled(settings) and not tokens:
         raise SettingsError("auth is on but no token was given (token or token_file; or no_auth)")
@@ -237,6 +242,8 @@ async def serve_transports(
             log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log, level)
         task_status.started(server)
         await server._stopping.wait()
+        if scale_in is not None:  # first serve the open sequences (not ready, no new starts)
+            await scale_in()
         log.log(level, "shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
         await _drain(settings.grace_period, drains, grpc_scope, http_done, drain)
         with trio.move_on_after(END_MARGIN + 1.0):  # hypercorn writes the last chunks, closes
@@ -291,7 +298,8 @@ async def _serve_http(
     refuses new requests while draining). ``done`` (no request left) stops accepting and
     closes the connections, after at most :data:`END_MARGIN` s for their last writes;
     ``stopped`` is set when it is done."""
-    config = HypercornConfig()
+    config = protocols.ServerConfig()
+    config.fixed_headers = ((REPLICA_HEADER.encode(), replica_id(settings.replica_id).encode()),)
     config.graceful_timeout = END_MARGIN
     config.keep_alive_timeout = settings.keep_alive_timeout
     config.backlog = settings.backlog  # unused on our own sockets (listeners.py listens), kept in step

@@ -23,6 +23,7 @@ from .modelsettings import (
     load_model_settings,
     model_settings_from_dict,
 )
+from .replica import REPLICA_ID
 
 __all__ = [
     "ANY_DATATYPE",
@@ -127,6 +128,11 @@ def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) ->
         raise BadSetting(attribute.name, "must be a non-empty string")
 
 
+def _replica_id(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not REPLICA_ID.fullmatch(value)):
+        raise BadSetting(attribute.name, "must be 1 to 63 letters, digits, '.' or '-', starting with a letter or digit")
+
+
 def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
 
@@ -184,6 +190,10 @@ class Settings:
     read_timeout: float = attrs.field(default=30.0, validator=_seconds)
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
+    #: seconds a SIGTERM'd server keeps serving its open sequences before the shutdown
+    #: above (not ready, new sequence starts refused 503 / UNAVAILABLE; 0: off). The
+    #: one-process shape only, for now (the CLI refuses it with api_workers); docs/deploy.md#drain.
+    drain_timeout: float = attrs.field(default=0.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
     #: seconds an idle keep-alive HTTP connection is kept open.
@@ -229,6 +239,10 @@ class Settings:
     max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
     #: most files and folders one ``.mar`` may hold.
     max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
+    #: this server's name behind a proxy: the ``actorserve-replica`` response header and
+    #: gRPC metadata, the replica label on /metrics, the prefix of server-made sequence
+    #: ids (None: the host name; see docs/deploy.md).
+    replica_id: str | None = attrs.field(default=None, validator=_replica_id)
     #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
     #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)

@@ -5,8 +5,8 @@ cancels sequences, enforces ``max_sequences`` (refusing, or evicting the least r
 used idle sequence with ``evict_idle``) and remembers recently ended ids so that a late
 request hears *why* its sequence is gone.
 
-Server-made ids are 128 random bits (:func:`new_sequence_id`): an id is a bearer secret,
-whoever holds it may continue, end or cancel the sequence. When sequences are bound to
+Server-made ids carry 128 random bits (:func:`actorserve.replica.new_sequence_id`): an
+id is a bearer secret, whoever holds it may continue, end or cancel the sequence. When sequences are bound to
 tokens, a request names its ``owner`` (the fingerprint of its token): a sequence opened
 by one owner is unknown to every other (the same 404 as an id never opened), an owner
 holds at most ``max_sequences_per_token`` open sequences, and eviction makes room only
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from heapq import heapify, heappop, heappush, heapreplace
@@ -27,9 +26,17 @@ import attrs
 import trio
 
 from ..api import EndReason, SequenceControl
-from ..errors import ModelFailed, Overloaded, SequenceConflict, SequenceNotFound, ShuttingDown
+from ..errors import (
+    ModelFailed,
+    Overloaded,
+    SequenceConflict,
+    SequenceNotFound,
+    SequenceNotHeld,
+    ShuttingDown,
+)
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
+from ..replica import new_sequence_id
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
 from .sequence import Job, SequenceActor, ended
@@ -40,11 +47,6 @@ REMEMBER_ENDED = 4096
 COMPACT_SLACK = 64
 #: the most a refusal's ``Retry-After`` says (seconds), however far the next expiry is
 MAX_RETRY_AFTER = 3600
-
-
-def new_sequence_id() -> str:
-    """A server-made sequence id: 128 bits from :mod:`secrets`, as 32 hex digits."""
-    return secrets.token_hex(16)
 
 
 @attrs.frozen
@@ -236,8 +238,9 @@ class Supervisor:
         why, ended_owner = self._ended.get(sequence_id, (None, None))
         if actor is None and why is not None and ended_owner == owner:
             raise ended(sequence_id, why)
-        raise SequenceNotFound(
-            f"sequence {sequence_id!r} is not open (unknown id; start it with sequence_start)"
+        # never ended here: the engine names this replica (replica.not_held); never fresh state
+        raise SequenceNotHeld(
+            sequence_id, f"sequence {sequence_id!r} is not open (unknown id; start it with sequence_start)"
         )
 
     async def _open(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:

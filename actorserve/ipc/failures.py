@@ -31,6 +31,7 @@ DOMAIN_ERRORS: Final[dict[str, type[Exception]]] = {
         errors.ModelNotReady,
         errors.ShuttingDown,
         errors.SequenceNotFound,
+        errors.SequenceNotHeld,
         errors.SequenceConflict,
         errors.Overloaded,
         errors.ModelFailed,

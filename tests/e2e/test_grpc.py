@@ -16,6 +16,7 @@ import trio
 import trio.testing
 import tritonclient.grpc as grpcclient
 from e2e.grpc_fixtures import GrpcServer, grpc_server, in_thread, running_grpc_server
+from support.replicas import not_held_message
 from tritonclient.utils import InferenceServerException
 
 import actorserve
@@ -242,7 +243,7 @@ async def test_model_infer_errors_map_to_grpc_status(grpc_server: GrpcServer) ->
     assert await in_thread(scenario) == [
         ("StatusCode.INVALID_ARGUMENT", "model 'identity' has no input 'BOGUS' (expected INPUT0, INPUT1)"),
         ("StatusCode.INVALID_ARGUMENT", "unknown requested output 'NOPE' (model 'identity' has OUTPUT0, OUTPUT1)"),
-        ("StatusCode.NOT_FOUND", "sequence '999' is not open (unknown id; start it with sequence_start)"),
+        ("StatusCode.NOT_FOUND", not_held_message("999")),
         ("OK", ""),
         ("StatusCode.ALREADY_EXISTS", "sequence '5' is already open"),
         ("StatusCode.INTERNAL", "model 'fail' failed: RuntimeError: boom"),
@@ -453,7 +454,7 @@ async def test_stream_error_is_in_band_and_stream_stays_open(grpc_server: GrpcSe
 
     assert await in_thread(scenario) == [
         (None, "model 'nope' is not loaded"),
-        (None, "sequence '31' is not open (unknown id; start it with sequence_start)"),
+        (None, not_held_message("31")),
         (None, "good", b"ok:0"),
     ]
 

@@ -69,7 +69,7 @@ async def test_sequence_errors_are_those_of_the_oip(sync_client: openai.OpenAI) 
         await in_thread(lambda: turn(sync_client, "Who?", extra_body={"sequence_id": "never-started"}))
     with pytest.raises(openai.NotFoundError) as streamed:  # known before the stream starts: a status
         await in_thread(lambda: turn(sync_client, "Who?", stream=True, extra_body={"sequence_id": "never-started"}))
-    assert streamed.value.body["code"] == "sequence_not_found"  # type: ignore[index]
+    assert streamed.value.body["code"] == "sequence_not_held"  # type: ignore[index]  # never opened here
     with pytest.raises(openai.BadRequestError) as many:
         await in_thread(lambda: turn(sync_client, "Two.", n=2, extra_body={"sequence_id": "chat-7"}))
     assert many.value.body["param"] == "n"  # type: ignore[index]

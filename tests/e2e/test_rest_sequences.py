@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 from httpx_sse import aconnect_sse
+from support.replicas import not_held_message
 
 from actorserve.server import Server
 
@@ -67,7 +68,7 @@ async def test_interleaved_sequences_over_parameters(client: httpx.AsyncClient) 
 async def test_unknown_sequence_is_404(client: httpx.AsyncClient) -> None:
     reply = await client.post("/v2/models/accumulator/infer", json=add(1, sequence_id=777))
     assert (reply.status_code, reply.json()) == (
-        404, {"error": "sequence '777' is not open (unknown id; start it with sequence_start)"}
+        404, {"error": not_held_message("777"), "reason": "sequence_not_held"}
     )
     no_id = await client.post("/v2/models/accumulator/infer", json=add(1))
     assert (no_id.status_code, no_id.json()) == (

@@ -15,10 +15,12 @@ import pytest
 import trio
 import trio.testing
 from support.models import RecordingModel, recording_settings, request
+from support.replicas import not_held_message
 
 import actorserve
 from actorserve import BadInput, Overloaded, SequenceNotFound, SequenceSettings
 from actorserve.api import OWNER_PARAMETER, SequenceControl
+from actorserve.replica import MAX_PREFIX, made_by, replica_id
 from actorserve.settings import BadSetting, Settings
 
 
@@ -34,8 +36,8 @@ def seq(
 
 
 def unknown(sid: str) -> str:
-    """What a request for an id that was never opened is told."""
-    return f"sequence {sid!r} is not open (unknown id; start it with sequence_start)"
+    """What a request for an id that was never opened is told (by a replica named after this host)."""
+    return not_held_message(sid)
 
 
 # -- server-made ids ---------------------------------------------------------------------
@@ -48,7 +50,11 @@ async def test_server_made_ids_are_128_random_bits(autojump_clock: trio.testing.
         for k in range(1000):
             response = await engine.infer(seq(f"r{k}", start=True))
             ids.append(response.parameters["sequence_id"])
-    assert all(re.fullmatch(r"[0-9a-f]{32}", sid) for sid in ids), ids[:3]
+    # <replica>_<128 random bits>: the prefix says where it was made, the rest is the secret
+    prefix = replica_id(None)[:MAX_PREFIX].strip("-.") + "_"
+    assert all(re.fullmatch(re.escape(prefix) + r"[0-9a-f]{32}", sid) for sid in ids), ids[:3]
+    assert all(made_by(sid) == prefix[:-1] for sid in ids)
+    ids = [sid.removeprefix(prefix) for sid in ids]
     assert len(set(ids)) == 1000
     # no shared prefix and no counter: neighbours differ, as random numbers do
     assert len({sid[:8] for sid in ids}) > 990

@@ -17,6 +17,7 @@ import numpy as np
 import trio
 import tritonclient.grpc as grpcclient
 from e2e.conftest import TIMEOUT, rest_settings
+from support.replicas import not_held_message
 from support.servers import start_server
 from tritonclient.utils import InferenceServerException
 
@@ -140,7 +141,7 @@ async def test_server_made_ids_over_rest_grpc_and_torchserve(nursery: trio.Nurse
             "/v2/models/accumulator/infer", json=add(1), headers={"sequence-start": "true"}
         )
         ts = await client.post("/predictions/ts_stateful", content=b"1")
-    assert re.fullmatch(r"[0-9a-f]{32}", oip.headers["sequence-id"])
+    assert re.fullmatch(r"[A-Za-z0-9.-]{1,32}_[0-9a-f]{32}", oip.headers["sequence-id"])
     assert ts.status_code == 200, ts.text
     made = ts.headers["ts_request_sequence_id"]
     assert re.fullmatch(r"ts-seq-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", made), made
@@ -228,7 +229,7 @@ async def test_a_bound_sequence_answers_only_its_token_on_rest_and_grpc(
                 grpc_add(c, 1, sid, alice, sequence_end=True),
             ]
 
-    unknown = f"sequence {sid!r} is not open (unknown id; start it with sequence_start)"
+    unknown = not_held_message(sid)
     # the same token over gRPC (unary and streamed) is the same owner
     assert await trio.to_thread.run_sync(over_grpc) == [
         f"StatusCode.NOT_FOUND {unknown}",

@@ -1,6 +1,6 @@
 """Everything that reaches into grpclib's private API, in one place with :mod:`.deadlines` (grpclib 0.4.9).
 
-grpclib lacks four things this transport needs, and adds them here:
+grpclib lacks five things (the fifth in :mod:`.metadata`) this transport needs, and adds them here:
 
 - :class:`GrpclibServer` keeps each call's request headers (grpclib drops
   ``grpc-encoding`` / ``grpc-accept-encoding``) and its connections (so a drain can
@@ -11,6 +11,8 @@ grpclib lacks four things this transport needs, and adds them here:
 - :class:`Wire` reads and writes gzip/deflate messages (grpclib raises on a compressed
   message and never sends one), framing them itself on grpclib's HTTP/2 stream with
   :mod:`actorserve.transport.compression`;
+- every response's headers carry the server's fixed initial metadata (the replica's
+  name) and any a call adds (:func:`.metadata.add_initial_metadata`), errors included;
 - :meth:`Wire.send_many` writes every message already waiting in one ``send_data`` on
   the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
   grpclib's own bookkeeping right (headers sent, message sent, counters), so its
@@ -44,6 +46,7 @@ from ...errors import BadInput
 from ...proto.counts import PRECHECKS
 from .. import compression
 from .deadlines import Deadlines
+from .metadata import with_initial_metadata
 from .writes import CoalescedWrites
 
 #: messages at least this large are parsed in a worker thread: betterproto2 parses in
@@ -97,8 +100,18 @@ class GrpclibServer(Server):
     not finished within ``read_timeout`` seconds ends it the same way. 0 turns either
     off."""
 
-    def __init__(self, handlers: list[Any], *, idle_timeout: float = 0.0, read_timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        handlers: list[Any],
+        *,
+        idle_timeout: float = 0.0,
+        read_timeout: float = 0.0,
+        fixed_metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(handlers)
+        #: initial metadata of every response, an error's trailers-only one included
+        #: (``actorserve-replica``); a call adds its own with :func:`add_initial_metadata`
+        self.fixed_metadata = tuple(fixed_metadata)
         self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
         self.idle_timeout = idle_timeout
         self.read_timeout = read_timeout
@@ -109,8 +122,12 @@ class GrpclibServer(Server):
         accept = handler.accept
         deadlines = Deadlines(protocol, self.idle_timeout, self.read_timeout)
 
+        fixed = self.fixed_metadata
+
         def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
             stream.headers = headers  # the attribute the client side uses for response headers
+            if fixed:
+                with_initial_metadata(stream, fixed)
             deadlines.opened()
 
             def release() -> None:

@@ -54,6 +54,7 @@ from ...proto.inference import (
     ServerReadyResponse,
 )
 from ...proto.upb import InferRequestDecoder, request_of, response_message
+from ...replica import REPLICA_HEADER, replica_id
 from ...settings import Settings, SettingsError
 from ...version import __version__
 from ..access import AccessLog
@@ -64,6 +65,7 @@ from .bridge import to_trio
 from .calls import call_exchange, guarded
 from .h2 import GrpclibServer, Wire
 from .management import ManagementService
+from .routing import SequenceWire, echo_sequence, parameter_sequence_id
 from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
 from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
@@ -141,6 +143,7 @@ class InferenceService:
         self._idle = self._idle or asyncio.Event()
         server = GrpclibServer(
             [*([] if only else [self, ManagementService(self.engine, self)]), *others],
+            fixed_metadata=((REPLICA_HEADER, replica_id(self.settings.replica_id)),),
             idle_timeout=self.settings.grpc_idle_timeout,  # no open stream that long: GOAWAY, closed
             read_timeout=self.settings.read_timeout,  # a frame started and not finished that long: closed
         )
@@ -240,7 +243,8 @@ class InferenceService:
         return handler
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
-        return Wire(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
+        kind = SequenceWire if recv_type is InferRequestDecoder else Wire  # the routing key checked (.routing)
+        return kind(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
@@ -320,6 +324,7 @@ class InferenceService:
             exchange.model_request(message.model_name, message.model_version or None)
             self.recorder.open(exchange)
         reply = await to_trio(self._infer, message, exchange)
+        echo_sequence(stream, parameter_sequence_id(reply.parameters))
         await wire.send(reply)
 
     async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
@@ -355,6 +360,8 @@ class InferenceService:
 
     async def _model_stream_infer(self, stream: Stream[Any, Any]) -> None:
         wire = self._wire(stream, InferRequestDecoder)
+        if isinstance(wire, SequenceWire):
+            echo_sequence(stream, wire.sequence_id)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":

@@ -15,7 +15,14 @@ import attrs
 import orjson
 
 from ...api import ModelInfo
-from ...errors import ActorServeError, ModelNotFound, Overloaded, SequenceConflict, SequenceNotFound
+from ...errors import (
+    ActorServeError,
+    ModelNotFound,
+    Overloaded,
+    SequenceConflict,
+    SequenceNotFound,
+    SequenceNotHeld,
+)
 from ..errors import client_message, http_status
 from .parse import OpenAIError
 
@@ -50,6 +57,8 @@ class Usage:
 _CODES: Final = {
     ModelNotFound.__name__: "model_not_found",
     SequenceNotFound.__name__: "sequence_not_found",
+    # not held by this replica (docs/deploy.md#stickiness): the REST body's reason
+    SequenceNotHeld.__name__: SequenceNotHeld.reason,
     SequenceConflict.__name__: "sequence_conflict",
     Overloaded.__name__: "rate_limit_exceeded",
 }

@@ -23,7 +23,7 @@ ALLOWED_HEADERS: Final = (
     "Sequence-Id, Sequence-Start, Sequence-End, Last-Event-ID"
 )
 #: response headers a page may read
-EXPOSED_HEADERS: Final = b"Inference-Header-Content-Length, Sequence-Id, Content-Encoding, Retry-After"
+EXPOSED_HEADERS: Final = b"Inference-Header-Content-Length, Sequence-Id, Content-Encoding, Retry-After, Actorserve-Replica"
 PREFLIGHT_MAX_AGE: Final = "600"
 
 

@@ -104,6 +104,8 @@ class HttpToolsProtocol:
         self.has_length = False
         server_name = b"hypercorn-httptools"
         self.fixed_headers = b"server: " + server_name + b"\r\n" if config.include_server_header else b""
+        # the port's own (ServerConfig.fixed_headers: actorserve-replica), rendered once
+        self.fixed_headers += b"".join(n + b": " + v + b"\r\n" for n, v in getattr(config, "fixed_headers", ()))
         self.include_date = config.include_date_header
 
     # -- hypercorn's protocol interface ------------------------------------------------

@@ -26,6 +26,17 @@ _MARK: Final = "_actorserve_http1"
 _CLOSE_TIMEOUT: Final = 1.0
 
 
+class ServerConfig(Config):
+    """hypercorn's ``Config`` with :attr:`fixed_headers`, headers every response of the
+    port carries beside ``date`` and ``server`` (``actorserve-replica``): written by the
+    protocol with its own, so no response, error or refusal can lack them."""
+
+    fixed_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        return [*super().response_headers(protocol), *self.fixed_headers]
+
+
 def use_parser(config: Config, parser: str) -> None:
     """Serve HTTP/1.1 on servers started with ``config`` with ``parser``: "httptools"
     (:class:`HttpToolsProtocol`) or "h11" (hypercorn's ``H11Protocol``)."""

@@ -137,7 +137,9 @@ def error_reply(error: BaseException) -> HttpReply:
     status = http_status(error)
     retry_after = getattr(error, "retry_after", None) or RETRY_AFTER_SECONDS
     extra: Headers = [("Retry-After", str(retry_after))] if status in (429, 503) else []
-    return json_reply({"error": client_message(error)}, status, extra)
+    reason = getattr(error, "reason", None)  # SequenceNotHeld: a code a client or proxy can test
+    more = {"reason": reason} if isinstance(reason, str) else {}
+    return json_reply({"error": client_message(error), **more}, status, extra)
 
 
 def too_large_reply(limit: int) -> HttpReply:

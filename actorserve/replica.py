@@ -1,0 +1,121 @@
+"""Replica identity: what one server process group is called when several run behind a
+proxy (``--replica-id``, default the host name), the sequence ids it makes, and the
+error for a sequence it does not hold. No I/O.
+
+A server-made sequence id is ``<replica>_<32 hex digits>``: the replica part (at most
+:data:`MAX_PREFIX` characters of the replica id, letters, digits, ``.`` and ``-``)
+tells an operator where a sequence was opened; the 128 random bits make it a bearer
+secret as before. See docs/deploy.md#stickiness.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+from .controls import ANY_ID_LENGTH, SequenceControl
+from .errors import SequenceNotHeld, ShuttingDown
+from .types import InferenceRequest
+
+#: the response header (and gRPC initial metadata key) naming the replica that answered
+REPLICA_HEADER: Final = "actorserve-replica"
+#: longest replica part of a server-made id
+MAX_PREFIX: Final = 32
+#: a replica id as accepted by ``--replica-id``: safe in a header, a metric label, an id
+REPLICA_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
+
+_NOT_IN_PREFIX: Final = re.compile(r"[^A-Za-z0-9.-]")
+#: a server-made id (of any replica): its replica part, then the random part
+_MADE: Final = re.compile(rf"([A-Za-z0-9.-]{{1,{MAX_PREFIX}}})_[0-9a-f]{{32}}")
+
+
+def replica_id(setting: str | None) -> str:
+    """The replica id to use: the setting, or (None) this machine's host name (a
+    Kubernetes pod's name), made safe for a header and a label."""
+    name = setting or socket.gethostname() or "replica"
+    return _NOT_IN_PREFIX.sub("-", name)[:63].strip("-.") or "replica"
+
+
+def new_sequence_id(replica: str = "") -> str:
+    """A server-made sequence id: ``<replica>_`` (when ``replica``) and 128 bits from
+    :mod:`secrets` as 32 hex digits."""
+    random_part = secrets.token_hex(16)
+    prefix = _prefix(replica)
+    return f"{prefix}_{random_part}" if prefix else random_part
+
+
+def _prefix(replica: str) -> str:
+    return _NOT_IN_PREFIX.sub("-", replica)[:MAX_PREFIX].strip("-.")
+
+
+def made_by(sequence_id: str) -> str | None:
+    """The replica part of a server-made id, or None for an id a client chose."""
+    match = _MADE.fullmatch(sequence_id)
+    return match[1] if match else None
+
+
+def not_held(sequence_id: str, replica: str) -> SequenceNotHeld:
+    """The error for a request (not a start) naming a sequence ``replica`` does not
+    hold: it says which replica answered, and which made the id when the id says so."""
+    origin = made_by(sequence_id)
+    where = ""
+    if origin is not None and origin != _prefix(replica):
+        where = f"; the id was made by replica {origin!r}"
+    return SequenceNotHeld(
+        sequence_id,
+        f"sequence {sequence_id!r} is not open on replica {replica!r} (unknown id{where}; a proxy "
+        "sent it to another replica than its start, or the replica that held it stopped; start "
+        "it with sequence_start)",
+    )
+
+
+def mint_id(parameters: dict[str, Any], replica: str, *, draining: bool = False) -> None:
+    """Give a start without a ``sequence_id`` a server-made one naming ``replica`` (in
+    ``parameters``, so the responses echo it). Anything else is left as it is.
+    ``draining`` (scale-in, docs/deploy.md#drain): a start is refused with
+    :class:`ShuttingDown` (503 / UNAVAILABLE, so a client or proxy retries elsewhere)."""
+    if not parameters or "sequence_start" not in parameters:
+        return
+    # the model's own id cap (sequence.max_id_length) is checked after this, by its host
+    control = SequenceControl.from_parameters(parameters, ANY_ID_LENGTH)
+    if control.start and draining:
+        raise ShuttingDown(f"replica {replica!r} is draining: start the sequence on another replica")
+    if control.start and control.id is None:
+        parameters["sequence_id"] = new_sequence_id(replica)
+
+
+async def minting(requests: AsyncIterator[InferenceRequest], replica: str) -> AsyncIterator[InferenceRequest]:
+    """``requests``, each start without an id given one (:func:`mint_id`)."""
+    async for request in requests:
+        mint_id(request.parameters, replica)
+        yield request
+
+
+@contextmanager
+def naming(replica: str) -> Iterator[None]:
+    """Re-raise a :class:`SequenceNotHeld` from the block as :func:`not_held` of
+    ``replica`` (the supervisor below does not know what its server is called)."""
+    try:
+        yield
+    except SequenceNotHeld as exc:
+        if exc.sequence_id is None:
+            raise
+        raise not_held(exc.sequence_id, replica) from None
+
+
+__all__ = [
+    "MAX_PREFIX",
+    "REPLICA_HEADER",
+    "REPLICA_ID",
+    "made_by",
+    "minting",
+    "mint_id",
+    "naming",
+    "new_sequence_id",
+    "not_held",
+    "replica_id",
+]

@@ -1,0 +1,101 @@
+"""The routing key of a sequence over gRPC: the ``sequence-id`` request metadata a
+proxy hashes on (Envoy/Istio ``consistentHash``, HAProxy ``hdr(sequence-id)``). On
+ModelInfer and ModelStreamInfer it must name the same sequence as every message's
+``sequence_id`` parameter, or the call is refused (INVALID_ARGUMENT naming both): a
+proxy would otherwise route by one id while the engine serves another. A message
+without the parameter takes the metadata's id. See docs/deploy.md#stickiness."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ...proto.inference import InferParameter
+from ...proto.upb import DecodedRequest
+from .h2 import Wire
+from .metadata import add_initial_metadata
+
+#: request metadata naming the call's sequence; a response echoes its sequence's id
+#: in its initial metadata under the same key
+SEQUENCE_METADATA: Final = "sequence-id"
+#: the kinds of InferParameter a sequence id is sent as
+_ID_KINDS: Final = ("string_param", "int64_param", "uint64_param")
+
+
+def metadata_sequence_id(stream: Stream[Any, Any]) -> str | None:
+    """The call's ``sequence-id`` request metadata (None: none, empty or ``0``)."""
+    metadata: Any = stream.metadata or {}
+    value = metadata.get(SEQUENCE_METADATA)
+    return None if value in (None, "", "0") else str(value)
+
+
+def parameter_sequence_id(parameters: Any) -> str | None:
+    """The ``sequence_id`` of a request's or response's protobuf parameters, betterproto2's
+    or upb's (None: none)."""
+    param = parameters.get("sequence_id")
+    for kind in _ID_KINDS:
+        value = getattr(param, kind, None)
+        if value is not None and value != "" and value != 0:
+            return str(value)
+    return None
+
+
+def agree_on_sequence(message: Any, metadata_id: str | None) -> None:
+    """Check a decoded ``ModelInferRequest`` (a :class:`~actorserve.proto.upb.DecodedRequest`
+    or betterproto2's message) against the call's ``sequence-id`` metadata (see the
+    module docstring); :class:`GRPCError` INVALID_ARGUMENT when they differ."""
+    if metadata_id is None:
+        return
+    if isinstance(message, DecodedRequest):
+        parameters = message.request.parameters
+        value = parameters.get("sequence_id")
+        parameter = None if value is None or value == "" or value == 0 else str(value)
+        if parameter is None:
+            parameters["sequence_id"] = metadata_id
+    else:
+        parameter = parameter_sequence_id(message.parameters)
+        if parameter is None:
+            message.parameters["sequence_id"] = InferParameter(string_param=metadata_id)
+    if parameter is not None and parameter != metadata_id:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT,
+            f"gRPC metadata 'sequence-id' ({metadata_id!r}) and parameter 'sequence_id' "
+            f"({parameter!r}) name different sequences; send one id, or the same in both",
+        )
+
+
+def echo_sequence(stream: Stream[Any, Any], sequence_id: str | None) -> None:
+    """Echo ``sequence_id`` (None: nothing) in the call's initial metadata: a proxy or
+    client learns a server-made id from the first answer."""
+    if sequence_id is not None:
+        add_initial_metadata(stream, SEQUENCE_METADATA, sequence_id)
+
+
+class SequenceWire(Wire):
+    """A :class:`Wire` whose every message is checked against the call's
+    ``sequence-id`` metadata (:func:`agree_on_sequence`) as it is read."""
+
+    __slots__ = ("sequence_id",)
+
+    def __init__(self, stream: Stream[Any, Any], recv_type: Any, *, max_bytes: int, min_bytes: int) -> None:
+        super().__init__(stream, recv_type, max_bytes=max_bytes, min_bytes=min_bytes)
+        self.sequence_id = metadata_sequence_id(stream)
+
+    async def recv(self) -> Any:
+        message = await super().recv()
+        if message is not None:
+            agree_on_sequence(message, self.sequence_id)
+        return message
+
+
+__all__ = [
+    "SEQUENCE_METADATA",
+    "SequenceWire",
+    "agree_on_sequence",
+    "echo_sequence",
+    "metadata_sequence_id",
+    "parameter_sequence_id",
+]

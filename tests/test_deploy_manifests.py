@@ -1,0 +1,177 @@
+"""deploy/ checked without a cluster: the Kustomize base rendered in Python (its only
+transformer is a label on every object and selector), then every object's fields that
+the server's behaviour depends on (and the core kinds against the Kubernetes schemas,
+with kubernetes-validate): probes on the health routes, a grace period that
+covers the drain, settings that exist, h2c for gRPC, the KServe runtime's contract,
+the routers' sticky key. ``nginx -t`` on deploy/nginx (HAProxy's ``-c``:
+tests/e2e/test_deploy_haproxy.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import yaml
+
+from actorserve.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "kustomize" / "base"
+FIELDS = {field.name for field in attrs.fields(Settings)}
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def render_base() -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/kustomize/base``, for what the base uses: resources
+    and ``labels`` (with ``includeSelectors``)."""
+    (kustomization,) = load(BASE / "kustomization.yaml")
+    assert set(kustomization) <= {"apiVersion", "kind", "labels", "resources"}, (
+        "a transformer this render lacks"
+    )
+    objects = [doc for name in kustomization["resources"] for doc in load(BASE / name)]
+    for entry in kustomization.get("labels", []):
+        pairs = entry["pairs"]
+        for obj in objects:
+            obj["metadata"].setdefault("labels", {}).update(pairs)
+            if not entry.get("includeSelectors"):
+                continue
+            spec = obj.get("spec", {})
+            if obj["kind"] == "Service":
+                spec["selector"] = {**(spec.get("selector") or {}), **pairs}
+            elif "selector" in spec:
+                spec["selector"]["matchLabels"] = {**(spec["selector"].get("matchLabels") or {}), **pairs}
+            if "template" in spec:
+                spec["template"]["metadata"].setdefault("labels", {}).update(pairs)
+    return objects
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    kinds = {obj["kind"]: obj for obj in objects}
+    assert len(kinds) == len(objects)
+    return kinds
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    settings = {name[len("ACTORSERVE_") :].lower() for name in env}
+    assert settings <= FIELDS, f"not a setting: {settings - FIELDS}"
+    return env
+
+
+def test_the_base_renders_to_objects_whose_selectors_match_their_pods() -> None:
+    kinds = by_kind(render_base())
+    assert set(kinds) == {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
+    for obj in kinds.values():
+        assert obj["apiVersion"] and obj["metadata"]["name"] == "actorserve"
+    pod_labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert kinds["Deployment"]["spec"]["selector"]["matchLabels"] == pod_labels
+    assert kinds["Service"]["spec"]["selector"] == pod_labels
+    assert kinds["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == pod_labels
+    assert kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == "actorserve"
+
+
+#: the Kubernetes version the base is checked against (preStop ``sleep``: 1.29 and later)
+KUBERNETES_VERSION = "1.30"
+
+
+def test_the_base_is_valid_against_the_kubernetes_schemas() -> None:
+    """Every object, strictly (an unknown field fails), against the schemas
+    kubernetes-validate bundles: no cluster, no network."""
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail("kubernetes-validate is not installed (it is in the 'test' extra)")
+    for obj in render_base():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
+    deployment = by_kind(render_base())["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    assert env["ACTORSERVE_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["ACTORSERVE_API_WORKERS"] == "0"  # the drain needs the one-process shape
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + float(env["ACTORSERVE_GRACE_PERIOD"])
+    assert pod["terminationGracePeriodSeconds"] > needed  # else the kubelet kills a draining pod
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/models"}
+    assert container["args"] == ["/mnt/models"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8081}
+
+
+def test_the_service_speaks_h2c_to_grpc() -> None:
+    service = by_kind(render_base())["Service"]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    assert (ports["http"]["port"], ports["grpc"]["port"]) == (8080, 8081)
+
+
+def test_the_kserve_runtime_and_inference_service() -> None:
+    (runtime,) = load(DEPLOY / "kserve" / "cluster-serving-runtime.yaml")
+    (isvc,) = load(DEPLOY / "kserve" / "inference-service.yaml")
+    assert (runtime["apiVersion"], runtime["kind"]) == ("serving.kserve.io/v1alpha1", "ClusterServingRuntime")
+    spec = runtime["spec"]
+    assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
+    assert spec["annotations"]["prometheus.kserve.io/path"] == "/metrics"
+    (container,) = spec["containers"]
+    assert container["name"] == "kserve-container" and container["args"] == ["/mnt/models"]
+    env_of(container)
+    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] == spec["supportedModelFormats"][0]["name"]
+
+
+def test_the_routers_stick_on_the_sequence_id_header() -> None:
+    (rule,) = load(DEPLOY / "istio" / "destination-rule.yaml")
+    assert rule["kind"] == "DestinationRule"
+    assert rule["spec"]["trafficPolicy"]["loadBalancer"]["consistentHash"] == {
+        "httpHeaderName": "sequence-id"
+    }
+    http, grpc = load(DEPLOY / "gateway-api" / "routes.yaml")
+    assert (http["kind"], grpc["kind"]) == ("HTTPRoute", "GRPCRoute")
+    assert http["spec"]["rules"][0]["backendRefs"] == [{"name": "actorserve", "port": 8080}]
+    assert grpc["spec"]["rules"][0]["backendRefs"] == [{"name": "actorserve", "port": 8081}]
+    assert grpc["spec"]["rules"][0]["matches"][0]["method"]["service"] == "inference.GRPCInferenceService"
+    nginx = (DEPLOY / "nginx" / "nginx.conf").read_text()
+    assert nginx.count("hash $http_sequence_id consistent;") == 2
+
+
+def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        pytest.fail("nginx is not installed (apt-get install nginx-light; .ci/run does)")
+    checked = subprocess.run(
+        [
+            binary,
+            "-t",
+            "-c",
+            str(DEPLOY / "nginx" / "nginx.conf"),
+            "-p",
+            str(tmp_path),
+            "-e",
+            str(tmp_path / "error.log"),
+        ],
+        capture_output=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr.decode()
+
+
+def test_the_images_install_the_package_and_serve_the_model_mount() -> None:
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        text = (DEPLOY / "image" / name).read_text()
+        assert "pip install --no-cache-dir ." in text and 'CMD ["/mnt/models"]' in text
+        assert "ACTORSERVE_API_WORKERS=0" in text

@@ -1,0 +1,66 @@
+"""Replica identity without a server: ids that say where they were made, the error for
+a sequence a replica does not hold, and the drain's refusal of a start."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+
+from actorserve.errors import BadInput, SequenceNotHeld, ShuttingDown
+from actorserve.ipc.failures import error_from_plain, error_to_plain
+from actorserve.replica import MAX_PREFIX, made_by, mint_id, new_sequence_id, not_held, replica_id
+from actorserve.settings import BadSetting, Settings
+
+
+def test_server_made_ids_carry_their_replica_and_128_random_bits() -> None:
+    sid = new_sequence_id("pod-7.zone")
+    assert re.fullmatch(r"pod-7\.zone_[0-9a-f]{32}", sid) and made_by(sid) == "pod-7.zone"
+    long = new_sequence_id("x" * 100)
+    assert long.startswith("x" * MAX_PREFIX + "_") and made_by(long) == "x" * MAX_PREFIX
+    assert re.fullmatch(r"[0-9a-f]{32}", new_sequence_id("")) and made_by("chat-7") is None
+    assert made_by("a_b") is None  # a client's id with an underscore is not mistaken for one
+
+
+def test_the_replica_id_defaults_to_the_host_name_made_safe() -> None:
+    assert replica_id("r1") == "r1"
+    assert replica_id(None) == (
+        re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:63].strip("-.") or "replica"
+    )
+    assert Settings(replica_id="pod-a").replica_id == "pod-a"
+    with pytest.raises(BadSetting, match="replica_id must be 1 to 63 letters"):
+        Settings(replica_id="bad id")
+
+
+def test_not_held_names_the_replica_the_id_and_where_it_was_made() -> None:
+    error = not_held("r2_" + "0" * 32, "r1")
+    assert isinstance(error, SequenceNotHeld) and error.reason == "sequence_not_held"
+    assert error.message.startswith(
+        f"sequence {'r2_' + '0' * 32!r} is not open on replica 'r1' (unknown id; the id"
+    )
+    assert "made by replica 'r2'" in error.message
+    assert "made by" not in not_held("chat-7", "r1").message
+    # its own id: forgotten, or made before a restart
+    assert "made by" not in not_held("r1_" + "0" * 32, "r1").message
+    # across the engine link it stays itself (the same status, the same reason)
+    rebuilt = error_from_plain(*error_to_plain(error))
+    assert type(rebuilt) is SequenceNotHeld and rebuilt.message == error.message
+
+
+def test_mint_id_gives_starts_an_id_and_refuses_them_while_draining() -> None:
+    start: dict[str, object] = {"sequence_start": True}
+    mint_id(start, "r1")
+    assert made_by(str(start["sequence_id"])) == "r1"
+    chosen = {"sequence_start": "true", "sequence_id": "mine"}
+    mint_id(chosen, "r1")
+    assert chosen["sequence_id"] == "mine"
+    later = {"sequence_id": "mine"}
+    mint_id(later, "r1", draining=True)  # the open sequences go on
+    with pytest.raises(ShuttingDown, match="replica 'r1' is draining: start the sequence on another replica"):
+        mint_id({"sequence_start": True, "sequence_id": "x"}, "r1", draining=True)
+    with pytest.raises(BadInput):
+        mint_id({"sequence_start": "maybe"}, "r1")
+    long_id = {"sequence_start": True, "sequence_id": "y" * 300}  # the model's cap decides, later
+    mint_id(long_id, "r1")
+    assert long_id["sequence_id"] == "y" * 300
