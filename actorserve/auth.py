@@ -37,6 +37,7 @@ from typing import IO
 import attrs
 
 from .settings import Settings, SettingsError
+from .tempdirs import is_temp_folder, make_temp_folder
 
 log = logging.getLogger("actorserve.auth")
 
@@ -96,8 +97,7 @@ def generate_token_file(folder: Path | None = None) -> Path:
     """A new random token in ``folder``'s ``token`` file (replaced at once, mode 0600),
     or in a new temporary folder (0700); its path is logged, never the token."""
     if folder is None:
-        folder = Path(tempfile.mkdtemp(prefix="actorserve-auth-"))
-        folder.chmod(0o700)
+        folder = make_temp_folder("auth")
     path = folder / TOKEN_FILE_NAME
     # Written beside it and renamed: a reader sees the old token or the new, never half
     # of one, and a file planted at the final name is replaced, not written through.
@@ -113,7 +113,7 @@ def generate_token_file(folder: Path | None = None) -> Path:
 def remove_token_file(path: Path) -> None:
     """Remove a file made by :func:`generate_token_file`, with its temporary folder (a
     stable folder stays, empty)."""
-    if path.parent.name.startswith("actorserve-auth-"):
+    if is_temp_folder(path.parent, "auth"):
         shutil.rmtree(path.parent, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

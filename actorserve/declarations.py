@@ -30,8 +30,15 @@ __all__ = ["declared_parameters", "text_generation_of"]
 
 
 def text_generation_of(settings: ModelSettings, model_class: type[Any]) -> TextGeneration | None:
-    """The model class's declaration with its settings' ``text_generation`` block over it."""
-    declared: TextGeneration | None = getattr(model_class, "text_generation", None)
+    """The model class's declaration with its settings' ``text_generation`` block over it.
+
+    A class may derive its declaration from its settings (a classmethod
+    ``declare_text_generation(settings)``: the transformers runtime reads the chat
+    template of the checkpoint's tokenizer)."""
+    hook = getattr(model_class, "declare_text_generation", None)
+    declared: TextGeneration | None = (
+        hook(settings) if hook is not None else getattr(model_class, "text_generation", None)
+    )
     block = settings.text_generation
     if block is None:
         return declared

@@ -20,7 +20,7 @@ import trio
 
 from .actors.host import ModelHost
 from .actors.inflight import Inflight
-from .actors.reports import describe, inference_statistics, metadata, model_statistics
+from .actors.reports import describe, inference_statistics, info, metadata, model_statistics
 from .api import (
     EngineAPI,
     InferenceStatistics,
@@ -33,9 +33,9 @@ from .api import (
     ResponseIterator,
 )
 from .catalog import UNLOADED, Catalog, Watchers, version_key
-from .declarations import text_generation_of
 from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .loadfailure import explain, underlying
 from .metrics import Metrics
 from .model import BatchModel, Model
 from .polling import poll_repository
@@ -45,21 +45,6 @@ from .types import InferenceRequest, InferenceResponse
 from .validation import RequestContract
 
 log = logging.getLogger(__name__)
-
-
-def _info(host: ModelHost) -> ModelInfo:
-    model = host.replicas[0] if host.replicas else None
-    return ModelInfo(
-        name=host.name,
-        version=host.version,
-        state=host.state,
-        batched=host.batched,
-        stream_input=bool(host.model_class.stream_input),
-        workers=host.settings.workers,
-        max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
-        reason=host.reason,
-        text_generation=text_generation_of(host.settings, host.model_class),
-    )
 
 
 class Engine:
@@ -95,7 +80,7 @@ class Engine:
         try:
             model_class = self.repository.implementation(settings)
         except SettingsError as exc:
-            self.catalog.failed(settings.name, settings.version, str(exc))
+            self._load_failed(settings, exc.message)  # the message has the line: no traceback
             raise
         contract = RequestContract.of(settings, model_class)
         host = ModelHost(settings, model_class, inflight=self._inflight, metrics=self.metrics.model(settings.name, settings.version))
@@ -108,10 +93,10 @@ class Engine:
             self.watchers.changed()
         try:
             await self._nursery.start(self._run_host, host)
-        except Exception as exc:
-            log.exception("loading model %r failed", settings.name)
-            failure = ModelFailed(f"loading model {settings.name!r} failed: {type(exc).__name__}: {exc}")
-            self.catalog.failed(settings.name, settings.version, failure.message)
+        except Exception as exc:  # an ExceptionGroup of the nurseries the model's load() ran in
+            why = explain(exc, settings.folder, model_class)
+            failure = ModelFailed(f"loading model {settings.name!r} failed: {why}")
+            self._load_failed(settings, failure.message, underlying(exc))  # its traceback, not the group's
             raise failure from exc
         self.catalog.served(settings.name, settings.version)
         self._defaults.loaded(settings, default_before)
@@ -127,6 +112,16 @@ class Engine:
             settings.name, settings.version, host.model_class.__name__, settings.workers, batching,
         )
         return host
+
+    def _load_failed(self, settings: ModelSettings, message: str, exc: BaseException | None = None) -> None:
+        """Log ``message`` (one line, then ``exc``'s traceback) and note it in the index. A
+        version already loaded serves on (as in Triton): its index row keeps READY and
+        tells why the new load did not take."""
+        serving = self._hosts.get(settings.name, {}).get(settings.version)
+        if serving is not None and serving.state is ModelState.READY:
+            message = f"{message} (the version loaded before serves on)"
+        log.error("%s", message, exc_info=exc)
+        self.catalog.failed(settings.name, settings.version, message)
 
     async def _run_host(self, host: ModelHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -233,10 +228,10 @@ class Engine:
         return not self._closing and all(h.ready for h in self.hosts())
 
     async def models(self) -> list[ModelInfo]:
-        return [_info(h) for h in self.hosts()]
+        return [info(h) for h in self.hosts()]
 
     async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
-        return _info(self.host(name, version))
+        return info(self.host(name, version))
 
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         host = self.host(name, version)
@@ -247,7 +242,10 @@ class Engine:
 
     async def repository_index(self) -> list[RepositoryEntry]:
         scanned = await trio.to_thread.run_sync(self.repository.scan) if self.repository.folders else None
-        loaded = [RepositoryEntry(h.name, h.version, h.state, h.reason) for h in self.hosts()]
+        loaded = [
+            RepositoryEntry(h.name, h.version, h.state, h.reason or self.catalog.reason(h.name, h.version))
+            for h in self.hosts()
+        ]
         return self.catalog.index(loaded, scanned)
 
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
@@ -266,10 +264,12 @@ class Engine:
                 await self.load(model_settings)
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
+            except ModelFailed as exc:  # its load() failed: a 400, as Triton answers a failed load
+                raise BadInput(exc.message) from None
 
     async def load_archive(self, path: str, **overrides: Any) -> ModelInfo:
         settings = await self.repository.archive(path, self.settings.allow_load_overrides, **overrides)
-        return _info(await self.load(settings))
+        return info(await self.load(settings))
 
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)

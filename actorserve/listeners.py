@@ -182,10 +182,12 @@ def browsable(url: str) -> str:
     return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
 
 
-def log_extra_address(name: str, host: str, port: int, logger: logging.Logger = log) -> None:
+def log_extra_address(
+    name: str, host: str, port: int, logger: logging.Logger = log, level: int = logging.INFO
+) -> None:
     """The log line of an extra TorchServe port (``name`` a field of :class:`Listeners`)."""
     where = http_url(host, port) if name.endswith("_http") else _host_port(host, port)
-    logger.info("%s listening on %s", PORTS[name][1], where)
+    logger.log(level, "%s listening on %s", PORTS[name][1], where)
 
 
 def log_addresses(listeners: Listeners, fronts: int) -> None:

@@ -301,7 +301,7 @@ def int_parameter(
     if not isinstance(value, int):
         raise _bad(name, value, "an integer")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise _bad(name, value, f"an integer in [{minimum}, {maximum}]")
+        raise _bad(name, value, f"an integer {_range(minimum, maximum)}")
     return value
 
 
@@ -325,8 +325,17 @@ def float_parameter(
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _bad(name, value, "a finite number")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise _bad(name, value, f"a number in [{minimum}, {maximum}]")
+        raise _bad(name, value, f"a number {_range(minimum, maximum)}")
     return float(value)
+
+
+def _range(minimum: float | None, maximum: float | None) -> str:
+    """``in [0, 10]``, ``>= 0.0`` or ``<= 10``: a bound that is not there is not shown."""
+    if minimum is None:
+        return f"<= {maximum}"
+    if maximum is None:
+        return f">= {minimum}"
+    return f"in [{minimum}, {maximum}]"
 
 
 def text_input(request: InferenceRequest, name: str, default: str | None = None) -> str:

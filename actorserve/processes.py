@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,15 +43,22 @@ from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
 from .repository import ModelRepository
+from .roles import (
+    INDEX_VAR,
+    READY_FD_VAR,
+    ROLE_VAR,
+    SOCKET_VAR,
+    engine_socket,
+    front_index,
+    role,
+    say_ready,
+    watch_parent,
+)
 from .server import Server, serve_transports
 from .settings import Settings
+from .tempdirs import make_temp_folder, remove_stale
 
 log = logging.getLogger(__name__)
-
-ROLE_VAR = "_ACTORSERVE_ROLE"
-SOCKET_VAR = "_ACTORSERVE_ENGINE_SOCKET"
-READY_FD_VAR = "_ACTORSERVE_READY_FD"
-INDEX_VAR = "_ACTORSERVE_FRONT_INDEX"
 
 #: a front that dies more often than this within RESTART_WINDOW seconds stops the server
 MAX_RESTARTS = 5
@@ -101,6 +107,16 @@ class ProcessSupervisor:
 
     def shutdown(self) -> None:
         self.stopping.set()
+
+    def stop_now(self) -> None:
+        """Kill every child at once (a second signal: nothing waits for the grace period
+        or the drain already under way); the parent still removes what they shared."""
+        self.grace_period = 0.0
+        self.stopping.set()
+        for child in (*self.fronts.values(), *([self.engine] if self.engine else [])):
+            if child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
 
     # -- starting children ----------------------------------------------------------------
 
@@ -238,45 +254,7 @@ async def _stop(children: list[_Child], grace: float) -> None:
 def engine_socket_path() -> Path:
     """A fresh private folder for the engine's Unix socket (removed by the OS' tmp cleanup
     and by :func:`run_parent` on exit)."""
-    folder = Path(tempfile.mkdtemp(prefix="actorserve-"))
-    folder.chmod(0o700)
-    return folder / "engine.sock"
-
-
-# -- in the children -------------------------------------------------------------------------
-
-
-def role() -> str | None:
-    """``"engine"`` or ``"front"`` in a child of the multi-process server, else None."""
-    return os.environ.get(ROLE_VAR) or None
-
-
-def say_ready() -> None:
-    """Tell the parent this child is serving (once)."""
-    fd = os.environ.pop(READY_FD_VAR, None)
-    if fd is None:
-        return
-    try:
-        os.write(int(fd), b"ready\n")
-    finally:
-        os.close(int(fd))
-
-
-async def watch_parent(scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the parent goes away (EOF on the stdin pipe it holds)."""
-    async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as lifeline:
-        while await lifeline.receive_some(64):
-            pass
-    log.warning("the parent process is gone: stopping")
-    scope.cancel()
-
-
-def front_index() -> int:
-    return int(os.environ.get(INDEX_VAR, "0"))
-
-
-def engine_socket() -> str:
-    return os.environ[SOCKET_VAR]
+    return make_temp_folder("run") / "engine.sock"
 
 
 __all__ = [
@@ -302,6 +280,7 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
     start the engine and ``settings.api_workers`` fronts, stop them on SIGINT / SIGTERM
     (a second signal kills them at once). Returns the exit code."""
     listeners = open_listeners(settings)
+    remove_stale()  # what servers killed before left behind
     folder_socket = engine_socket_path()
     settings, token_file = with_token(settings)  # one token for every child
     env = {MULTIPROC_VAR: str(folder_socket.parent)}  # every process's metrics, summed by a scrape
@@ -330,7 +309,9 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
             handoff.close()
         if token_file is not None:
             remove_token_file(token_file)
-    return supervisor.exit_code
+    code = supervisor.exit_code
+    log.info("actorserve stopped%s", f" (exit code {code})" if code else "")  # as one process ends
+    return code
 
 
 async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope) -> None:
@@ -339,10 +320,14 @@ async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope
             name = signal.Signals(signum).name
             if supervisor.stopping.is_set():
                 log.warning("second %s: stopping every process now", name)
-                supervisor.grace_period = 0.0
+                supervisor.stop_now()
                 scope.cancel()
                 return
-            log.info("%s: shutting down gracefully (fronts first, then the engine)", name)
+            log.info(
+                "%s: shutting down gracefully (fronts first, then the engine; in-flight requests have %.1f s)",
+                name,
+                supervisor.grace_period,
+            )
             supervisor.shutdown()
 
 
@@ -379,7 +364,7 @@ async def run_front_child(settings: Settings) -> None:
         async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
 
             async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_transports(client, settings, listeners, task_status=task_status)
+                await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch_parent, nursery.cancel_scope)

@@ -36,6 +36,7 @@ import attrs
 import trio
 
 from .errors import BadInput, ModelNotFound
+from .loadfailure import explain, where
 from .model import Model
 from .overrides import LoadOverrideRefused, allows, check_registration, needs_declaration, override_settings
 from .settings import (
@@ -174,6 +175,10 @@ class ModelRepository:
         return self.apply_overrides(found)
 
 
+#: built-in runtimes by short name (``"implementation": "transformers"``)
+SHORT_NAMES = {"transformers": "actorserve.models.llm.TransformersModel"}
+
+
 def resolve_implementation(settings: ModelSettings) -> type[Model]:
     """The model class named by ``implementation`` ("module.Class" or a class).
 
@@ -182,6 +187,7 @@ def resolve_implementation(settings: ModelSettings) -> type[Model]:
     the problem when the module cannot be imported, fails while it runs, or does not
     hold an actorserve :class:`Model`."""
     impl = settings.implementation
+    impl = SHORT_NAMES.get(impl, impl) if isinstance(impl, str) else impl
     if isinstance(impl, type):
         cls: object = impl
     else:
@@ -196,11 +202,13 @@ def resolve_implementation(settings: ModelSettings) -> type[Model]:
                 module = importlib.import_module(module_name)
             cls = getattr(module, attr)
         except (ImportError, AttributeError) as exc:
-            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {exc}") from None
+            # the class or its module missing: the message says it all; an import in the
+            # model's own code that fails: which error, on which line
+            cause = explain(exc, folder) if where(exc, folder) else str(exc)
+            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {cause}") from exc
         except Exception as exc:  # the model's module failed while it ran (SyntaxError, ...)
-            raise SettingsError(
-                f"model {settings.name!r}: cannot import {impl!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            cause = explain(exc, folder)
+            raise SettingsError(f"model {settings.name!r}: cannot import {impl!r}: {cause}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Model)):
         raise SettingsError(f"model {settings.name!r}: {impl!r} is not an actorserve Model")
     return cls

@@ -44,6 +44,7 @@ from .metrics import Metrics
 from .models import builtin_settings as builtin_models
 from .repository import ModelRepository
 from .settings import Settings, SettingsError
+from .tempdirs import remove_stale
 from .transport.access import AccessLog
 from .transport.auth import Guard
 from .transport.owner import OwnerScope, OwnerStamp
@@ -121,6 +122,7 @@ async def serve(
         settings = Settings(models=tuple(builtin_models()))
     if listeners is None:
         listeners = open_listeners(settings)
+    remove_stale()  # what servers killed before left behind
     repository = (repository or ModelRepository()).with_archive_limits(settings)
     generated = None
     try:
@@ -155,6 +157,7 @@ async def serve_transports(
     drain: Callable[[float], Awaitable[None]] | None = None,
     rest_fast_path: bool = True,
     metrics: Metrics | None = None,
+    announce: bool = True,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve REST and gRPC for ``engine`` on ``listeners`` until :meth:`Server.shutdown`
@@ -167,7 +170,8 @@ async def serve_transports(
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
     :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`).
     The protocol libraries' loggers are capped at INFO (:func:`quiet_protocol_loggers`):
-    at DEBUG they write every header, a bearer token included."""
+    at DEBUG they write every header, a bearer token included. ``announce=False`` (a
+    front process) logs the listening lines at DEBUG: the parent logs them once."""
     quiet_protocol_loggers()
     metrics = metrics if metrics is not None else Metrics()
     server = Server(engine, settings, metrics=metrics)
@@ -212,18 +216,28 @@ async def serve_transports(
             ts_http_stopped.set()
         if listeners.grpc is not None or ts_grpc:
             grpc_address = await _start_grpc(
-                nursery, doors, settings, listeners.grpc, ts_grpc, grpc_scope, metrics=metrics, access=access, guard=guard
+                nursery,
+                doors,
+                settings,
+                listeners.grpc,
+                ts_grpc,
+                grpc_scope,
+                metrics=metrics,
+                access=access,
+                guard=guard,
+                announce=announce,
             )
             if grpc_address is not None:
                 server.grpc_address = grpc_address if listeners.grpc is not None else None
                 server.extra_addresses.update({f"ts_{kind}_grpc": _address(sock) for kind, sock in ts_grpc.items()})
+        level = logging.INFO if announce else logging.DEBUG
         if server.http_url is not None:
-            log.info("REST listening on %s (playground: %s/)", server.http_url, browsable(server.http_url))
+            log.log(level, "REST listening on %s (playground: %s/)", server.http_url, browsable(server.http_url))
         if "ts_management_http" in server.extra_addresses:
-            log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log)
+            log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log, level)
         task_status.started(server)
         await server._stopping.wait()
-        log.info("shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
+        log.log(level, "shutting down: in-flight requests have %.1f s to finish", settings.grace_period)
         await _drain(settings.grace_period, drains, grpc_scope, http_done, drain)
         with trio.move_on_after(END_MARGIN + 1.0):  # hypercorn writes the last chunks, closes
             await http_stopped.wait()

@@ -52,7 +52,7 @@ async def main(host: str, port: int) -> int:
         print(f"id={response.id} model={response.model_name}/{response.model_version} OUTPUT0={output.tolist()}")
 
         try:
-            await stub.model_ready(pb.ModelReadyRequest(name="no-such-model"))
+            await stub.model_metadata(pb.ModelMetadataRequest(name="no-such-model"))
         except GRPCError as error:
             print(f"unknown model -> {error.status.name}: {error.message}")
             not_found = error.status.name == "NOT_FOUND"

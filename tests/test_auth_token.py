@@ -13,6 +13,7 @@ import pytest
 
 from actorserve.auth import remove_token_file, with_token
 from actorserve.settings import Settings
+from actorserve.tempdirs import is_temp_folder
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_the_token_file_of_a_fixed_port_stays_where_it_was(
 
 def test_a_picked_port_or_no_auth_gets_no_stable_file(runtime: Path) -> None:
     _, picked = with_token(Settings(http_port=0, grpc_port=0))
-    assert picked is not None and picked.parent.name.startswith("actorserve-auth-")
+    assert picked is not None and is_temp_folder(picked.parent, "auth")
     remove_token_file(picked)
     assert not picked.parent.exists()
     assert with_token(Settings(http_port=8080, no_auth=True)) == (
@@ -63,7 +64,7 @@ def test_a_folder_open_to_others_is_not_used(runtime: Path, caplog: pytest.LogCa
     (runtime / "actorserve").mkdir(mode=0o755)
     (runtime / "actorserve").chmod(0o755)
     _, path = with_token(Settings(http_port=8080))
-    assert path is not None and path.parent.name.startswith("actorserve-auth-")
+    assert path is not None and is_temp_folder(path.parent, "auth")
     assert "is not private to this user" in caplog.text
     remove_token_file(path)
 

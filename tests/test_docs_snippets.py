@@ -47,6 +47,10 @@ SKIP: dict[tuple[str, str], str] = {
         "python3 -m venv .venv",
     ): "the README's install line again (CI's fresh-clone job)",
     ("docs/torchserve.md", "pip install -e '.[torchserve]'"): "installs packages and needs a model store",
+    (
+        "README.md",
+        ".venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+    ): "installs torch from the network, for a machine without this project's offline wheel",
     ("docs/torchserve.md", "python -m actorserve ./model_store"): "needs a model store and fixed ports",
     (
         "docs/getting-started.md",

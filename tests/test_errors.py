@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from actorserve import api, model
-from actorserve.errors import ModelFailed
+from actorserve.errors import BadInput, ModelFailed
 
 
 def test_model_failed_wrap_names_the_model_and_logs_the_traceback(caplog: pytest.LogCaptureFixture) -> None:
@@ -25,5 +25,5 @@ def test_one_bool_parser_and_end_reasons_from_the_enum() -> None:
     assert model.bool_parameter is api.bool_parameter
     assert model.END_REASONS == tuple(api.EndReason)
     assert "expired" in model.END_REASONS and api.EndReason.EXPIRED == "expired"
-    with pytest.raises(api.BadInput, match="parameter 'x': expected a boolean, got 'maybe'"):
+    with pytest.raises(BadInput, match="parameter 'x': expected a boolean, got 'maybe'"):
         model.bool_parameter("maybe", "x")

@@ -117,12 +117,15 @@ def test_an_implementation_outside_the_folder_imports_normally(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("files", "implementation", "error"),
     [
-        ({"echo.py": "def broken(:\n"}, "echo.Echo", "model 'm': cannot import 'echo.Echo': SyntaxError: "),
-        ({"echo.py": "raise RuntimeError('boom')\n"}, "echo.Echo", "model 'm': cannot import 'echo.Echo': RuntimeError: boom"),
+        ({"echo.py": "def broken(:\n"}, "echo.Echo",
+         "model 'm': cannot import 'echo.Echo': SyntaxError: invalid syntax (m/echo.py, line 1)"),
+        ({"echo.py": "X = 1\nraise RuntimeError('boom')\n"}, "echo.Echo",
+         "model 'm': cannot import 'echo.Echo': RuntimeError: boom (m/echo.py, line 2, in <module>)"),
         ({"echo.py": "X = 1\n"}, "echo.Echo", "model 'm': cannot import 'echo.Echo': module "),
         ({"echo.py": "class Echo: pass\n"}, "echo.Echo", "model 'm': 'echo.Echo' is not an actorserve Model"),
         ({"echo.py": "import no_sibling_here\n"}, "echo.Echo",
-         "model 'm': cannot import 'echo.Echo': No module named 'no_sibling_here'"),
+         "model 'm': cannot import 'echo.Echo': ModuleNotFoundError: No module named 'no_sibling_here'"
+         " (m/echo.py, line 1, in <module>)"),
         ({}, "Echo", "model 'm': implementation 'Echo' is not 'module.Class'"),
     ],
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..api import ModelMetadata, ModelStatistics, TensorMetadata
-from ..declarations import declared_parameters
+from ..api import ModelInfo, ModelMetadata, ModelStatistics, TensorMetadata
+from ..declarations import declared_parameters, text_generation_of
 from ..descriptions import (
     BatchStatistics,
     Duration,
@@ -24,6 +24,22 @@ if TYPE_CHECKING:
 def _implementation(host: ModelHost) -> str:
     cls = host.model_class
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def info(host: ModelHost) -> ModelInfo:
+    """What ``GET /v2/models/{name}`` and the model lists say of ``host``."""
+    model = host.replicas[0] if host.replicas else None
+    return ModelInfo(
+        name=host.name,
+        version=host.version,
+        state=host.state,
+        batched=host.batched,
+        stream_input=bool(host.model_class.stream_input),
+        workers=host.settings.workers,
+        max_batch_size=model.max_batch_size if isinstance(model, BatchModel) else 0,
+        reason=host.reason,
+        text_generation=text_generation_of(host.settings, host.model_class),
+    )
 
 
 def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import json
 import shutil
-import tempfile
 import threading
 import zipfile
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from typing import Any, Final
 import attrs
 
 from ..settings import ModelSettings, SequenceSettings, SettingsError
+from ..tempdirs import make_temp_folder
 from .envelope import PLATFORM, SEQUENCE_PLATFORM
 
 MANIFEST: Final = "MAR-INF/MANIFEST.json"
@@ -100,7 +100,7 @@ def _extract(path: Path, limits: ArchiveLimits) -> Path:
         known = _extracted.get(key)
         if known is not None and known.is_dir():
             return known
-        target = Path(tempfile.mkdtemp(prefix=f"actorserve-{path.stem}-"))
+        target = make_temp_folder(f"mar-{path.stem}")
         atexit.register(shutil.rmtree, target, True)
         try:
             with zipfile.ZipFile(path) as archive:

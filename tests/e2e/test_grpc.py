@@ -126,8 +126,6 @@ async def test_unknown_model_is_not_found_for_every_method(grpc_server: GrpcServ
         errors = []
         with client(grpc_server) as c:
             calls: list[Callable[[], Any]] = [
-                lambda: c.is_model_ready("nope"),
-                lambda: c.is_model_ready("identity", "7"),
                 lambda: c.get_model_metadata("nope"),
                 lambda: c.infer("nope", [tensor("INPUT0", np.zeros(1, np.int32))]),
                 lambda: c.infer("identity", [tensor("INPUT0", np.zeros(1, np.int32))], model_version="7"),
@@ -142,13 +140,22 @@ async def test_unknown_model_is_not_found_for_every_method(grpc_server: GrpcServ
 
     assert await in_thread(scenario) == [
         ("StatusCode.NOT_FOUND", "model 'nope' is not loaded"),
-        ("StatusCode.NOT_FOUND", "model 'identity' has no version '7'"),
-        ("StatusCode.NOT_FOUND", "model 'nope' is not loaded"),
         ("StatusCode.NOT_FOUND", "model 'nope' is not loaded"),
         ("StatusCode.NOT_FOUND", "model 'identity' has no version '7'"),
         ("StatusCode.NOT_FOUND", "model 'nope' is not loaded"),
         ("StatusCode.NOT_FOUND", "model 'nope' is not in the model repository"),
     ]
+
+
+async def test_model_ready_is_false_for_a_model_not_loaded(grpc_server: GrpcServer) -> None:
+    """As Triton's ``ModelIsReady``: ``ready: false`` (no error) for an unknown model or
+    version, like an unloaded one (test_repository_api.py)."""
+
+    def scenario() -> list[bool]:
+        with client(grpc_server) as c:
+            return [c.is_model_ready("nope"), c.is_model_ready("identity", "7"), c.is_model_ready("identity")]
+
+    assert await in_thread(scenario) == [False, False, True]
 
 
 # --------------------------------------------------------------------------- ModelInfer
@@ -341,16 +348,14 @@ async def test_repository_unload_and_load(grpc_server: GrpcServer) -> None:
             index = c.get_model_repository_index(as_json=True)["models"]
             before = [m["name"] for m in index if m.get("state") == "READY"]
             assert {"name": "streamer", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
-            with pytest.raises(InferenceServerException) as info:
-                c.is_model_ready("streamer")
+            unloaded = c.is_model_ready("streamer")  # false, not NOT_FOUND, as Triton answers
             c.load_model("streamer")
-            return [before, status_of(info.value), c.is_model_ready("streamer")]
+            return [before, unloaded, c.is_model_ready("streamer")]
 
-    before, status, ready = await in_thread(scenario)
+    before, unloaded, ready = await in_thread(scenario)
     assert "streamer" not in before
     assert "identity" in before
-    assert status == "StatusCode.NOT_FOUND"
-    assert ready is True
+    assert (unloaded, ready) == (False, True)
 
 
 # --------------------------------------------------------------------------- ModelStreamInfer

@@ -128,9 +128,7 @@ def test_one_generated_token_for_every_front_and_both_transports(cluster: Cluste
             c.unload_model("streamer")
         assert (str(refused.value.status()), refused.value.message()) == ("StatusCode.UNAUTHENTICATED", "unauthorized")
         c.unload_model("streamer", headers={"authorization": cluster.auth["Authorization"]})
-        with pytest.raises(InferenceServerException) as gone:
-            c.is_model_ready("streamer")
-        assert gone.value.message() == "model 'streamer' is not loaded"
+        assert c.is_model_ready("streamer") is False  # unloaded: false, as Triton answers
 
 
 def test_the_parent_removes_the_token_file_and_the_metrics_folder(cluster: Cluster) -> None:

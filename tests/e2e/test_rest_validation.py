@@ -103,7 +103,7 @@ async def test_a_load_request_after_an_edit_serves_the_new_code(tmp_path: Path, 
         broken = await client.post("/v2/repository/models/echo/load")
         assert (broken.status_code, broken.json()) == (
             400,
-            {"error": "model 'echo': cannot import 'echo.Echo': SyntaxError: invalid syntax (echo.py, line 1)"},
+            {"error": "model 'echo': cannot import 'echo.Echo': SyntaxError: invalid syntax (echo/echo.py, line 1)"},
         )
         still = await client.post("/v2/models/echo/infer", json=request)
         assert still.json()["outputs"][0]["data"] == [2]

@@ -250,10 +250,10 @@ async def test_bad_parameters_are_bad_input() -> None:
             (request("a", max_tokens=1.5), "parameter 'max_tokens': expected an integer, got 1.5"),
             (
                 request("a", temperature=-0.1),
-                "parameter 'temperature': expected a number in [0.0, None], got -0.1",
+                "parameter 'temperature': expected a number >= 0.0, got -0.1",
             ),
             (request("a", temperature="hot"), "parameter 'temperature': expected a number, got 'hot'"),
-            (request("a", top_k=-1), "parameter 'top_k': expected an integer in [0, None], got -1"),
+            (request("a", top_k=-1), "parameter 'top_k': expected an integer >= 0, got -1"),
             (request("a", seed="x"), "parameter 'seed': expected an integer, got 'x'"),
             (request("a", stop=5), "parameter 'stop': expected a string or a list of strings, got 5"),
             (
@@ -481,7 +481,7 @@ async def test_generate_errors_and_sequences_over_rest(http: tuple[httpx.AsyncCl
     )
     assert (reply.status_code, reply.json()) == (
         400,
-        {"error": "parameter 'temperature': expected a number in [0.0, None], got -1"},
+        {"error": "parameter 'temperature': expected a number >= 0.0, got -1"},
     )
     query = {"text_input": "a", "max_tokens": "-3"}
     reply = await client.get("/v2/models/text/generate_stream", params=query)

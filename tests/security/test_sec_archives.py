@@ -21,6 +21,7 @@ from actorserve.models import builtin_settings
 from actorserve.repository import ModelRepository
 from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
+from actorserve.tempdirs import is_temp_folder
 from actorserve.torchserve.archive import ArchiveLimits, archive_name, archive_settings
 
 MIB = 1024 * 1024
@@ -45,7 +46,8 @@ def make_mar(path: Path, *, zeros: int = 0, members: int = 0) -> Path:
 
 
 def extractions(stem: str) -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"actorserve-{stem}-")}
+    root = Path(tempfile.gettempdir())
+    return {p.name for p in root.iterdir() if is_temp_folder(p, f"mar-{stem}")}
 
 
 def test_an_archive_over_max_archive_bytes_is_refused_and_leaves_nothing(tmp_path: Path) -> None:

@@ -296,6 +296,19 @@ GRPC_CASES = {
         "MAX_INPUTS",
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     ),
+    # the same in raw contents: the shape proto/upb.py decodes, still counted on the wire first
+    "many-empty-raw-inputs": (
+        pb.ModelInferRequest(
+            model_name="identity",
+            inputs=[
+                pb.ModelInferRequestInferInputTensor(name=f"x{i}", datatype="INT32", shape=[0])
+                for i in range(5000)
+            ],
+            raw_input_contents=[b""] * 5000,
+        ),
+        "MAX_INPUTS",
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
     # finding 6: the 15 MiB message of 8 M took 22 s (the REST side of the process waited)
     "many-empty-bytes-contents": (
         _empty_bytes_contents(2_000_000),

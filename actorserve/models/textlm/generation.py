@@ -20,7 +20,40 @@ MAX_STOP_CHARS = 256
 DRAW_BLOCK = 64
 _U64 = (1 << 64) - 1
 
-__all__ = ["Generation", "TextState", "longest_stop_prefix", "request_seed", "sample_rows", "stop_strings"]
+__all__ = [
+    "Draws",
+    "Generation",
+    "TextState",
+    "longest_stop_prefix",
+    "request_seed",
+    "sample_rows",
+    "stop_strings",
+]
+
+
+class Draws:
+    """The uniforms of one request's generator, drawn ahead in blocks: ``torch.rand(n)``
+    on a CPU generator yields the same numbers as n scalar draws (the tests check), and
+    one call per block instead of one per token keeps the step lean. Used by the ``text``
+    model and the transformers runtime alike, so a seed means the same draws in both."""
+
+    __slots__ = ("at", "generator", "values")
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.values: list[float] = []
+        self.at = 0
+
+    def next(self, remaining: int) -> float:
+        """The next uniform; ``remaining`` (tokens the request may still draw for) caps
+        the block, so a short request draws no more than it needs."""
+        if self.at == len(self.values):
+            block = min(DRAW_BLOCK, max(1, remaining))
+            self.values = torch.rand(block, generator=self.generator, dtype=torch.float64).tolist()
+            self.at = 0
+        value = self.values[self.at]
+        self.at += 1
+        return value
 
 
 class TextState:
@@ -46,7 +79,6 @@ class Generation:
     """One request's work: the characters to feed, then the characters to generate."""
 
     __slots__ = (
-        "draw_at",
         "draws",
         "fed",
         "feed",
@@ -93,20 +125,11 @@ class Generation:
         self.finished = False
         self.generated = 0
         self.held = ""  # generated text that may be the start of a stop string
-        self.draws: list[float] = []  # uniforms drawn ahead from ``generator``
-        self.draw_at = 0
+        self.draws = Draws(self.generator)
 
     def next_draw(self) -> float:
-        """The next uniform of this request's generator. Drawn in blocks: ``torch.rand(n)``
-        on a CPU generator yields the same numbers as n scalar draws (the tests check),
-        and one call per block instead of one per character keeps the step lean."""
-        if self.draw_at == len(self.draws):
-            block = min(DRAW_BLOCK, max(1, self.max_tokens - self.generated))
-            self.draws = torch.rand(block, generator=self.generator, dtype=torch.float64).tolist()
-            self.draw_at = 0
-        value = self.draws[self.draw_at]
-        self.draw_at += 1
-        return value
+        """The next uniform of this request's generator (see :class:`Draws`)."""
+        return self.draws.next(self.max_tokens - self.generated)
 
     def start(self) -> None:
         """Take over the state's pending characters (first step only)."""

@@ -14,7 +14,11 @@ grpclib lacks four things this transport needs, and adds them here:
 - :meth:`Wire.send_many` writes every message already waiting in one ``send_data`` on
   the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
   grpclib's own bookkeeping right (headers sent, message sent, counters), so its
-  trailers and statistics stay correct.
+  trailers and statistics stay correct;
+- each connection's transport is wrapped in :class:`.writes.CoalescedWrites`, so what
+  grpclib writes to it in one turn of the event loop (response headers, DATA, trailers,
+  of every stream) goes out in one socket write (grpclib writes each as it goes: two or
+  three ``send`` calls per unary call).
 
 :func:`frame_messages` is the pure part (bytes in, bytes out), tested without a server.
 Everything else here runs on grpclib's asyncio loop.
@@ -40,6 +44,7 @@ from ...errors import BadInput
 from ...proto.counts import PRECHECKS
 from .. import compression
 from .deadlines import Deadlines
+from .writes import CoalescedWrites
 
 #: messages at least this large are parsed in a worker thread: betterproto2 parses in
 #: Python, about a tenth of a second for 100 KB of small nested messages.
@@ -124,7 +129,7 @@ class GrpclibServer(Server):
             deadlines.received(len(data))
 
         def connection_made(transport: Any) -> None:
-            made(transport)
+            made(CoalescedWrites(transport))  # type: ignore[arg-type]  # a transport in all grpclib uses
             deadlines.released()  # idle from the start: no stream yet
 
         def connection_lost(exc: BaseException | None) -> None:
@@ -283,7 +288,8 @@ class Wire:
         return await asyncio.get_running_loop().run_in_executor(None, self._parse, data)
 
     def _parse(self, data: bytes) -> Any:
-        precheck = PRECHECKS.get(self.recv_type)
+        # (the inference methods decode with proto/upb.py's decoder: its betterproto2 class's check)
+        precheck = PRECHECKS.get(getattr(self.recv_type, "message_class", self.recv_type))
         if precheck is not None:
             try:
                 precheck(data)
@@ -308,11 +314,10 @@ class Wire:
             raise GRPCError(Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}") from None
 
     async def send(self, message: Any) -> None:
-        """One message (a unary reply, or a lone stream message)."""
-        if self.response_encoding is None:
-            await self.stream.send_message(message)
-        else:
-            await self.send_many((message,))
+        """One message (a unary reply, or a lone stream message), as :meth:`send_many`
+        writes it: grpclib's own ``send_message`` refuses a message that is not of the
+        method's betterproto2 class, and the hot replies are upb's (see proto/upb.py)."""
+        await self.send_many((message,))
 
     async def send_many(self, messages: Sequence[Any]) -> None:
         """Every message in one HTTP/2 ``send_data`` (one per :data:`WRITE_CHUNK` of
@@ -352,4 +357,11 @@ class Wire:
         stream._send_initial_metadata_done = True
 
 
-__all__ = ["ACCEPT_ENCODING", "PREFIX", "WRITE_CHUNK", "GrpclibServer", "Wire", "frame_messages"]
+__all__ = [
+    "ACCEPT_ENCODING",
+    "PREFIX",
+    "WRITE_CHUNK",
+    "GrpclibServer",
+    "Wire",
+    "frame_messages",
+]

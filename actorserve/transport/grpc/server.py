@@ -39,6 +39,7 @@ async def serve_grpc(
     metrics: Metrics | None = None,
     access: AccessLog | None = None,
     guard: Guard | None = None,
+    announce: bool = True,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the engine over gRPC until cancelled.
@@ -52,7 +53,8 @@ async def serve_grpc(
     ``settings.grace_period`` seconds (shielded), then cancels what is left and closes
     every connection. ``SettingsError`` for bad ``grpc_stream_*`` settings; ``OSError``
     if the port cannot be bound. Calls are recorded in ``metrics`` and ``access``;
-    ``guard`` says which methods need a bearer token.
+    ``guard`` says which methods need a bearer token. ``announce=False`` logs the
+    listening lines at DEBUG only (a front process: its parent logs them once).
 
     ``torchserve_only`` (``{"inference" | "management": socket}``, owned by the caller
     like ``sock``) are extra ports serving only that TorchServe service; with them and
@@ -78,10 +80,11 @@ async def serve_grpc(
                     others = [torchserve] if only is None else [torchserve.only(only)]
                     servers.append(await to_aio(partial(service.start, only=only is not None), listener, others))
                     host, port = listener.getsockname()[:2]
+                    level = logging.INFO if announce else logging.DEBUG
                     if only is None:
-                        log.info("gRPC listening on %s:%d", host, port)
+                        log.log(level, "gRPC listening on %s:%d", host, port)
                     else:
-                        log_extra_address(f"ts_{only}_grpc", host, port, log)
+                        log_extra_address(f"ts_{only}_grpc", host, port, log, level)
                 first_host, first_port = listeners[0][0].getsockname()[:2]
                 task_status.started((first_host, first_port))
                 await trio.sleep_forever()

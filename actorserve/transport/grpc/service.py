@@ -26,7 +26,6 @@ from grpclib.server import Stream
 from ...api import EngineAPI, ModelState, TensorMetadata
 from ...errors import ModelNotFound
 from ...metrics import Metrics
-from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import (
     ModelConfigRequest,
     ModelConfigResponse,
@@ -54,6 +53,7 @@ from ...proto.inference import (
     ServerReadyRequest,
     ServerReadyResponse,
 )
+from ...proto.upb import InferRequestDecoder, request_of, response_message
 from ...settings import Settings, SettingsError
 from ...version import __version__
 from ..access import AccessLog
@@ -268,8 +268,8 @@ class InferenceService:
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
-        info = await self._engine(self.engine.model_info, message.name, message.version or None)
-        await wire.send(ModelReadyResponse(ready=info.ready and not self.draining))
+        ready = await self._engine(_model_is_ready, self.engine, message.name, message.version or None)
+        await wire.send(ModelReadyResponse(ready=ready and not self.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerMetadataRequest)
@@ -314,7 +314,7 @@ class InferenceService:
     # -- inference and management -------------------------------------------------------
 
     async def _model_infer(self, stream: Stream[Any, Any]) -> None:
-        wire, message = await self._request(stream, ModelInferRequest)
+        wire, message = await self._request(stream, InferRequestDecoder)
         exchange = call_exchange()
         if exchange is not None:
             exchange.model_request(message.model_name, message.model_version or None)
@@ -324,10 +324,10 @@ class InferenceService:
 
     async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
         try:
-            response = await self.engine.infer(request_from_pb(message))
+            response = await self.engine.infer(request_of(message))
             if exchange is not None:
                 exchange.answered(response.model_version, response.parameters.get("sequence_id"))
-            return response_to_pb(response)
+            return response_message(response)
         except Exception as exc:
             if exchange is not None and isinstance(exc, ModelNotFound):
                 exchange.not_found = True
@@ -354,7 +354,7 @@ class InferenceService:
         await self.engine.unload(name, grace=self.settings.grace_period)
 
     async def _model_stream_infer(self, stream: Stream[Any, Any]) -> None:
-        wire = self._wire(stream, ModelInferRequest)
+        wire = self._wire(stream, InferRequestDecoder)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":
@@ -380,3 +380,12 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
 
 
 __all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+
+
+async def _model_is_ready(engine: EngineAPI, name: str, version: str | None) -> bool:
+    """Triton's ``ModelReady``: ``false``, not an error, for a model that is not loaded
+    (unloaded or never known), as ``InferenceServer::ModelIsReady`` answers."""
+    try:
+        return (await engine.model_info(name, version)).ready
+    except ModelNotFound:
+        return False

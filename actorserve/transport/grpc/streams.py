@@ -27,8 +27,8 @@ from grpclib.exceptions import GRPCError
 
 from ...api import ANY_ID_LENGTH, EngineAPI, ResponseIterator, SequenceControl
 from ...errors import ActorServeError, BadInput, ModelNotFound
-from ...proto.convert import request_from_pb, response_to_pb
 from ...proto.inference import ModelInferResponse, ModelStreamInferResponse
+from ...proto.upb import request_of, response_message, stream_response_message
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import http_status
 from ..exchange import Exchange, Recorder
@@ -104,10 +104,6 @@ def _stream_exchange(request: InferenceRequest, sequence_id: str | None = None) 
     exchange.model_request(request.model_name or "", request.model_version)
     exchange.sequence_id = sequence_id
     return exchange
-
-
-def _triton_message(response: InferenceResponse) -> ModelStreamInferResponse:
-    return ModelStreamInferResponse(infer_response=response_to_pb(response))
 
 
 class StreamCall:
@@ -230,7 +226,7 @@ class TritonStream(StreamCall):
                 self.slots.release()
                 return
             try:
-                request = request_from_pb(message)
+                request = request_of(message)
                 session = await self._session_for(request, requests, outbox)
                 control = SequenceControl.from_parameters(request.parameters, ANY_ID_LENGTH) if session is None else None
             except Exception as exc:
@@ -284,7 +280,7 @@ class TritonStream(StreamCall):
 
     async def _one(self, request: InferenceRequest, outbox: Outbox, sequence_id: str | None) -> None:
         exchange = _stream_exchange(request, sequence_id)
-        await _recorded(self.engine.infer_stream(request), self.recorder, exchange, outbox, _triton_message)
+        await _recorded(self.engine.infer_stream(request), self.recorder, exchange, outbox, stream_response_message)
 
     async def _session_for(self, request: InferenceRequest, requests: trio.Nursery, outbox: Outbox) -> _InputSession | None:
         """The stream-in session for the request's model, started on first use, or None
@@ -309,7 +305,7 @@ class TritonStream(StreamCall):
                 name, version = session.key
                 try:
                     async with self.engine.stream(session.requests, model=name, version=version) as responses:
-                        await _pump(responses, outbox, _triton_message)
+                        await _pump(responses, outbox, stream_response_message)
                 except Exception as exc:
                     await self._fail(outbox, session.last, exc)
         finally:
@@ -363,7 +359,7 @@ class MLServerStream(StreamCall):
                             stream_in, model=first.model_name or "", version=first.model_version
                         )  # the whole call is one request to the model
                         exchange = _stream_exchange(first)
-                        await _recorded(engine_call, self.recorder, exchange, outbox, response_to_pb)
+                        await _recorded(engine_call, self.recorder, exchange, outbox, response_message)
                 except Exception as exc:
                     await outbox.send(_Fatal(status_error(exc)))
                     nursery.cancel_scope.cancel()
@@ -378,7 +374,7 @@ class MLServerStream(StreamCall):
                     if message is None:
                         return
                     try:
-                        request = request_from_pb(message)
+                        request = request_of(message)
                     except Exception as exc:
                         await outbox.send(_Fatal(status_error(exc)))
                         call_scope.cancel()

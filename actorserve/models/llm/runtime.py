@@ -1,0 +1,358 @@
+"""The ``transformers`` runtime: a :class:`BatchModel` for any causal LM that
+``transformers`` loads from a local folder, stepped by our batcher.
+
+Each step: a chunk of the prompt of every request still reading one (chunked prefill,
+one forward per request), then one batched forward decoding a token for every request
+that is generating (see :mod:`.forward`). Requests join at the next step and leave at
+once; their caches go with them. Request parameters and the streaming contract are
+those of the built-in ``text`` model (:mod:`actorserve.models.text`); tokens are the
+model's own. See docs/llm.md for the settings.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+import torch
+
+from ...api import bool_parameter
+from ...errors import BadInput, SequenceNotFound
+from ...model import BatchModel, StepOutput, float_parameter, int_parameter
+from ...modelsettings import ModelSettings
+from ...textgen import TextGeneration, longest_stop_prefix
+from ...types import InferenceRequest, InferenceResponse, Tensor
+from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, stop_strings
+from .checkpoint import chat_template, source_of
+from .forward import Batched, crop, decode, kv_bytes, prefill
+from .state import LLMState, LLMWork
+
+EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
+
+
+def _bytes(text: str) -> np.ndarray[Any, np.dtype[Any]]:
+    data = np.empty(1, dtype=object)
+    data[0] = text.encode()
+    return data
+
+
+class TransformersModel(BatchModel[LLMState, LLMWork]):
+    """A causal LM of ``transformers``; see the module docstring and docs/llm.md."""
+
+    request_parameters: ClassVar[frozenset[str] | None] = frozenset(
+        {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
+    )
+    text_generation: ClassVar[TextGeneration | None] = TextGeneration(
+        sampling=("temperature", "top_p", "seed"), stop=True, usage=True
+    )
+    default_max_batch_size: ClassVar[int] = 32
+    overridable_parameters: ClassVar[frozenset[str]] = frozenset(
+        {"prefill_chunk", "max_tokens_limit", "max_context", "kv_cache_budget_mb", "threads"}
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        params = self.parameters
+        self.prefill_chunk = int(params.get("prefill_chunk", 256))
+        self.max_tokens_limit = int(params.get("max_tokens_limit", 4096))
+        self.max_context: int = int(params.get("max_context", 0))  # 0: the model's own
+        self.kv_budget = int(float(params.get("kv_cache_budget_mb", 1024)) * 2**20)
+        self.threads = int(params.get("threads", 0))
+        self.device_name: str | None = params.get("device")
+        self.dtype_name: str | None = params.get("dtype")
+        if self.prefill_chunk < 1 or self.max_tokens_limit < 0 or self.max_context < 0 or self.kv_budget < 0:
+            raise ValueError(
+                f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context and "
+                "kv_cache_budget_mb >= 0"
+            )
+        #: open sequences, least recently used first (event loop only)
+        self.sequences: OrderedDict[str, LLMState] = OrderedDict()
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.eos: frozenset[int] = frozenset()
+        self.start_token = 0
+        self._batched: Batched | None = None  # the last step's batched decode
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @classmethod
+    def declare_text_generation(cls, settings: ModelSettings) -> TextGeneration | None:
+        """The text-generation declaration with the chat template of the checkpoint's
+        tokenizer (when it has one in its folder)."""
+        declared = cls.text_generation
+        template = chat_template(Path(source_of(settings)))
+        if declared is None or not template:
+            return declared
+        return attrs.evolve(declared, chat_template=template)
+
+    def source(self) -> str:
+        return source_of(self.settings)
+
+    async def load(self) -> None:
+        import trio
+
+        await trio.to_thread.run_sync(self._load)
+
+    def _load(self) -> None:
+        try:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError:
+            raise BadInput(f"model {self.name!r}: {EXTRA_HINT}") from None
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        device = self.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        self.dtype = self._dtype()
+        source = self.source()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            model: Any = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=self.dtype)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"model {self.name!r}: cannot load {source!r} (local files only): {exc}") from None
+        self.model = model.to(self.device).eval()
+        config = model.config
+        if not self.max_context:
+            self.max_context = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        start = self.tokenizer.bos_token_id
+        self.start_token = int(start if start is not None else min(self.eos, default=0))
+        with torch.inference_mode():  # warms the kernels up and measures a token's cache
+            (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
+        self.token_bytes = kv_bytes(kv)
+
+    def _dtype(self) -> torch.dtype:
+        name = self.dtype_name
+        if name is None:
+            if self.device.type == "cuda":
+                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.float32
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if name not in dtypes:
+            raise BadInput(f"model {self.name!r}: parameter dtype {name!r}: expected one of {sorted(dtypes)}")
+        return dtypes[name]
+
+    # -- sequences ----------------------------------------------------------------------------
+
+    def new_state(self, sequence_id: str) -> LLMState:
+        state = LLMState(sequence_id)
+        self.sequences[sequence_id] = state
+        return state
+
+    def on_sequence_end(self, state: LLMState, reason: str) -> None:
+        state.kv = None
+        state.ids = []
+        if state.sequence_id is not None:
+            self.sequences.pop(state.sequence_id, None)
+
+    def on_request_cancelled(self, work: LLMWork) -> None:
+        work.settle()  # between steps: the sequence keeps what was read and said
+
+    def cache_bytes(self) -> int:
+        return sum(kv_bytes(s.kv) for s in self.sequences.values())
+
+    def _keep_budget(self, state: LLMState, tokens: int) -> None:
+        """Make room for ``tokens`` in the cache of ``state``: evict the least recently used
+        idle sequences while the caches would exceed the budget (``kv_cache_budget_mb``);
+        the next request of one is told it was evicted."""
+        total = self.cache_bytes() - kv_bytes(state.kv) + tokens * self.token_bytes
+        for state in list(self.sequences.values()):
+            if total <= self.kv_budget:
+                break
+            if state.busy or state.kv is None:
+                continue
+            total -= kv_bytes(state.kv)
+            state.kv, state.ids, state.evicted = None, [], True
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def begin(self, request: InferenceRequest, state: LLMState | None) -> LLMWork:
+        tensor = request.input("text_input", required=False)
+        prompt = ""
+        if tensor is not None:
+            if tensor.datatype != "BYTES" or tensor.data.size != 1:
+                raise BadInput(
+                    f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
+                    f"{list(tensor.shape)}"
+                )
+            value = tensor.data.reshape(-1)[0]
+            prompt = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+        max_tokens = int_parameter(
+            request, "max_tokens", DEFAULT_MAX_TOKENS, minimum=0, maximum=self.max_tokens_limit
+        )
+        temperature = float_parameter(request, "temperature", 1.0, minimum=0.0)
+        top_k = int_parameter(request, "top_k", 0, minimum=0)
+        top_p = float_parameter(request, "top_p", 1.0, minimum=0.0, maximum=1.0)
+        stop = stop_strings(request)
+        seed = request_seed(request)
+        bool_parameter(request.parameters.get("usage", False), "usage")
+        if state is None:
+            state = LLMState()
+        elif state.evicted:
+            raise SequenceNotFound(
+                f"sequence {state.sequence_id!r} was evicted (kv_cache_budget_mb of model {self.name!r} "
+                "reached); start a new sequence"
+            )
+        text = state.text + prompt
+        ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
+        if len(ids) >= self.max_context:
+            raise BadInput(
+                f"input 'text_input': {len(ids)} tokens (with the sequence's history), the model's "
+                f"context is {self.max_context} tokens (max_context)"
+            )
+        common = 0
+        for a, b in zip(ids, state.ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        cached = min(common, len(ids) - 1)  # the last token is read again for its logits
+        state.kv = crop(state.kv, cached)
+        state.ids = ids[:cached]
+        state.busy = True
+        if state.sequence_id is not None:
+            self.sequences.move_to_end(state.sequence_id)
+            self._keep_budget(state, len(ids) + max_tokens)
+        return LLMWork(
+            request,
+            state,
+            text,
+            ids,
+            cached,
+            tokenizer=self.tokenizer,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+        )
+
+    def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
+        """The whole generated text as one ``text_output`` BYTES [1]."""
+        text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
+        parameters = dict(responses[-1].parameters) if responses else {}
+        data = np.empty(1, dtype=object)
+        data[0] = text
+        return self.response(request, [Tensor("text_output", (1,), "BYTES", data)], parameters)
+
+    # -- the step (worker thread) ---------------------------------------------------------------
+
+    def step(self, batch: list[LLMWork]) -> list[StepOutput]:
+        with torch.inference_mode():
+            try:
+                return self._step(batch)
+            except BaseException:
+                for work in batch:
+                    work.settle()
+                raise
+
+    def _step(self, batch: list[LLMWork]) -> list[StepOutput]:
+        outputs: list[StepOutput | None] = [None] * len(batch)
+        rows: list[LLMWork] = []
+        logits: list[torch.Tensor] = []
+        decoding: list[LLMWork] = []
+        fresh: dict[int, list[tuple[LLMWork, list[int]]]] = {}
+        groups: list[list[tuple[LLMWork, list[int]]]] = []
+        for i, work in enumerate(batch):
+            left = len(work.feed) - work.cached
+            if work.max_tokens == 0:
+                outputs[i] = self._finish(work, "", "length")
+            elif left == 1 and work.kv is not None:
+                decoding.append(work)
+            else:
+                chunk = work.feed[work.cached : work.cached + self.prefill_chunk]
+                # fresh requests whose chunks have the same length are read in one forward
+                group = fresh.setdefault(len(chunk), []) if work.kv is None else []
+                group.append((work, chunk))
+                if work.kv is not None:
+                    groups.append(group)
+        groups.extend(fresh.values())
+        for group in groups:
+            works = [work for work, _ in group]
+            kvs, last = prefill(self.model, works[0].kv, [chunk for _, chunk in group], self.device)
+            for work, kv, (_, chunk), row in zip(works, kvs, group, last, strict=True):
+                work.kv = kv
+                work.cached += len(chunk)
+                if work.cached == len(work.feed):
+                    rows.append(work)
+                    logits.append(row.unsqueeze(0))
+        if decoding:
+            previous = self._batched
+            self._batched, out = decode(
+                self.model,
+                decoding,
+                [w.kv or [] for w in decoding],
+                [w.feed[-1] for w in decoding],
+                self.device,
+                previous,
+            )
+            for i, work in enumerate(decoding):
+                work.kv = self._batched.row(i)
+                work.cached += 1
+            rows.extend(decoding)
+            logits.append(out)
+        else:
+            self._batched = None
+        tokens: list[int] = []
+        if rows:
+            both = logits[0] if len(logits) == 1 else torch.cat(logits)
+            top_ps = [w.top_p for w in rows]
+            tokens = sample_rows(
+                both.float().cpu(),
+                [w.temperature for w in rows],
+                [w.top_k for w in rows],
+                [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],
+                top_ps if any(p < 1.0 for p in top_ps) else None,
+            )
+        produced = dict(zip(map(id, rows), tokens, strict=True))
+        for i, work in enumerate(batch):
+            if outputs[i] is None:
+                token = produced.get(id(work))
+                outputs[i] = _NOTHING if token is None else self._generated(work, token)
+        return outputs  # type: ignore[return-value]
+
+    def _generated(self, work: LLMWork, token: int) -> StepOutput:
+        """One generated token: stream its text (held back while it may begin a stop
+        string); finish on EOS, a stop string, max_tokens or the end of the context."""
+        work.generated += 1
+        if token in self.eos:
+            return self._finish(work, work.held + work.detok.flush(), "stop")
+        work.feed.append(token)
+        text = work.held + work.detok.add(token)
+        if work.stop:
+            ats = [at for stop in work.stop if (at := text.find(stop)) >= 0]
+            if ats:
+                return self._finish(work, text[: min(ats)], "stop")
+        if work.generated >= work.max_tokens or len(work.feed) >= self.max_context:
+            return self._finish(work, text + work.detok.flush(), "length")
+        keep = longest_stop_prefix(text, work.stop) if work.stop else 0
+        out, work.held = text[: len(text) - keep], text[len(text) - keep :]
+        if not out:
+            return _NOTHING
+        work.sent += out
+        return StepOutput(self._text_response(work, out))
+
+    def _finish(self, work: LLMWork, text: str, reason: str) -> StepOutput:
+        """The last response of a request: its remaining text and ``finish_reason``."""
+        work.held = ""
+        work.sent += text
+        work.settle()
+        response = self._text_response(work, text)
+        response.parameters["finish_reason"] = reason
+        if work.request.parameters.get("usage") and bool_parameter(work.request.parameters["usage"], "usage"):
+            response.parameters["prompt_tokens"] = work.prompt_tokens
+            response.parameters["completion_tokens"] = work.generated
+        return StepOutput(response, done=True)
+
+    def _text_response(self, work: LLMWork, text: str) -> InferenceResponse:
+        return InferenceResponse(
+            self.name, [Tensor("text_output", (1,), "BYTES", _bytes(text))], self.version, work.request.id
+        )
+
+
+_NOTHING = StepOutput()
