@@ -4,7 +4,8 @@ do models in the model folders that were never loaded, and broken model folders.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from .api import ModelState, RepositoryEntry
 from .settings import ModelSettings
@@ -63,3 +64,26 @@ class Catalog:
             if folder not in names:
                 rows.setdefault((folder, ""), RepositoryEntry(folder, "", ModelState.UNAVAILABLE, problem))
         return [rows[key] for key in sorted(rows, key=lambda k: (k[0], version_key(k[1])))]
+
+
+class Watchers:
+    """Who to tell, synchronously, when what ``model_info`` / ``metadata`` answer may
+    change (a version loading, loaded, failed, stopped or unloaded, the default version,
+    workers): the engine link pushes it to every front, which forgets what it cached.
+    Told before the engine next yields to the scheduler, so no answer computed after the
+    change can reach a front ahead of the push."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+
+    @contextmanager
+    def watching(self, callback: Callable[[], None]) -> Iterator[None]:
+        self._callbacks.append(callback)
+        try:
+            yield
+        finally:
+            self._callbacks.remove(callback)
+
+    def changed(self) -> None:
+        for callback in tuple(self._callbacks):
+            callback()

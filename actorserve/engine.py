@@ -32,7 +32,7 @@ from .api import (
     RepositoryEntry,
     ResponseIterator,
 )
-from .catalog import UNLOADED, Catalog, version_key
+from .catalog import UNLOADED, Catalog, Watchers, version_key
 from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
 from .loadfailure import explain, underlying
@@ -57,6 +57,8 @@ class Engine:
         self.repository = repository or ModelRepository()
         #: why versions that are not served are not (the repository index shows it)
         self.catalog = Catalog()
+        #: told whenever model_info / metadata answers may change (the fronts' caches)
+        self.watchers = Watchers()
         self._nursery = nursery
         self._hosts: dict[str, dict[str, ModelHost]] = {}
         self._defaults = DefaultVersions()
@@ -93,6 +95,7 @@ class Engine:
         default_before = self._defaults.of(settings.name, versions) if versions else None
         if settings.version not in versions:  # visible (LOADING) while it loads
             versions[settings.version] = host
+            self.watchers.changed()
         try:
             await self._nursery.start(self._run_host, host)
         except Exception as exc:  # an ExceptionGroup of the nurseries the model's load() ran in
@@ -106,6 +109,7 @@ class Engine:
         self._hosts[settings.name][settings.version] = host
         if old is not None and old is not host:
             old.stop()
+        self.watchers.changed()
         model = host.model
         batching = f", max_batch_size={model.max_batch_size}" if isinstance(model, BatchModel) else ""
         log.info(
@@ -134,6 +138,7 @@ class Engine:
                 del versions[host.version]
                 if not versions:
                     self._hosts.pop(host.name, None)
+            self.watchers.changed()
 
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         """Unload a model (every version, or one); its sequences end with ``shutdown``.
@@ -145,6 +150,7 @@ class Engine:
             raise ModelNotFound(f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded")
         hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
+            self.watchers.changed()  # drain marks it UNLOADING before it first yields
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
@@ -155,6 +161,7 @@ class Engine:
             self._defaults.unloaded(name, host.version, current)
             if not current:
                 self._hosts.pop(name, None)
+            self.watchers.changed()
         log.info("unloaded model %s%s", name, f" version {version}" if version else "")
 
     def host(self, name: str | None, version: str | None = None) -> ModelHost:
@@ -276,6 +283,7 @@ class Engine:
     async def set_default_version(self, name: str, version: str) -> None:
         self.host(name, version)
         self._defaults.choose(name, version)
+        self.watchers.changed()
         log.info("model %s: default version is now %s", name, version)
 
     async def set_workers(
@@ -283,7 +291,10 @@ class Engine:
     ) -> None:
         host = self.host(name, version)
         before = host.settings.workers
-        await host.set_workers(workers, self.settings.grace_period if grace is None else grace)
+        try:
+            await host.set_workers(workers, self.settings.grace_period if grace is None else grace)
+        finally:
+            self.watchers.changed()
         log.info("model %s version %s: workers %d -> %d", host.name, host.version, before, workers)
 
     async def describe(self, name: str, version: str | None = None) -> ModelDescription:

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from .api import EndReason
+from .localmetrics import LocalHistogram
 from .process_metrics import ProcessCollector
 
 #: The variable naming the multiprocess folder (prometheus-client's own).
@@ -120,7 +121,7 @@ class FrontSeries:
         self.duration: Histogram = metrics.request_duration.labels(*labels)
         self.outcomes: dict[str, Counter] = {o: metrics.requests.labels(*labels, o) for o in OUTCOMES}
         self._first: Histogram | None = None
-        self._between: Histogram | None = None
+        self._between: LocalHistogram | None = None
 
     @property
     def first_response(self) -> Histogram:
@@ -129,9 +130,11 @@ class FrontSeries:
         return self._first
 
     @property
-    def between_responses(self) -> Histogram:
+    def between_responses(self) -> LocalHistogram:
+        """Kept locally: flushed when a stream ends and at each :meth:`Metrics.refresh`."""
         if self._between is None:
-            self._between = self._metrics.between_responses.labels(*self._labels)
+            self._between = LocalHistogram(self._metrics.between_responses.labels(*self._labels))
+            self._metrics.local.append(self._between)
         return self._between
 
 
@@ -284,7 +287,9 @@ class Metrics:
             multiprocess_mode="liveall",
         )
         #: called on the trio thread by :meth:`refresh`: each sets gauges from live state
-        self.refreshers: list[Callable[[], None]] = [self._count_tasks]
+        self.refreshers: list[Callable[[], None]] = [self._count_tasks, self.flush]
+        #: the per-response histograms kept in this process until :meth:`flush`
+        self.local: list[LocalHistogram] = []
         self._fronts: dict[tuple[str, str, str], FrontSeries] = {}
         self._in_flight: dict[str, InFlight] = {}
 
@@ -336,9 +341,15 @@ class Metrics:
         """The client went away before its answer was complete."""
         self.front(model, version, transport).outcomes["disconnected"].inc()
 
+    def flush(self) -> None:
+        """Add what the :class:`LocalHistogram` s hold to their series."""
+        for histogram in self.local:
+            if histogram.pending:
+                histogram.flush()
+
     def refresh(self) -> None:
-        """Set the gauges read from live state (on the trio thread: before a scrape, and
-        every :data:`REFRESH_INTERVAL` from :meth:`keep_fresh`)."""
+        """Set the gauges read from live state and :meth:`flush` (on the trio thread:
+        before a scrape, and every :data:`REFRESH_INTERVAL` from :meth:`keep_fresh`)."""
         for refresher in self.refreshers:
             refresher()
 
@@ -384,6 +395,7 @@ __all__ = [
     "REPLACEMENTS",
     "FrontSeries",
     "InFlight",
+    "LocalHistogram",
     "Metrics",
     "ModelMetrics",
     "ProcessCollector",

@@ -1,15 +1,18 @@
-"""The client side of one call on the engine link: what the reader received for it, and
-the :class:`~actorserve.api.ResponseIterator` of a remote stream (see :mod:`.client`)."""
+"""The ends of one call on the engine link: on the client side, what the reader received
+for it and the :class:`~actorserve.api.ResponseIterator` of a remote stream (see
+:mod:`.client`); on the engine side, the request feed of a stream-in call (see
+:mod:`.engine_side`)."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import attrs
 import trio
 
-from ..types import InferenceResponse
+from ..types import InferenceRequest, InferenceResponse
 from .frames import End, Failed, Message, Responses
 from .values import WireError, error_from_plain
 
@@ -108,3 +111,27 @@ class RemoteResponses:
         if isinstance(last, End):
             raise StopAsyncIteration
         raise WireError(f"unexpected {type(last).__name__} in a stream")
+
+
+class RequestFeed:
+    """The engine side of a stream-in call: the async iterator ``engine.stream`` consumes,
+    requests from the front; each one taken grants the front credit for another."""
+
+    __slots__ = ("_grant", "_requests")
+
+    def __init__(
+        self, requests: trio.MemoryReceiveChannel[InferenceRequest], grant: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._requests = requests
+        self._grant = grant
+
+    def __aiter__(self) -> RequestFeed:
+        return self
+
+    async def __anext__(self) -> InferenceRequest:
+        try:
+            request = await self._requests.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        await self._grant()
+        return request

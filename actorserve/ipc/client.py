@@ -13,7 +13,10 @@ stream's :meth:`~actorserve.api.ResponseIterator.next_batch` returns every respo
 received for it so far; consuming them gives the engine credit to send more, so a slow
 reader holds at most a window of responses here and the rest waits in the engine.
 
-Nothing is cached: every method is one round trip. When the engine goes away (the
+Only ``model_info`` and ``metadata`` answers are remembered (asked before every gRPC
+stream message, OpenAI completion and REST ``text_input`` generate): the engine pushes
+:class:`~actorserve.ipc.frames.ModelsChanged` on every load, unload, default version or
+workers change, and the client forgets them all. Every other method is one round trip. When the engine goes away (the
 connection closes or breaks) every open call, and every later one, fails with
 :class:`~actorserve.errors.ShuttingDown`.
 """
@@ -53,6 +56,7 @@ from .frames import (
     Infer,
     LinkLimits,
     Message,
+    ModelsChanged,
     Opened,
     OpenStream,
     OpenStreamIn,
@@ -68,6 +72,8 @@ from .values import UNARY_METHODS, WireError, error_from_plain, response_from_pl
 
 #: bytes read from the engine's socket at a time
 RECEIVE_BYTES = 256 * 1024
+#: model_info / metadata answers a client remembers at most (then it starts afresh)
+MAX_REMEMBERED = 4096
 
 
 class EngineClient:
@@ -84,6 +90,9 @@ class EngineClient:
         self._lost: str | None = None
         self._closed = trio.Event()
         self._frames_sent = self._messages_sent = self._frames_received = self._messages_received = 0
+        #: model_info / metadata answers by (method, name, version), valid until ModelsChanged
+        self._models: dict[tuple[str, str, str | None], Any] = {}
+        self._models_generation = 0
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -138,6 +147,10 @@ class EngineClient:
             self._lose(f"the engine sent a malformed frame ({exc})")
 
     def _deliver(self, message: Message) -> None:
+        if isinstance(message, ModelsChanged):
+            self._models.clear()
+            self._models_generation += 1
+            return
         call = self._calls.get(message.id)
         if call is None:
             return  # a call we left: the engine's message crossed our cancel
@@ -214,11 +227,25 @@ class EngineClient:
         return result
 
     async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
-        result: ModelInfo = await self._unary("model_info", {"name": name, "version": version})
+        result: ModelInfo = await self._model_answer("model_info", name, version)
         return result
 
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        result: ModelMetadata = await self._unary("metadata", {"name": name, "version": version})
+        result: ModelMetadata = await self._model_answer("metadata", name, version)
+        return result
+
+    async def _model_answer(self, method: str, name: str, version: str | None) -> Any:
+        """``method``'s remembered answer, else one round trip, remembered unless the
+        models changed meanwhile (a push may overtake the reply it makes stale)."""
+        key = (method, name, version)
+        if key in self._models:
+            return self._models[key]
+        generation = self._models_generation
+        result = await self._unary(method, {"name": name, "version": version})
+        if generation == self._models_generation:
+            if len(self._models) >= MAX_REMEMBERED:
+                self._models.clear()
+            self._models[key] = result
         return result
 
     async def repository_index(self) -> list[RepositoryEntry]:

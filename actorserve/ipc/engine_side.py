@@ -15,15 +15,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import attrs
 import trio
 
 from ..api import EngineAPI, ResponseIterator
+from ..catalog import Watchers
 from ..errors import ActorServeError, BadInput, ModelFailed
 from ..types import InferenceRequest, InferenceResponse
+from .calls import RequestFeed
 from .frames import (
     DEFAULT_LIMITS,
     Ack,
@@ -36,6 +39,7 @@ from .frames import (
     Infer,
     LinkLimits,
     Message,
+    ModelsChanged,
     Opened,
     OpenStream,
     OpenStreamIn,
@@ -92,8 +96,12 @@ async def serve_fronts(
 
 async def _serve_connection(engine: EngineAPI, stream: trio.abc.Stream, limits: LinkLimits) -> None:
     async with stream:
+        connection = FrontConnection(engine, stream, limits)
+        watchers = getattr(engine, "watchers", None)  # an in-process Engine pushes model changes
+        watch = watchers.watching(connection.models_changed) if isinstance(watchers, Watchers) else nullcontext()
         try:
-            await FrontConnection(engine, stream, limits).run()
+            with watch:
+                await connection.run()
         except Exception as exc:  # one front's trouble never stops the engine
             log.warning("front connection closed: %s", _single(exc), exc_info=not _expected(exc))
 
@@ -126,6 +134,7 @@ class FrontConnection:
         self._max_message = limits.max_frame_bytes - 8
         self._outbox = Outbox(limits.outbox_messages, limits.outbox_bytes)
         self._calls: dict[int, _OpenCall] = {}
+        self._push_queued = False  # a ModelsChanged waits in the outbox
 
     async def run(self) -> None:
         """Serve until the front closes the connection (or breaks it)."""
@@ -148,7 +157,15 @@ class FrontConnection:
     async def _write(self) -> None:
         while True:
             messages = await self._outbox.take(self._max_message)
+            self._push_queued = False  # a later change needs a push of its own
             await self._stream.send_all(encode_frame(messages))
+
+    def models_changed(self) -> None:
+        """Tell the front its remembered model_info / metadata answers are stale (one push
+        waiting at a time, however many changes)."""
+        if not self._push_queued:
+            self._push_queued = True
+            self._outbox.put_urgent(self._encode(ModelsChanged(0)))
 
     # -- dispatch (in the reader; never waits) ----------------------------------------------
 
@@ -322,7 +339,7 @@ class FrontConnection:
         (it starts with ``window``: the feed's size); the same window bounds the
         responses the engine sends ahead of the front's acks."""
         async with feed, requests:
-            source = _RequestFeed(requests, functools.partial(self._grant, message.id))
+            source = RequestFeed(requests, functools.partial(self._grant, message.id))
             async with self._engine.stream(source, model=message.model, version=message.version) as responses:
                 await self._outbox.put(self._encode(Opened(message.id)))
                 await self._pump(message.id, call, responses)
@@ -340,30 +357,6 @@ class FrontConnection:
             log.error("engine call %d failed", call_id, exc_info=error)
         kind, text = error_to_plain(error)
         return encode_message(Failed(call_id, kind, text))
-
-
-class _RequestFeed:
-    """The async iterator ``engine.stream`` consumes: requests from the front; each one
-    taken grants the front credit for another."""
-
-    __slots__ = ("_grant", "_requests")
-
-    def __init__(
-        self, requests: trio.MemoryReceiveChannel[InferenceRequest], grant: Callable[[], Awaitable[None]]
-    ) -> None:
-        self._requests = requests
-        self._grant = grant
-
-    def __aiter__(self) -> _RequestFeed:
-        return self
-
-    async def __anext__(self) -> InferenceRequest:
-        try:
-            request = await self._requests.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise StopAsyncIteration from None
-        await self._grant()
-        return request
 
 
 async def _load_archive(engine: EngineAPI, args: Mapping[str, Any]) -> Any:

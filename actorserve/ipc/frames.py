@@ -174,9 +174,18 @@ class Credit:
     count: int
 
 
+@attrs.frozen(slots=True)
+class ModelsChanged:
+    """Pushed by the engine (call id 0) whenever a ``model_info`` / ``metadata`` answer may
+    have changed (a load, unload, default version or workers change): what the front
+    remembers of them is stale."""
+
+    id: int
+
+
 Message = (
     Call | Infer | OpenStream | OpenStreamIn | StreamRequest | StreamInputEnd | Ack | Cancel
-    | Reply | Opened | Responses | End | Failed | Credit
+    | Reply | Opened | Responses | End | Failed | Credit | ModelsChanged
 )  # fmt: skip
 
 _Encoder = Callable[[Any], list[Any]]
@@ -232,9 +241,10 @@ _CODECS: Final[dict[int, tuple[type[Any], _Encoder, _Decoder]]] = {
     23: (End, lambda m: [], lambda i, f: End(i)),
     24: (Failed, lambda m: [m.kind, m.message], lambda i, f: Failed(i, _str(f[0]), _str(f[1]))),
     25: (Credit, lambda m: [m.count], lambda i, f: Credit(i, _count(f[0]))),
+    26: (ModelsChanged, lambda m: [], lambda i, f: ModelsChanged(i)),
 }  # fmt: skip
 _TAGS: Final[dict[type[Any], tuple[int, _Encoder]]] = {cls: (tag, enc) for tag, (cls, enc, _) in _CODECS.items()}
-_ARITY: Final[dict[int, int]] = {1: 2, 2: 3, 3: 4, 4: 3, 5: 1, 6: 0, 7: 1, 8: 0, 20: 1, 21: 0, 22: 1, 23: 0, 24: 2, 25: 1}
+_ARITY: Final[dict[int, int]] = {1: 2, 2: 3, 3: 4, 4: 3, 5: 1, 6: 0, 7: 1, 8: 0, 20: 1, 21: 0, 22: 1, 23: 0, 24: 2, 25: 1, 26: 0}
 
 
 class FrameTooLarge(BadInput):

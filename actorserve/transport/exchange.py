@@ -139,8 +139,8 @@ class Recorder:
             series.first_response.observe(now - exchange.started)
         else:
             series.between_responses.observe(now - exchange.last_at)
-        for _ in range(count - 1):
-            series.between_responses.observe(0.0)
+        if count > 1:
+            series.between_responses.observe(0.0, count - 1)
         exchange.last_at = now
 
     def finish(self, exchange: Exchange, outcome_status: int | None) -> None:
@@ -151,6 +151,8 @@ class Recorder:
         if exchange.in_flight is not None:
             exchange.in_flight.count -= 1
             exchange.in_flight = None
+        if exchange.first_at is not None:  # a stream: its gaps so far were kept locally
+            self.metrics.flush()
         if exchange.inference and exchange.model is not None:
             not_found = exchange.not_found
             model = "" if not_found else exchange.model

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -133,3 +135,13 @@ async def test_a_server_trims_its_heap_once_idle_after_a_burst_of_connections(
     await trio.to_thread.run_sync(server.wait_for, r"idle after load: malloc_trim gave back", 10.0)
     after = tree_rss(pid)
     assert after <= sampler.peak, (before, sampler.peak, after)
+
+
+def test_a_ready_process_freezes_its_startup_objects_and_raises_the_gc_thresholds() -> None:
+    """In a fresh interpreter (freezing this one would hide the test run's garbage)."""
+    code = (
+        "import gc; from actorserve.heaptrim import GC_THRESHOLDS, freeze_startup_objects; "
+        "freeze_startup_objects(); print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["True", "True"]
