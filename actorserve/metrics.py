@@ -34,7 +34,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from .api import EndReason
 from .localmetrics import LocalHistogram
-from .process_metrics import ProcessCollector
+from .process_metrics import ProcessCollector, count_tasks
 
 #: The variable naming the multiprocess folder (prometheus-client's own).
 MULTIPROC_VAR: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -367,24 +367,6 @@ class Metrics:
     def expose(self) -> bytes:
         """The Prometheus text exposition of the server."""
         return prometheus_client.generate_latest(self.registry)
-
-
-def count_tasks() -> int:
-    """trio tasks alive in this process's run now (the root task and every descendant);
-    0 outside a trio run."""
-    try:
-        root = trio.lowlevel.current_root_task()
-    except RuntimeError:
-        return 0
-    if root is None:
-        return 0
-    count, stack = 0, [root]
-    while stack:
-        task = stack.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            stack.extend(nursery.child_tasks)
-    return count
 
 
 __all__ = [

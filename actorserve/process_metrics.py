@@ -1,6 +1,8 @@
-"""The server's processes' CPU time and resident memory, read from ``/proc`` at scrape
-time: the collector :class:`actorserve.metrics.Metrics` registers (split out of
-:mod:`actorserve.metrics` to keep it under the module size limit)."""
+"""What the server's processes themselves use, read when asked: CPU time and resident
+memory from ``/proc`` at scrape time (the collector :class:`actorserve.metrics.Metrics`
+registers), and the trio tasks alive in this process (:func:`count_tasks`, the
+``actorserve_tasks`` gauge). Apart from :mod:`actorserve.metrics`, which records what
+requests and models do."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -46,11 +49,13 @@ class ProcessCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         readings = [r for r in (self._read(pid) for pid in sorted(self._pids())) if r is not None]
         cpu = CounterMetricFamily(
-            "actorserve_process_cpu_seconds", "User and system CPU time of the server's processes running now."
+            "actorserve_process_cpu_seconds",
+            "User and system CPU time of the server's processes running now.",
         )
         cpu.add_metric([], sum(r[0] for r in readings))
         memory = GaugeMetricFamily(
-            "actorserve_process_resident_memory_bytes", "Resident memory of the server's processes running now."
+            "actorserve_process_resident_memory_bytes",
+            "Resident memory of the server's processes running now.",
         )
         memory.add_metric([], sum(r[1] for r in readings))
         count = GaugeMetricFamily("actorserve_processes", "Processes of the server counted above.")
@@ -60,4 +65,22 @@ class ProcessCollector(Collector):
         yield count
 
 
-__all__ = ["ProcessCollector"]
+def count_tasks() -> int:
+    """trio tasks alive in this process's run now (the root task and every descendant);
+    0 outside a trio run."""
+    try:
+        root = trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return 0
+    if root is None:
+        return 0
+    count, stack = 0, [root]
+    while stack:
+        task = stack.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+__all__ = ["ProcessCollector", "count_tasks"]
