@@ -12,6 +12,7 @@ in a worker thread.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -21,11 +22,13 @@ import numpy as np
 from .api import EndReason, bool_parameter
 from .codecs import tensor_from_numpy
 from .errors import BadInput, ModelFailed
+from .evictions import EvictionRequests
 from .settings import ModelSettings
 from .textgen import TextGeneration
 from .types import InferenceRequest, InferenceResponse, Tensor
 
 StateT = TypeVar("StateT")
+_EVICTIONS_LOCK = threading.Lock()
 WorkT = TypeVar("WorkT")
 
 #: Why a sequence ended, as passed to :meth:`BatchModel.on_sequence_end` (string values:
@@ -208,6 +211,26 @@ class BatchModel(Model, Generic[StateT, WorkT]):
     def on_request_cancelled(self, work: WorkT) -> None:
         """The caller of ``work`` went away before it was done."""
 
+    def evict_sequence(self, sequence_id: str, why: str) -> bool:
+        """Ask the engine to end the sequence ``sequence_id`` with reason ``evicted``
+        (e.g. its cache no longer fits a memory budget). Callable from ``begin`` and
+        ``step`` (any thread); the engine acts soon after, on the event loop: if the
+        sequence is still open and idle, it ends it, ``on_sequence_end(state,
+        "evicted")`` runs, its ``max_sequences`` slot frees and its next request gets a
+        404 ``sequence 'x' was evicted (<why>)``. A sequence that is busy by then is left
+        open (ask again when its next request begins). False: too many requests wait
+        (:data:`~actorserve.evictions.MAX_PENDING_EVICTIONS`); ask again later."""
+        return self.evictions.add(sequence_id, why)
+
+    @property
+    def evictions(self) -> EvictionRequests:
+        """The eviction requests waiting for the engine (see :meth:`evict_sequence`)."""
+        requests: EvictionRequests | None = self.__dict__.get("_evictions")
+        if requests is None:
+            with _EVICTIONS_LOCK:  # created once, whichever thread asks first
+                requests = self.__dict__.setdefault("_evictions", EvictionRequests())
+        return requests
+
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
         """Unary answer from a stream's responses (default: concatenate along axis 0)."""
         return merge_responses(self, request, responses)
@@ -258,7 +281,9 @@ def merge_responses(
     for name, parts in names.items():
         datatype = parts[0].datatype
         try:
-            data = np.concatenate([p.data.reshape((-1, *p.shape[1:])) if p.shape else p.data.reshape(1) for p in parts])
+            data = np.concatenate(
+                [p.data.reshape((-1, *p.shape[1:])) if p.shape else p.data.reshape(1) for p in parts]
+            )
         except ValueError as exc:
             raise ModelFailed(f"cannot merge streamed output {name!r}: {exc}") from None
         outputs.append(tensor_from_numpy(name, data, datatype))

@@ -49,9 +49,12 @@ class ActorSupervisor(Protocol):
         """The actor is ending with ``reason`` (called exactly once)."""
 
 
-def ended(sequence_id: str, reason: EndReason) -> SequenceNotFound:
-    """The error a request of an ended sequence gets: ``sequence 's' expired``."""
-    return SequenceNotFound(f"sequence {sequence_id!r} {reason.phrase}")
+def ended(sequence_id: str, reason: EndReason, detail: str | None = None) -> SequenceNotFound:
+    """The error a request of an ended sequence gets: ``sequence 's' expired``. A
+    ``detail`` (why a model evicted it) replaces the phrase's own parenthesis:
+    ``sequence 's' was evicted (kv_cache_budget_mb of model 'm' reached)``."""
+    phrase = reason.phrase if detail is None else f"{reason.phrase.partition(' (')[0]} ({detail})"
+    return SequenceNotFound(f"sequence {sequence_id!r} {phrase}")
 
 
 class SequenceActor:
@@ -65,6 +68,7 @@ class SequenceActor:
 
     __slots__ = (
         "current",
+        "end_detail",
         "end_reason",
         "expires_at",
         "id",
@@ -99,6 +103,7 @@ class SequenceActor:
         self.mailbox: Mailbox[Job] = Mailbox(max_queue, name=f"sequence {sequence_id!r}")
         self.current: Job | None = None
         self.end_reason: EndReason | None = None
+        self.end_detail: str | None = None  # why, when the model asked (see ended())
         self.opened_at = trio.current_time()
         self.idle_since: float | None = self.opened_at  # None while a request runs
         self.idle_queued = False  # an idle deadline of ours is in the supervisor's heap
@@ -131,12 +136,12 @@ class SequenceActor:
         :class:`trio.ClosedResourceError` if the sequence is ending."""
         self.mailbox.send_nowait(job)
 
-    def stop(self, reason: EndReason, *, graceful: bool = False) -> None:
+    def stop(self, reason: EndReason, *, graceful: bool = False, detail: str | None = None) -> None:
         """End the sequence now: the running request stops at its next step. With
         ``graceful`` the running request may finish (queued and later ones are refused
-        with ``reason``); a later plain ``stop`` still stops it."""
+        with ``reason``); a later plain ``stop`` still stops it. ``detail``: see :func:`ended`."""
         if self.end_reason is None:
-            self.end_reason = reason
+            self.end_reason, self.end_detail = reason, detail
             self.mailbox.close()
         if not graceful and self.current is not None and not self.current.item.finished:
             self.current.item.cancel(self._why())
@@ -144,7 +149,7 @@ class SequenceActor:
             item.cancel(self._why())
 
     def _why(self) -> SequenceNotFound:
-        return ended(self.id, self.end_reason or EndReason.ENDED)
+        return ended(self.id, self.end_reason or EndReason.ENDED, self.end_detail)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -258,5 +263,8 @@ class SequenceActor:
                 with trio.move_on_after(LEAVE_BATCH_TIMEOUT) as waited:
                     await running.done.wait()
                 if waited.cancelled_caught:
-                    log.error("sequence %r: its request did not leave the batch in %.0f s",
-                              self.id, LEAVE_BATCH_TIMEOUT)
+                    log.error(
+                        "sequence %r: its request did not leave the batch in %.0f s",
+                        self.id,
+                        LEAVE_BATCH_TIMEOUT,
+                    )

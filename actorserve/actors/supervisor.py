@@ -15,7 +15,9 @@ among the sequences of the owner asking.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -39,10 +41,11 @@ from ..model import BatchModel, Model
 from ..replica import new_sequence_id
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
+from .ended import EndedIds
 from .sequence import Job, SequenceActor, ended
 
-#: how many ended sequence ids are remembered to explain a late request.
-REMEMBER_ENDED = 4096
+log = logging.getLogger(__name__)
+
 #: deadlines of ended sequences tolerated before they are swept out of the heap
 COMPACT_SLACK = 64
 #: the most a refusal's ``Retry-After`` says (seconds), however far the next expiry is
@@ -79,8 +82,8 @@ class Supervisor:
         self.name = name
         self._pick_replica = pick_replica
         self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
-        #: ended id -> (why, its owner), to explain a late request (to its owner only)
-        self._ended: OrderedDict[str, tuple[EndReason, str | None]] = OrderedDict()
+        #: ended ids, to explain a late request (to its owner only)
+        self._ended = EndedIds()
         #: owner -> its open sequences, least recently used first (bound to tokens only)
         self._owned: dict[str, OrderedDict[str, SequenceActor]] = {}
         self._nursery: trio.Nursery | None = None
@@ -207,7 +210,7 @@ class Supervisor:
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:
-            raise ended(actor.id, actor.end_reason or EndReason.ENDED) from None
+            raise ended(actor.id, actor.end_reason or EndReason.ENDED, actor.end_detail) from None
         except Overloaded:
             raise Overloaded(
                 f"sequence {actor.id!r} already has {self.settings.max_queue} requests queued (max_queue)",
@@ -224,7 +227,7 @@ class Supervisor:
         """Cancel an open sequence: its running request stops at the next step."""
         actor = self._find(sequence_id, owner)
         if actor.ending is not None:  # it ends anyway: say why, don't claim to cancel it
-            raise ended(actor.id, actor.ending)
+            raise ended(actor.id, actor.ending, actor.end_detail)
         self._let_go(actor, EndReason.CANCELLED)
         return actor.id
 
@@ -235,9 +238,9 @@ class Supervisor:
         if actor is not None and actor.owner == owner:
             return actor
         # another owner's sequence is told apart from an unknown id by nothing
-        why, ended_owner = self._ended.get(sequence_id, (None, None))
-        if actor is None and why is not None and ended_owner == owner:
-            raise ended(sequence_id, why)
+        why = self._ended.error(sequence_id, owner) if actor is None else None
+        if why is not None:
+            raise why
         # never ended here: the engine names this replica (replica.not_held); never fresh state
         raise SequenceNotHeld(
             sequence_id, f"sequence {sequence_id!r} is not open (unknown id; start it with sequence_start)"
@@ -271,12 +274,15 @@ class Supervisor:
                 state = model.new_state(sequence_id)
             except Exception as exc:
                 raise ModelFailed.wrap(model.name, exc, f"to start sequence {sequence_id!r}") from None
+            if model.evictions.listener is None:  # woken on the event loop, from any thread
+                wake = trio.lowlevel.current_trio_token().run_sync_soon
+                model.evictions.listen(functools.partial(wake, self.evict_requested, model))
         actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner)
         self._actors[sequence_id] = actor
         if owner is not None:
             self._owned.setdefault(owner, OrderedDict())[sequence_id] = actor
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
-        self._ended.pop(sequence_id, None)
+        self._ended.reopened(sequence_id)
         self.started += 1
         if self.metrics is not None:
             self.metrics.sequences_started.inc()
@@ -286,6 +292,18 @@ class Supervisor:
             self._schedule(trio.current_time() + self.settings.max_duration_ms / 1000, actor, True)
         self.became_idle(actor)
         return actor
+
+    def evict_requested(self, model: BatchModel[Any, Any]) -> None:
+        """End, with reason ``evicted``, the sequences ``model`` asked to evict (see
+        :meth:`BatchModel.evict_sequence`) that are still open, its own and idle; a busy
+        one stays open. Runs as a ``run_sync_soon`` callback: it must not raise."""
+        for sequence_id, why in model.evictions.take().items():
+            actor = self._actors.get(sequence_id)
+            if actor is not None and actor.model is model and actor.ending is None and actor.idle:
+                try:
+                    self._let_go(actor, EndReason.EVICTED, why)
+                except Exception:
+                    log.exception("%s: evicting sequence %r failed", self.name, sequence_id)
 
     def _make_room(self, candidates: Mapping[str, SequenceActor], limit: str) -> None:
         """Evict the least recently used idle sequence of ``candidates`` (with
@@ -347,19 +365,14 @@ class Supervisor:
             if not owned:
                 del self._owned[owner]
 
-    def _let_go(self, actor: SequenceActor, reason: EndReason) -> None:
+    def _let_go(self, actor: SequenceActor, reason: EndReason, detail: str | None = None) -> None:
         """Stop ``actor`` and free its id now (its request may take a step to leave the
         batch): a request for that id meanwhile hears why the sequence is gone."""
         del self._actors[actor.id]
         self._disown(actor)
-        self._remember(actor.id, actor.ending or reason, actor.owner)
-        actor.stop(reason)
-
-    def _remember(self, sequence_id: str, reason: EndReason, owner: str | None) -> None:
-        self._ended[sequence_id] = (reason, owner)
-        self._ended.move_to_end(sequence_id)
-        if len(self._ended) > REMEMBER_ENDED:
-            self._ended.popitem(last=False)
+        why = actor.ending or reason  # ``ending`` first: it may settle ``ended``
+        actor.stop(reason, detail=detail)
+        self._ended.remember(actor.id, why, actor.owner, actor.end_detail)
 
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
@@ -368,7 +381,7 @@ class Supervisor:
             del self._actors[actor.id]
         self._disown(actor)
         if actor.id not in self._actors:  # not opened again meanwhile
-            self._remember(actor.id, reason, actor.owner)
+            self._ended.remember(actor.id, reason, actor.owner, actor.end_detail)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
         if self.metrics is not None:

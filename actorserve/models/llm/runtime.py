@@ -157,9 +157,10 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         return sum(kv_bytes(s.kv) for s in self.sequences.values())
 
     def _keep_budget(self, state: LLMState, tokens: int) -> None:
-        """Make room for ``tokens`` in the cache of ``state``: evict the least recently used
-        idle sequences while the caches would exceed the budget (``kv_cache_budget_mb``);
-        the next request of one is told it was evicted."""
+        """Make room for ``tokens`` in the cache of ``state``: drop the caches of the least
+        recently used idle sequences while the caches would exceed the budget
+        (``kv_cache_budget_mb``), and ask the engine to end those sequences as ``evicted``
+        (their slots free; their next request gets the 404 that says so)."""
         total = self.cache_bytes() - kv_bytes(state.kv) + tokens * self.token_bytes
         for state in list(self.sequences.values()):
             if total <= self.kv_budget:
@@ -168,6 +169,12 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 continue
             total -= kv_bytes(state.kv)
             state.kv, state.ids, state.evicted = None, [], True
+            if state.sequence_id is not None:
+                self.evict_sequence(state.sequence_id, self._evicted_why)
+
+    @property
+    def _evicted_why(self) -> str:
+        return f"kv_cache_budget_mb of model {self.name!r} reached"
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -193,11 +200,10 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         bool_parameter(request.parameters.get("usage", False), "usage")
         if state is None:
             state = LLMState()
-        elif state.evicted:
-            raise SequenceNotFound(
-                f"sequence {state.sequence_id!r} was evicted (kv_cache_budget_mb of model {self.name!r} "
-                "reached); start a new sequence"
-            )
+        elif state.evicted:  # a request that was queued when it was evicted
+            if state.sequence_id is not None:  # it was busy then: the engine ends it now
+                self.evict_sequence(state.sequence_id, self._evicted_why)
+            raise SequenceNotFound(f"sequence {state.sequence_id!r} was evicted ({self._evicted_why})")
         text = state.text + prompt
         ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
         if len(ids) >= self.max_context:
