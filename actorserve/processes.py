@@ -367,7 +367,7 @@ async def run_front_child(settings: Settings) -> None:
                 await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch_parent, nursery.cancel_scope)
+            nursery.start_soon(watch_parent, nursery.cancel_scope, list(listeners.sockets().values()))
             server: Server = await nursery.start(transports)
             freeze_startup_objects()
             say_ready()
