@@ -165,8 +165,9 @@ def test_the_parent_killed_under_load_leaves_no_listening_orphans(tmp_path: Path
         (tmp_path / "models" / name / "model-settings.json").write_text(
             json.dumps({"name": name, "implementation": implementation, "workers": 1})
         )
-    ports = ("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", "--grace-period", "30")
-    server = start_server(*ports, str(tmp_path / "models"), env={"PYTHONPATH": str(tmp_path / "code")})
+    flags = ("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth")
+    models = str(tmp_path / "models")
+    server = start_server(*flags, "--grace-period", "30", models, env={"PYTHONPATH": str(tmp_path / "code")})
     children: list[int] = []
     grpc_client = None
     try:
