@@ -44,17 +44,19 @@ ORPHAN_EXIT_AFTER = 1.0
 
 
 async def watch_parent(scope: trio.CancelScope, listening: Sequence[socket.socket] = ()) -> None:
-    """Stop this child when the parent goes away (EOF on the stdin pipe it holds): close
-    ``listening`` for every process that shares it, cancel ``scope``, and exit hard
-    (code 1) if the process has not ended :data:`ORPHAN_EXIT_AFTER` s later.
+    """Stop this child when the parent goes away (EOF on the stdin pipe it holds).
+
+    A front (``listening``: its sockets) shuts them down and exits at once: that stops the
+    listening for the shared socket itself, in this process and in its sibling fronts
+    alike, so new connections are refused rather than accepted and then dropped; its
+    streams are cut, and it has nothing else to save (the state is the engine's). The
+    engine cancels ``scope`` (models unload) and exits hard if it is still running
+    :data:`ORPHAN_EXIT_AFTER` s later. Exit code 1 either way: nobody is left to read it.
 
     The pipe is read in a thread, not by the loop: a model stuck in code that never
-    yields blocks the loop, so a watcher there never sees the EOF; and the cancellation
+    yields blocks the loop, so a watcher there never sees the EOF; and a cancellation
     alone is not bounded (gRPC drains its calls for the grace period on its way out,
-    shielded, waiting on an engine that may never answer). Until the process ends, its
-    listening sockets would accept connections that nobody serves, so they are shut
-    down first: that stops the listening for the shared socket itself, in this process and
-    in its sibling fronts alike, and new connections are refused at once.
+    shielded, waiting on an engine that may never answer, its sockets still listening).
 
     ``prctl(PR_SET_PDEATHSIG)`` is no second line here: the signal follows the *thread*
     that started the child, and trio starts processes from a worker thread that ends
@@ -72,10 +74,11 @@ async def watch_parent(scope: trio.CancelScope, listening: Sequence[socket.socke
         for sock in listening:
             with contextlib.suppress(OSError):  # closed already, by a stop under way
                 sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(scope.cancel)
-        time.sleep(ORPHAN_EXIT_AFTER)
-        log.warning("still running %.1f s after the parent's death: exiting now", ORPHAN_EXIT_AFTER)
+        if not listening:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+            time.sleep(ORPHAN_EXIT_AFTER)
+            log.warning("still running %.1f s after the parent's death: exiting now", ORPHAN_EXIT_AFTER)
         logging.shutdown()
         os._exit(1)
 

@@ -132,10 +132,10 @@ def _kill_the_engine(server: ServerProcess, url: str, http_port: int) -> None:
     assert took < ENGINE_DEATH_EXIT_BOUND, took
 
 
-#: kill -9 of the parent to every child gone (measured 1.05 s: the hard exit after 1 s;
-#: before the fix the engine and the fronts outlived the parent by the grace period or more)
+#: kill -9 of the parent to every child gone (measured 1.03-1.04 s: the stuck engine's hard
+#: exit after 1 s; before the fix the engine and the fronts were still running after 8 s)
 ORPHAN_EXIT_BOUND = 3.0
-#: kill -9 of the parent to both ports refusing connections
+#: kill -9 of the parent to both ports refusing connections, and to every front gone
 LISTEN_CLOSE_BOUND = 0.5
 
 #: a model stuck in code that never yields (C code holding the loop): its engine answers nothing
@@ -194,17 +194,17 @@ def test_the_parent_killed_under_load_leaves_no_listening_orphans(tmp_path: Path
             if all(_refused(port) for port in (http, grpc)):
                 refused = time.monotonic() - killed
             time.sleep(0.01)
-        alive = children
-        while alive and time.monotonic() - killed < ORPHAN_EXIT_BOUND + 5:
-            alive = [pid for pid in alive if _running(pid)]
-            time.sleep(0.02)
-        took = time.monotonic() - killed
-        assert alive == [], f"children still running {took:.1f} s after the parent's SIGKILL: {alive}"
+        gone: dict[int, float] = {}  # pid: seconds from the kill to its exit
+        while len(gone) < len(children) and time.monotonic() - killed < ORPHAN_EXIT_BOUND + 5:
+            now = time.monotonic() - killed
+            gone |= {pid: now for pid in children if pid not in gone and not _running(pid)}
+            time.sleep(0.01)
+        alive = [pid for pid in children if pid not in gone]
+        assert alive == [], f"children running {ORPHAN_EXIT_BOUND + 5} s after the parent's SIGKILL: {alive}"
         assert refused is not None and refused < LISTEN_CLOSE_BOUND, refused
-        assert took < ORPHAN_EXIT_BOUND, took
-        for port in (http, grpc):  # refused, not accepted and then dropped
-            with pytest.raises(ConnectionRefusedError):
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert all(gone[pid] < LISTEN_CLOSE_BOUND for pid in fronts.values()), gone  # a front exits at once
+        assert max(gone.values()) < ORPHAN_EXIT_BOUND, gone  # the stuck engine within its second
+        assert _refused(http) and _refused(grpc)  # still: not accepted and then dropped
         for thread in threads:
             thread.join(timeout=10)
         assert all("error" in box for box in boxes), boxes  # the streams were cut
