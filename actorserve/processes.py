@@ -13,7 +13,9 @@ any sequence.
 Children are started in their own session (a Ctrl-C or a signal to the parent's process
 group reaches only the parent, which then stops them in order: fronts drain first, then
 the engine). Each child holds the read end of a pipe from the parent on its stdin: EOF
-means the parent is gone, and the child stops at once. A front that dies is restarted
+means the parent is gone: a front shuts the listening sockets down and exits at once,
+the engine within :data:`~actorserve.roles.ORPHAN_EXIT_AFTER` s (see
+:func:`~actorserve.roles.watch_parent`). A front that dies is restarted
 (its own connections are lost); the engine dying stops the server with exit code 1.
 
 The children re-read the same command line and environment as the parent, so they build
@@ -367,7 +369,7 @@ async def run_front_child(settings: Settings) -> None:
                 await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch_parent, nursery.cancel_scope)
+            nursery.start_soon(watch_parent, nursery.cancel_scope, list(listeners.sockets().values()))
             server: Server = await nursery.start(transports)
             freeze_startup_objects()
             say_ready()

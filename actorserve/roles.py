@@ -5,9 +5,13 @@ parent is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import sys
+import time
+from collections.abc import Sequence
 
 import trio
 
@@ -35,13 +39,52 @@ def say_ready() -> None:
         os.close(int(fd))
 
 
-async def watch_parent(scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the parent goes away (EOF on the stdin pipe it holds)."""
-    async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as lifeline:
-        while await lifeline.receive_some(64):
-            pass
-    log.warning("the parent process is gone: stopping")
-    scope.cancel()
+#: seconds an orphaned child gets to stop by itself (cancelled) before it exits hard
+ORPHAN_EXIT_AFTER = 1.0
+
+
+async def watch_parent(scope: trio.CancelScope, listening: Sequence[socket.socket] = ()) -> None:
+    """Stop this child when the parent goes away (EOF on the stdin pipe it holds).
+
+    A front (``listening``: its sockets) shuts them down and exits at once: that stops the
+    listening for the shared socket itself, in this process and in its sibling fronts
+    alike, so new connections are refused rather than accepted and then dropped; its
+    streams are cut, and it has nothing else to save (the state is the engine's). The
+    engine cancels ``scope`` (models unload) and exits hard if it is still running
+    :data:`ORPHAN_EXIT_AFTER` s later. Exit code 1 either way: nobody is left to read it.
+
+    The pipe is read in a thread, not by the loop: a model stuck in code that never
+    yields blocks the loop, so a watcher there never sees the EOF; and a cancellation
+    alone is not bounded (gRPC drains its calls for the grace period on its way out,
+    shielded, waiting on an engine that may never answer, its sockets still listening).
+
+    ``prctl(PR_SET_PDEATHSIG)`` is no second line here: the signal follows the *thread*
+    that started the child, and trio starts processes from a worker thread that ends
+    once idle, which would kill every child some seconds after a healthy start."""
+    token = trio.lowlevel.current_trio_token()
+    lifeline = os.dup(sys.stdin.fileno())
+
+    def wait_for_eof() -> None:
+        try:
+            while os.read(lifeline, 64):
+                pass
+        finally:
+            os.close(lifeline)
+        log.warning("the parent process is gone: stopping")
+        for sock in listening:
+            with contextlib.suppress(OSError):  # closed already, by a stop under way
+                sock.shutdown(socket.SHUT_RDWR)
+        if not listening:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(scope.cancel)
+            time.sleep(ORPHAN_EXIT_AFTER)
+            log.warning("still running %.1f s after the parent's death: exiting now", ORPHAN_EXIT_AFTER)
+        logging.shutdown()
+        os._exit(1)
+
+    # abandoned when this task is cancelled (the child stops normally); the thread then
+    # goes with the process. Its own limiter: it never holds one of the model threads'.
+    await trio.to_thread.run_sync(wait_for_eof, abandon_on_cancel=True, limiter=trio.CapacityLimiter(1))
 
 
 def front_index() -> int:

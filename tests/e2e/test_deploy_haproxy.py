@@ -221,8 +221,8 @@ def _prove(clients: Clients, replicas: dict[str, tuple[ServerProcess, str, str]]
             s["total"] += value
             assert (total, where, error) == (s["total"], s["replica"], None), s
 
-    # kill -9 a one-process replica (a multi-process one's children outlive its parent's
-    # SIGKILL; a pod's death takes them all). r3's error crosses its engine link.
+    # kill -9 a one-process replica (a multi-process one's children need ~1 s to notice
+    # their parent's SIGKILL; a pod's death takes them all). r3's error crosses its engine link.
     victim = "r2"
     server = replicas[victim][0]
     server.process.send_signal(signal.SIGKILL)

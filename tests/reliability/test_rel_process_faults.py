@@ -15,12 +15,16 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from support.rel_process import established_connections, listening_inode, socket_inodes, start_streams
 from support.servers import ServerProcess, start_server
 
@@ -126,3 +130,109 @@ def _kill_the_engine(server: ServerProcess, url: str, http_port: int) -> None:
     for box in boxes:  # each an error event naming the engine's loss, or a cut connection
         assert "error" in box or box["lines"][-2] == "event: error", box
     assert took < ENGINE_DEATH_EXIT_BOUND, took
+
+
+#: kill -9 of the parent to every child gone (measured 1.03-1.04 s: the stuck engine's hard
+#: exit after 1 s; before the fix the engine and the fronts were still running after 8 s)
+ORPHAN_EXIT_BOUND = 3.0
+#: kill -9 of the parent to both ports refusing connections, and to every front gone
+LISTEN_CLOSE_BOUND = 0.5
+
+#: a model stuck in code that never yields (C code holding the loop): its engine answers nothing
+_STUCK_MODEL = """
+import time
+from actorserve.models.identity import IdentityModel
+
+class StuckModel(IdentityModel):
+    async def predict(self, request):
+        time.sleep(60)  # the engine's loop is blocked, as by a long C call
+        return await super().predict(request)
+"""
+
+
+def test_the_parent_killed_under_load_leaves_no_listening_orphans(tmp_path: Path) -> None:
+    """kill -9 of the parent only (not its group), with REST streams and a gRPC call in
+    flight, an engine stuck in a model and a long grace period: every child exits within
+    the bound (the streams cut) and the ports refuse new connections (not accepted and
+    then dropped by a front that no longer serves)."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "stuck_model.py").write_text(_STUCK_MODEL)
+    for name, implementation in (
+        ("streamer", "actorserve.models.streamer.StreamerModel"),
+        ("stuck", "stuck_model.StuckModel"),
+    ):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "model-settings.json").write_text(
+            json.dumps({"name": name, "implementation": implementation, "workers": 1})
+        )
+    flags = ("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth")
+    models = str(tmp_path / "models")
+    server = start_server(*flags, "--grace-period", "30", models, env={"PYTHONPATH": str(tmp_path / "code")})
+    children: list[int] = []
+    grpc_client = None
+    try:
+        server.wait_for(r"serving with 2 front process", 60)
+        http = int(server.wait_for(r"processes: REST listening on http://127\.0\.0\.1:(\d+)")[1])
+        grpc = int(server.wait_for(r"processes: gRPC listening on 127\.0\.0\.1:(\d+)")[1])
+        fronts = _fronts(server)
+        children = [*fronts.values(), int(server.wait_for(r"engine process started \(pid (\d+)\)")[1])]
+        # two REST streams of ~100 s each, and a gRPC call to the stuck model
+        boxes, threads = start_streams(f"http://127.0.0.1:{http}", 2, 10_000, 0.01, daemon=True)
+        assert sum(_wait_connected(fronts, http, 2).values()) == 2
+        time.sleep(0.2)
+        grpc_client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
+        data = grpcclient.InferInput("INPUT0", [1], "INT64")
+        data.set_data_from_numpy(np.array([1], dtype=np.int64))
+        answer: list[Any] = []
+        grpc_client.async_infer("stuck", [data], callback=lambda result, error: answer.append(error))
+        time.sleep(0.5)  # the call reached the engine, whose loop is now blocked
+        server.process.kill()
+        killed = time.monotonic()
+        server.process.wait(timeout=10)
+        refused = None  # the ports refuse at once, while the children are still stopping
+        while refused is None and time.monotonic() - killed < ORPHAN_EXIT_BOUND + 5:
+            if all(_refused(port) for port in (http, grpc)):
+                refused = time.monotonic() - killed
+            time.sleep(0.01)
+        gone: dict[int, float] = {}  # pid: seconds from the kill to its exit
+        while len(gone) < len(children) and time.monotonic() - killed < ORPHAN_EXIT_BOUND + 5:
+            now = time.monotonic() - killed
+            gone |= {pid: now for pid in children if pid not in gone and not _running(pid)}
+            time.sleep(0.01)
+        alive = [pid for pid in children if pid not in gone]
+        assert alive == [], f"children running {ORPHAN_EXIT_BOUND + 5} s after the parent's SIGKILL: {alive}"
+        assert refused is not None and refused < LISTEN_CLOSE_BOUND, refused
+        assert all(gone[pid] < LISTEN_CLOSE_BOUND for pid in fronts.values()), gone  # a front exits at once
+        assert max(gone.values()) < ORPHAN_EXIT_BOUND, gone  # the stuck engine within its second
+        assert _refused(http) and _refused(grpc)  # still: not accepted and then dropped
+        for thread in threads:
+            thread.join(timeout=10)
+        assert all("error" in box for box in boxes), boxes  # the streams were cut
+        deadline = time.monotonic() + 10
+        while not answer and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert answer and answer[0] is not None, answer  # the gRPC call was cut, not answered
+    finally:
+        for pid in children:  # the fix failed: leave no orphan beyond the test
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if grpc_client is not None:
+            grpc_client.close()
+        server.stop()
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is no zombie (its parent is gone; init reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
