@@ -65,10 +65,16 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "http_port": (Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
     "grpc_port": (Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
     "ts_inference_grpc_port": (Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
-    "ts_management_grpc_port": (Port(), "extra port for TorchServe's gRPC management service only (its 7071)"),
+    "ts_management_grpc_port": (
+        Port(),
+        "extra port for TorchServe's gRPC management service only (its 7071)",
+    ),
     "ts_management_http_port": (Port(), "extra port for TorchServe's management REST paths and /ping only"),
     "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
-    "read_timeout": (click.FLOAT, "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)"),
+    "read_timeout": (
+        click.FLOAT,
+        "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)",
+    ),
     "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
     "drain_timeout": (
         click.FLOAT,
@@ -77,7 +83,10 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     ),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
-    "grpc_idle_timeout": (click.FLOAT, "seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no limit)"),
+    "grpc_idle_timeout": (
+        click.FLOAT,
+        "seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no limit)",
+    ),
     "backlog": (
         click.INT,
         "connections each listening port queues before the server accepts them (capped by net.core.somaxconn)",
@@ -111,12 +120,21 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         "(0: off; load and unload on request only)",
     ),
     "log_format": (click.Choice(LOG_FORMATS), "log line format: 'text', or 'json' (one JSON object a line)"),
-    "access_log": (click.BOOL, "log one structured line per request (logger actorserve.access; docs/logging.md)"),
+    "access_log": (
+        click.BOOL,
+        "log one structured line per request (logger actorserve.access; docs/logging.md)",
+    ),
     "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
     "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
     "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
-    "allow_load_overrides": (click.STRING, "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)"),
-    "bind_sequences_to_token": (click.BOOL, "a sequence answers only the token that opened it (needs --auth-inference)"),
+    "allow_load_overrides": (
+        click.STRING,
+        "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)",
+    ),
+    "bind_sequences_to_token": (
+        click.BOOL,
+        "a sequence answers only the token that opened it (needs --auth-inference)",
+    ),
     "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
     "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
     "replica_id": (
@@ -141,7 +159,11 @@ class _Option(click.Option):
     ``ACTORSERVE_*`` variable."""
 
     def get_error_hint(self, ctx: click.Context | None) -> str:
-        if ctx is not None and self.name and ctx.get_parameter_source(self.name) is ParameterSource.ENVIRONMENT:
+        if (
+            ctx is not None
+            and self.name
+            and ctx.get_parameter_source(self.name) is ParameterSource.ENVIRONMENT
+        ):
             return self.variable(ctx)
         return " / ".join(f"'{opt}'" for opt in self.opts)
 
@@ -240,13 +262,19 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 )
 @click.pass_context
 def cli(
-    ctx: click.Context, /, models_dirs: tuple[str, ...], model_repository: tuple[str, ...], workers: int | None,
+    ctx: click.Context,
+    /,
+    models_dirs: tuple[str, ...],
+    model_repository: tuple[str, ...],
+    workers: int | None,
     **values: Any,
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
-        if settings.drain_timeout and settings.api_workers:  # the fronts hold no sequences: not built there yet
+        if (
+            settings.drain_timeout and settings.api_workers
+        ):  # the fronts hold no sequences: not built there yet
             raise BadSetting("drain_timeout", "needs --api-workers 0 (the one-process shape), for now")
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)

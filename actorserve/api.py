@@ -259,7 +259,9 @@ class EngineAPI(Protocol):
         """Workers, batch settings, open sequences, queue depths and state of a version."""
         ...
 
-    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
+    async def inference_statistics(
+        self, name: str = "", version: str | None = None
+    ) -> list[InferenceStatistics]:
         """Triton's statistics of one version, every version of ``name``, or (``name``
         empty) every loaded version."""
         ...

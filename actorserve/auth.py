@@ -62,7 +62,9 @@ def read_tokens(settings: Settings) -> tuple[str, ...]:
             text = path.read_text()
         except OSError as exc:
             raise SettingsError(f"token file {path}: cannot read: {exc.strerror}") from None
-        tokens += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        tokens += [
+            line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
+        ]
         if not tokens:
             raise SettingsError(f"token file {path}: no token in it")
     return tuple(t for t in tokens if t)

@@ -92,9 +92,7 @@ def _bytes_element(name: str, value: object) -> bytes:
         return value
     if isinstance(value, str):
         return value.encode()
-    raise BadInput(
-        f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}"
-    )
+    raise BadInput(f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}")
 
 
 def _flatten(name: str, value: object, out: list[object]) -> None:
@@ -149,8 +147,7 @@ def tensor_from_list(
         if exact is not None:
             return Tensor(name, dims, datatype, exact, dict(parameters or {}))
         raise BadInput(
-            f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, "
-            f"got {_describe(probe)}"
+            f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, got {_describe(probe)}"
         )
     try:
         array = probe.astype(dtype, casting="unsafe") if probe.size else np.empty(0, dtype)
@@ -180,9 +177,7 @@ def _exact_integers(
 
 
 def _count_mismatch(name: str, shape: tuple[int, ...], expected: int, got: int) -> BadInput:
-    return BadInput(
-        f"input {name!r}: shape {list(shape)} needs {expected} elements, data has {got}"
-    )
+    return BadInput(f"input {name!r}: shape {list(shape)} needs {expected} elements, data has {got}")
 
 
 def _kind_word(kind: str) -> str:
@@ -259,9 +254,7 @@ def _bytes_to_text(value: object) -> str:
 def request_from_json(obj: object) -> InferenceRequest:
     """Decode an OIP request body (already parsed JSON)."""
     if not isinstance(obj, dict):
-        raise BadInput(
-            f"the request body must be a JSON object, got a JSON {_json_kind(obj)}"
-        )
+        raise BadInput(f"the request body must be a JSON object, got a JSON {_json_kind(obj)}")
     inputs = obj.get("inputs")
     if inputs is None:
         raise BadInput("the request has no 'inputs'")
@@ -363,9 +356,7 @@ def tensor_from_numpy(
     return Tensor(name, tuple(int(d) for d in arr.shape), dt, arr, dict(parameters or {}))
 
 
-def tensor_from_torch(
-    name: str, value: torch.Tensor, parameters: Mapping[str, Any] | None = None
-) -> Tensor:
+def tensor_from_torch(name: str, value: torch.Tensor, parameters: Mapping[str, Any] | None = None) -> Tensor:
     """Copy a torch tensor (any device) into an OIP tensor."""
     return tensor_from_numpy(name, value.detach().cpu().numpy(), parameters=parameters)
 

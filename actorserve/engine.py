@@ -52,7 +52,9 @@ class Engine:
     """The in-process engine: owns a :class:`ModelHost` per loaded model version and
     implements :class:`actorserve.api.EngineAPI`. Made by :func:`open_engine`."""
 
-    def __init__(self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None
+    ) -> None:
         self.settings, self.metrics = settings, Metrics()  # metrics: where its models record (GET /metrics)
         self.repository = repository or ModelRepository()
         #: why versions that are not served are not (the repository index shows it)
@@ -88,7 +90,12 @@ class Engine:
             self._load_failed(settings, exc.message)  # the message has the line: no traceback
             raise
         contract = RequestContract.of(settings, model_class)
-        host = ModelHost(settings, model_class, inflight=self._inflight, metrics=self.metrics.model(settings.name, settings.version))
+        host = ModelHost(
+            settings,
+            model_class,
+            inflight=self._inflight,
+            metrics=self.metrics.model(settings.name, settings.version),
+        )
         if contract is not None:
             self._contracts[host] = contract
         versions = self._hosts.setdefault(settings.name, {})
@@ -114,7 +121,11 @@ class Engine:
         batching = f", max_batch_size={model.max_batch_size}" if isinstance(model, BatchModel) else ""
         log.info(
             "loaded model %s version %s (%s, workers=%d%s)",
-            settings.name, settings.version, host.model_class.__name__, settings.workers, batching,
+            settings.name,
+            settings.version,
+            host.model_class.__name__,
+            settings.workers,
+            batching,
         )
         return host
 
@@ -128,7 +139,9 @@ class Engine:
         log.error("%s", message, exc_info=exc)
         self.catalog.failed(settings.name, settings.version, message)
 
-    async def _run_host(self, host: ModelHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_host(
+        self, host: ModelHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             await host.run(task_status=task_status)
         finally:
@@ -147,7 +160,9 @@ class Engine:
             grace = self.settings.grace_period
         versions = self._hosts.get(name)
         if not versions or (version and version not in versions):
-            raise ModelNotFound(f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded")
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded"
+            )
         hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
             self.watchers.changed()  # drain marks it UNLOADING before it first yields
@@ -269,7 +284,9 @@ class Engine:
         for model_settings in found:
             try:
                 if config is not None:
-                    model_settings = self.repository.override(model_settings, config, self.settings.allow_load_overrides)
+                    model_settings = self.repository.override(
+                        model_settings, config, self.settings.allow_load_overrides
+                    )
                 await self.load(model_settings)
             except SettingsError as exc:  # e.g. an implementation that cannot be imported
                 raise BadInput(str(exc)) from None
@@ -302,7 +319,9 @@ class Engine:
         default = self._defaults.of(host.name, self._hosts[host.name])
         return describe(host, default_version=default, versions=self._versions(host.name))
 
-    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
+    async def inference_statistics(
+        self, name: str = "", version: str | None = None
+    ) -> list[InferenceStatistics]:
         if not name:
             hosts = sorted(self.hosts(), key=lambda h: (h.name, version_key(h.version)))
         elif version:

@@ -140,7 +140,11 @@ def open_listeners(settings: Settings) -> Listeners:
             sock.close()
         raise
     if opened:
-        log.debug("listen backlog %d (net.core.somaxconn allows %d)", settings.backlog, effective_backlog(settings.backlog))
+        log.debug(
+            "listen backlog %d (net.core.somaxconn allows %d)",
+            settings.backlog,
+            effective_backlog(settings.backlog),
+        )
     return Listeners(**opened)
 
 

@@ -41,12 +41,46 @@ MULTIPROC_VAR: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 #: ``Content-Type`` of the exposition: the text format 0.0.4, which every Prometheus reads
 #: (prometheus-client 0.22+ calls 1.0.0 its latest).
-CONTENT_TYPE: Final[str] = getattr(prometheus_client, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST)
+CONTENT_TYPE: Final[str] = getattr(
+    prometheus_client, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST
+)
 
 #: seconds: from half a millisecond (a unary identity call) to a minute (a long stream).
-DURATION_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DURATION_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 #: seconds between two responses of a stream, or of one model step.
-STEP_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+STEP_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 #: items in one step.
 BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -171,7 +205,9 @@ class Metrics:
 
         # -- front side (the transports) --
         self.requests = counter(
-            "actorserve_requests", "Inference requests answered, by outcome and transport.", (*FRONT_LABELS, "outcome")
+            "actorserve_requests",
+            "Inference requests answered, by outcome and transport.",
+            (*FRONT_LABELS, "outcome"),
         )
         self.request_duration = histogram(
             "actorserve_request_duration_seconds",
@@ -199,10 +235,16 @@ class Metrics:
             DURATION_BUCKETS,
         )
         self.batch_size = histogram(
-            "actorserve_batch_size", "BatchModel: items stepped together in one step.", MODEL_LABELS, BATCH_BUCKETS
+            "actorserve_batch_size",
+            "BatchModel: items stepped together in one step.",
+            MODEL_LABELS,
+            BATCH_BUCKETS,
         )
         self.step_duration = histogram(
-            "actorserve_step_duration_seconds", "BatchModel: time of one model step.", MODEL_LABELS, STEP_BUCKETS
+            "actorserve_step_duration_seconds",
+            "BatchModel: time of one model step.",
+            MODEL_LABELS,
+            STEP_BUCKETS,
         )
         self.sequences_open = Gauge(
             "actorserve_sequences_open",
@@ -211,7 +253,9 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
-        self.sequences_started = counter("actorserve_sequences_started", "Stateful sequences started.", MODEL_LABELS)
+        self.sequences_started = counter(
+            "actorserve_sequences_started", "Stateful sequences started.", MODEL_LABELS
+        )
         self.sequences_ended = counter(
             "actorserve_sequences_ended", "Stateful sequences ended, by reason.", (*MODEL_LABELS, "reason")
         )
@@ -221,7 +265,9 @@ class Metrics:
             (*MODEL_LABELS, "reason"),
         )
         self.replacements = counter(
-            "actorserve_replica_replacements", "BatchModel replicas replaced, by reason.", (*MODEL_LABELS, "reason")
+            "actorserve_replica_replacements",
+            "BatchModel replicas replaced, by reason.",
+            (*MODEL_LABELS, "reason"),
         )
         # -- read from live state (:meth:`refresh`) or kept by the transports --
         self.requests_in_flight = Gauge(

@@ -98,7 +98,9 @@ class TensorSpec:
                 f"({', '.join(DATATYPES)}) nor {ANY_DATATYPE!r} (any datatype and shape)"
             )
         if any(d < -1 for d in self.shape):
-            raise SettingsError(f"tensor {self.name!r}: shape {list(self.shape)}: a dimension is >= 0, or -1 for any size")
+            raise SettingsError(
+                f"tensor {self.name!r}: shape {list(self.shape)}: a dimension is >= 0, or -1 for any size"
+            )
 
     @property
     def any_datatype(self) -> bool:
@@ -166,7 +168,9 @@ class ModelSettings:
         if not self.step_timeout >= 0:  # also refuses NaN
             raise SettingsError(f"model {self.name!r}: step_timeout must be >= 0 seconds (0: no deadline)")
         if self.max_requests_per_replica < 0:
-            raise SettingsError(f"model {self.name!r}: max_requests_per_replica must be >= 0 (0: never recycle)")
+            raise SettingsError(
+                f"model {self.name!r}: max_requests_per_replica must be >= 0 (0: never recycle)"
+            )
 
 
 _TENSOR_KEYS = frozenset({"name", "datatype", "shape", "optional", "parameters"})
@@ -183,7 +187,9 @@ def _spec(value: Any, where: str) -> TensorSpec:
     if not isinstance(name, str) or not name:
         raise SettingsError(f"{where}: a tensor needs a 'name'")
     if not isinstance(datatype, str):
-        raise SettingsError(f"{where}: tensor {name!r} needs a 'datatype' (an OIP datatype or {ANY_DATATYPE!r})")
+        raise SettingsError(
+            f"{where}: tensor {name!r} needs a 'datatype' (an OIP datatype or {ANY_DATATYPE!r})"
+        )
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise SettingsError(f"{where}: tensor {name!r} needs a 'shape', a list of integers (-1: any size)")
     if not isinstance(optional, bool):
@@ -227,10 +233,24 @@ def model_settings_from_dict(
     if not isinstance(data, Mapping):
         raise SettingsError(f"{where}: expected a JSON object")
     known = {
-        "name", "implementation", "parameters", "max_batch_size", "max_batch_time", "workers",
-        "sequence", "reply_buffer", "max_pending", "platform", "inputs", "outputs", "versions",
-        "request", "text_generation", "step_timeout", "max_requests_per_replica",
-    }  # fmt: skip
+        "name",
+        "implementation",
+        "parameters",
+        "max_batch_size",
+        "max_batch_time",
+        "workers",
+        "sequence",
+        "reply_buffer",
+        "max_pending",
+        "platform",
+        "inputs",
+        "outputs",
+        "versions",
+        "request",
+        "text_generation",
+        "step_timeout",
+        "max_requests_per_replica",
+    }
     unknown = set(data) - known
     if unknown:
         raise SettingsError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")

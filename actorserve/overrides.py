@@ -29,10 +29,21 @@ from .settings import ModelSettings, SettingsError, model_settings_from_dict
 
 #: model-settings.json keys a load request's ``parameters.config`` may set: limits,
 #: shapes and names shown in metadata, none of which names code, a path, a URL or a variable
-OVERRIDABLE = frozenset({
-    "parameters", "max_batch_size", "max_batch_time", "workers", "sequence", "reply_buffer",
-    "max_pending", "platform", "inputs", "outputs", "request",
-})  # fmt: skip
+OVERRIDABLE = frozenset(
+    {
+        "parameters",
+        "max_batch_size",
+        "max_batch_time",
+        "workers",
+        "sequence",
+        "reply_buffer",
+        "max_pending",
+        "platform",
+        "inputs",
+        "outputs",
+        "request",
+    }
+)
 
 #: ``parameters`` keys every model takes from a load request (``version`` names the
 #: version the settings load as, nothing outside the server)

@@ -59,7 +59,9 @@ def snapshot(repository: ModelRepository) -> Snapshot:
     return {name: tuple(sorted(entries)) for name, entries in found.items()}
 
 
-async def apply_changes(engine: EngineAPI, repository: ModelRepository, before: Snapshot, now: Snapshot) -> None:
+async def apply_changes(
+    engine: EngineAPI, repository: ModelRepository, before: Snapshot, now: Snapshot
+) -> None:
     """Load what was added or changed, unload what was removed (and versions gone from a
     changed model). Failures are logged and left in the index; nothing raises."""
     for name in sorted(set(before) - set(now)):

@@ -197,8 +197,11 @@ class ProcessSupervisor:
         assert self.engine is not None
         code = await self.engine.process.wait()
         if not self.stopping.is_set():
-            log.error("the engine process (pid %d) exited with code %d: stopping the server",
-                      self.engine.process.pid, code)
+            log.error(
+                "the engine process (pid %d) exited with code %d: stopping the server",
+                self.engine.process.pid,
+                code,
+            )
             self.exit_code = 1
             self.stopping.set()
 
@@ -212,13 +215,18 @@ class ProcessSupervisor:
             now = trio.current_time()
             restarts = [t for t in restarts if now - t < RESTART_WINDOW] + [now]
             if len(restarts) > MAX_RESTARTS:
-                log.error("front %d died %d times within %.0f s: stopping the server",
-                          index, len(restarts), RESTART_WINDOW)
+                log.error(
+                    "front %d died %d times within %.0f s: stopping the server",
+                    index,
+                    len(restarts),
+                    RESTART_WINDOW,
+                )
                 self.exit_code = 1
                 self.stopping.set()
                 return
-            log.warning("front %d (pid %d) exited with code %d: restarting it",
-                        index, child.process.pid, code)
+            log.warning(
+                "front %d (pid %d) exited with code %d: restarting it", index, child.process.pid, code
+            )
             try:
                 self.fronts[index] = await self._spawn("front", index)
             except ChildFailed as exc:

@@ -47,9 +47,7 @@ def tensor_from_raw(
         pos = 0
         for i in range(count):
             if pos + 4 > len(view):
-                raise BadInput(
-                    f"input {name!r}: raw BYTES data ends after {i} of {count} elements"
-                )
+                raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
             (length,) = _LEN.unpack_from(view, pos)
             pos += 4
             if pos + length > len(view):
@@ -57,15 +55,12 @@ def tensor_from_raw(
             array[i] = bytes(view[pos : pos + length])
             pos += length
         if pos != len(view):
-            raise BadInput(
-                f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements"
-            )
+            raise BadInput(f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements")
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise BadInput(
-            f"input {name!r}: {datatype} shape {list(dims)} needs {expected} bytes, "
-            f"got {len(raw)}"
+            f"input {name!r}: {datatype} shape {list(dims)} needs {expected} bytes, got {len(raw)}"
         )
     array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
     return Tensor(name, dims, datatype, array, dict(parameters or {}))

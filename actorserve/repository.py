@@ -70,7 +70,9 @@ class ModelRepository:
         """Every model in the folders; :class:`SettingsError` names a bad file."""
         models: list[ModelSettings] = []
         for folder in self.folders:
-            archives = [archive_settings(path, limits=self.archive_limits) for path in find_archives(Path(folder))]
+            archives = [
+                archive_settings(path, limits=self.archive_limits) for path in find_archives(Path(folder))
+            ]
             if not archives or any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
                 models.extend(discover_models(folder))
             models.extend(archives)
@@ -220,7 +222,9 @@ _loads = itertools.count(1)
 
 def _in_folder(folder: Path, top: str) -> bool:
     """``top`` is a module (``top.py``) or a package (``top/__init__.py``) of ``folder``."""
-    return top.isidentifier() and ((folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file())
+    return top.isidentifier() and (
+        (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
+    )
 
 
 def _import_from_folder(folder: Path, module_name: str, model: str) -> ModuleType:
@@ -270,7 +274,10 @@ class _FolderFinder(importlib.abc.MetaPathFinder):
             return None
         self.created.append(fullname)
         return importlib.util.spec_from_file_location(
-            fullname, location, loader=_SourceLoader(fullname, str(location)), submodule_search_locations=search
+            fullname,
+            location,
+            loader=_SourceLoader(fullname, str(location)),
+            submodule_search_locations=search,
         )
 
 

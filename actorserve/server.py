@@ -137,7 +137,9 @@ async def serve(
                 settings,
                 listeners,
                 drain=engine.aclose,
-                scale_in=partial(drain_sequences, engine, settings.drain_timeout) if settings.drain_timeout else None,
+                scale_in=partial(drain_sequences, engine, settings.drain_timeout)
+                if settings.drain_timeout
+                else None,
                 rest_fast_path=rest_fast_path,
                 metrics=engine.metrics,  # the engine's and the transports' series in one registry
                 task_status=task_status,
@@ -196,7 +198,9 @@ async def serve_transports(
     http_done = trio.Event()
     drains: list[Drain] = []
     grpc_scope = trio.CancelScope()
-    ts_grpc = {kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))}
+    ts_grpc = {
+        kind: sock for kind in ("inference", "management") if (sock := getattr(listeners, f"ts_{kind}_grpc"))
+    }
     async with trio.open_nursery() as nursery:
         nursery.start_soon(metrics.keep_fresh)  # this process's live gauges, for the other processes' scrapes
         nursery.start_soon(trim_heap_when_idle)  # the peak of a burst of connections goes back to the system
@@ -204,7 +208,9 @@ async def serve_transports(
         if access is not None:
             await nursery.start(access.run)
         if listeners.http is not None:
-            app = create_app(doors, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard)
+            app = create_app(
+                doors, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard
+            )
             drains.append(Drain(OwnerScope(app, guard) if settings.bind_sequences_to_token else app))
             server.http_address = await nursery.start(
                 _serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
@@ -212,7 +218,9 @@ async def serve_transports(
         else:
             http_stopped.set()
         if listeners.ts_management_http is not None:  # only TorchServe's management paths and /ping
-            app = create_app(engine, settings, metrics=metrics, access=access, guard=guard, torchserve_management=True)
+            app = create_app(
+                engine, settings, metrics=metrics, access=access, guard=guard, torchserve_management=True
+            )
             drains.append(Drain(app))
             server.extra_addresses["ts_management_http"] = await nursery.start(
                 _serve_http, drains[-1], listeners.ts_management_http, settings, http_done, ts_http_stopped
@@ -234,10 +242,14 @@ async def serve_transports(
             )
             if grpc_address is not None:
                 server.grpc_address = grpc_address if listeners.grpc is not None else None
-                server.extra_addresses.update({f"ts_{kind}_grpc": _address(sock) for kind, sock in ts_grpc.items()})
+                server.extra_addresses.update(
+                    {f"ts_{kind}_grpc": _address(sock) for kind, sock in ts_grpc.items()}
+                )
         level = logging.INFO if announce else logging.DEBUG
         if server.http_url is not None:
-            log.log(level, "REST listening on %s (playground: %s/)", server.http_url, browsable(server.http_url))
+            log.log(
+                level, "REST listening on %s (playground: %s/)", server.http_url, browsable(server.http_url)
+            )
         if "ts_management_http" in server.extra_addresses:
             log_extra_address("ts_management_http", *server.extra_addresses["ts_management_http"], log, level)
         task_status.started(server)
@@ -351,7 +363,12 @@ async def _start_grpc(
     async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
             await serve_grpc(
-                engine, settings, sock=sock, torchserve_only=torchserve_only, task_status=task_status, **observers
+                engine,
+                settings,
+                sock=sock,
+                torchserve_only=torchserve_only,
+                task_status=task_status,
+                **observers,
             )
 
     host, port = await nursery.start(run)

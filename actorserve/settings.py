@@ -130,7 +130,9 @@ def _optional_text(_: object, attribute: attrs.Attribute[Any], value: object) ->
 
 def _replica_id(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and (not isinstance(value, str) or not REPLICA_ID.fullmatch(value)):
-        raise BadSetting(attribute.name, "must be 1 to 63 letters, digits, '.' or '-', starting with a letter or digit")
+        raise BadSetting(
+            attribute.name, "must be 1 to 63 letters, digits, '.' or '-', starting with a letter or digit"
+        )
 
 
 def _upper(value: Any) -> Any:
@@ -159,7 +161,9 @@ def _name_list(_: object, attribute: attrs.Attribute[Any], value: object) -> Non
 
 
 def _origin_list(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple) or not all(o == "*" or o.startswith(("http://", "https://")) for o in value):
+    if not isinstance(value, tuple) or not all(
+        o == "*" or o.startswith(("http://", "https://")) for o in value
+    ):
         raise BadSetting(attribute.name, "must be origins like https://app.example.com (or *)")
 
 

@@ -94,14 +94,30 @@ class TextGeneration:
 
     def to_plain(self) -> list[Any]:
         """As plain values (the engine process sends it to the fronts)."""
-        return [self.input, self.output, self.max_tokens, list(self.sampling), self.stop, self.usage,
-                self.chat_template, list(self.chat_stop)]  # fmt: skip
+        return [
+            self.input,
+            self.output,
+            self.max_tokens,
+            list(self.sampling),
+            self.stop,
+            self.usage,
+            self.chat_template,
+            list(self.chat_stop),
+        ]
 
     @classmethod
     def from_plain(cls, plain: Any) -> TextGeneration:
         name_in, name_out, max_tokens, sampling, stop, usage, template, chat_stop = plain
-        return cls(str(name_in), str(name_out), str(max_tokens), tuple(map(str, sampling)), bool(stop),
-                   bool(usage), str(template), tuple(map(str, chat_stop)))  # fmt: skip
+        return cls(
+            str(name_in),
+            str(name_out),
+            str(max_tokens),
+            tuple(map(str, sampling)),
+            bool(stop),
+            bool(usage),
+            str(template),
+            tuple(map(str, chat_stop)),
+        )
 
 
 @attrs.frozen(slots=True)

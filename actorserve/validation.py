@@ -106,7 +106,9 @@ class RequestContract:
             name = tensor.name
             spec = self.inputs.get(name)
             if spec is None:
-                raise BadInput(f"model {self.model!r} has no input {name!r} (expected {', '.join(self.inputs)})")
+                raise BadInput(
+                    f"model {self.model!r} has no input {name!r} (expected {', '.join(self.inputs)})"
+                )
             if name in seen:
                 raise BadInput(f"input {name!r} of model {self.model!r} is given twice")
             seen.add(name)

@@ -105,8 +105,14 @@ async def accumulator_rate(rounds: int, concurrency: int = 256, per_sequence: in
 
                 async def sequence(sid: int, engine: actorserve.Engine = engine) -> None:
                     for k in range(per_sequence):
-                        parameters = {"sequence_id": sid, "sequence_start": k == 0, "sequence_end": k == per_sequence - 1}
-                        await engine.infer(InferenceRequest([one], parameters=parameters), model="accumulator")
+                        parameters = {
+                            "sequence_id": sid,
+                            "sequence_start": k == 0,
+                            "sequence_end": k == per_sequence - 1,
+                        }
+                        await engine.infer(
+                            InferenceRequest([one], parameters=parameters), model="accumulator"
+                        )
 
                 start = trio.current_time()
                 async with trio.open_nursery() as nursery:
@@ -114,8 +120,10 @@ async def accumulator_rate(rounds: int, concurrency: int = 256, per_sequence: in
                         nursery.start_soon(sequence, sid)
                 rate = concurrency * per_sequence / (trio.current_time() - start)
                 best[label] = max(best.get(label, 0.0), rate)
-    print(f"accumulator, {concurrency} sequences x {per_sequence} requests: "
-          + ", ".join(f"step {label} {rate:,.0f} req/s" for label, rate in best.items()))
+    print(
+        f"accumulator, {concurrency} sequences x {per_sequence} requests: "
+        + ", ".join(f"step {label} {rate:,.0f} req/s" for label, rate in best.items())
+    )
 
 
 async def memory(sequences: int) -> None:
@@ -128,7 +136,12 @@ async def memory(sequences: int) -> None:
     zero = tensor_from_numpy("INPUT", np.array([0], dtype=np.int64))
     async with actorserve.open_engine([accumulator]) as engine:
         for i in range(100):  # warm caches before measuring
-            await engine.infer(InferenceRequest([zero], parameters={"sequence_id": f"w{i}", "sequence_start": True, "sequence_end": True}), model="accumulator")
+            await engine.infer(
+                InferenceRequest(
+                    [zero], parameters={"sequence_id": f"w{i}", "sequence_start": True, "sequence_end": True}
+                ),
+                model="accumulator",
+            )
         gc.collect()
         tracemalloc.start()
         before, _ = tracemalloc.get_traced_memory()
@@ -145,12 +158,16 @@ async def memory(sequences: int) -> None:
         assert isinstance(model, AccumulatorModel)
         state_bytes = sys.getsizeof(model.new_state("size"))  # what each sequence's state is
         per = (after - before) / sequences
-        print(f"{sequences:,} open idle sequences: {per:,.0f} B each in all, "
-              f"{per - state_bytes:,.0f} B beyond the model state ({state_bytes} B)")
+        print(
+            f"{sequences:,} open idle sequences: {per:,.0f} B each in all, "
+            f"{per - state_bytes:,.0f} B beyond the model state ({state_bytes} B)"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sequences", type=int, default=100_000)
     args = parser.parse_args()

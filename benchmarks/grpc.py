@@ -54,13 +54,17 @@ def _requests() -> tuple[bytes, bytes]:
     from actorserve.proto.convert import request_to_pb
     from actorserve.types import InferenceRequest
 
-    unary = InferenceRequest([tensor_from_numpy("INPUT0", np.arange(16, dtype=np.float32).reshape(1, 16))], id="u")
+    unary = InferenceRequest(
+        [tensor_from_numpy("INPUT0", np.arange(16, dtype=np.float32).reshape(1, 16))], id="u"
+    )
     text = np.empty(1, dtype=object)
     text[0] = b"tok"
     stream = InferenceRequest(
         [tensor_from_numpy("text_input", text, "BYTES")], id="s", parameters={"n_tokens": STREAM_TOKENS}
     )
-    return bytes(request_to_pb(unary, model_name="identity")), bytes(request_to_pb(stream, model_name="streamer"))
+    return bytes(request_to_pb(unary, model_name="identity")), bytes(
+        request_to_pb(stream, model_name="streamer")
+    )
 
 
 # --------------------------------------------------------------------------- the server process
@@ -71,7 +75,12 @@ class ServerProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str] = ENV) -> None:
         self.proc = subprocess.Popen(
-            argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True, start_new_session=True
+            argv,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            start_new_session=True,
         )
         self.port = self._wait_for_port()
 
@@ -141,7 +150,9 @@ async def unary(port: int, concurrency: int, seconds: float, body: bytes) -> dic
         await asyncio.gather(*(worker(False) for _ in range(concurrency)))
         start = time.perf_counter()
         stop_at = start + seconds
-        await asyncio.wait_for(asyncio.gather(*(worker(True) for _ in range(concurrency))), seconds + CALL_TIMEOUT)
+        await asyncio.wait_for(
+            asyncio.gather(*(worker(True) for _ in range(concurrency))), seconds + CALL_TIMEOUT
+        )
         elapsed = time.perf_counter() - start
     latencies.sort()
     return {
@@ -180,7 +191,9 @@ async def streams(port: int, n_streams: int, seconds: float, body: bytes) -> dic
                     raise RuntimeError(reply.error_message)
 
         start = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(n_streams))), seconds + 2 * CALL_TIMEOUT)
+        await asyncio.wait_for(
+            asyncio.gather(*(worker(i) for i in range(n_streams))), seconds + 2 * CALL_TIMEOUT
+        )
         elapsed = time.perf_counter() - max(start, count_from)
     return {"tokens_per_s": sum(tokens) / elapsed, "streams": n_streams}
 
@@ -234,8 +247,11 @@ def main() -> None:
         serve()
         return
     unary_body, stream_body = _requests()
-    print(f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-          f"  ({args.rounds} rounds of {args.seconds:g} s; median (min..max))", flush=True)
+    print(
+        f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"  ({args.rounds} rounds of {args.seconds:g} s; median (min..max))",
+        flush=True,
+    )
 
     servers: dict[str, ServerProcess] = {}
     try:
@@ -259,11 +275,16 @@ def main() -> None:
                 tokens.setdefault(label, []).append(r["tokens_per_s"])
         for (label, concurrency), values in sorted(calls.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             median_p50 = sorted(p50[label, concurrency])[len(values) // 2]
-            print(f"{label:<9} unary ModelInfer  c={concurrency:<3} {_spread(values)} calls/s"
-                  f"   p50 {median_p50:6.2f} ms", flush=True)
+            print(
+                f"{label:<9} unary ModelInfer  c={concurrency:<3} {_spread(values)} calls/s"
+                f"   p50 {median_p50:6.2f} ms",
+                flush=True,
+            )
         for label, values in tokens.items():
-            print(f"{label:<9} ModelStreamInfer  64 streams x {STREAM_TOKENS} tokens {_spread(values)} tokens/s",
-                  flush=True)
+            print(
+                f"{label:<9} ModelStreamInfer  64 streams x {STREAM_TOKENS} tokens {_spread(values)} tokens/s",
+                flush=True,
+            )
     finally:
         for server in servers.values():
             server.stop()

@@ -72,7 +72,9 @@ async def run_streams(engine: EngineAPI, model: str, streams: int, tokens: int) 
 @asynccontextmanager
 async def child_engine(socket_path: str) -> AsyncIterator[None]:
     """``python -m actorserve.ipc.engine_main`` with the built-in models and the stepper."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
     command = [sys.executable, "-m", "actorserve.ipc.engine_main", socket_path, str(STEPPER)]
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, env=env)
     try:
@@ -98,7 +100,9 @@ async def best(engine: EngineAPI, model: str, streams: int, tokens: int, rounds:
 
 
 async def main_async(rounds: int, tokens: int) -> None:
-    models = [m for m in actorserve.settings.builtin_models() if m.name == "streamer"] + discover_models(STEPPER)
+    models = [m for m in actorserve.settings.builtin_models() if m.name == "streamer"] + discover_models(
+        STEPPER
+    )
     results: dict[tuple[str, int], list[float]] = {}
     plan = [(model, streams) for model in ("streamer", "stepper") for streams in STREAMS]
     per_model = {"streamer": tokens, "stepper": 64}
@@ -111,19 +115,27 @@ async def main_async(rounds: int, tokens: int) -> None:
                 await nursery.start(functools.partial(serve_fronts, engine, await open_unix_listener(path)))
                 async with open_engine_client(path) as client:
                     for model, streams in plan:
-                        results[(model, streams)].append(await best(client, model, streams, per_model[model], rounds))
+                        results[(model, streams)].append(
+                            await best(client, model, streams, per_model[model], rounds)
+                        )
                 nursery.cancel_scope.cancel()
         path = os.path.join(folder, "child.sock")
         async with child_engine(path), open_engine_client(path) as client:
             for model, streams in plan:
                 results[(model, streams)].append(await best(client, model, streams, per_model[model], rounds))
-    print(f"{'model':>9} {'streams':>8} {'in process':>11} {'link, 1 proc':>13} {'link, 2 procs':>14} {'2 procs/in':>11}")
+    print(
+        f"{'model':>9} {'streams':>8} {'in process':>11} {'link, 1 proc':>13} {'link, 2 procs':>14} {'2 procs/in':>11}"
+    )
     for (model, streams), (inproc, same, child) in results.items():
-        print(f"{model:>9} {streams:>8} {inproc:>11,.0f} {same:>13,.0f} {child:>14,.0f} {child / inproc:>11.2f}")
+        print(
+            f"{model:>9} {streams:>8} {inproc:>11,.0f} {same:>13,.0f} {child:>14,.0f} {child / inproc:>11.2f}"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256, help="tokens per streamer stream")
     args = parser.parse_args()

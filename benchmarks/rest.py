@@ -40,7 +40,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 UNARY = json.dumps(
-    {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [float(i) for i in range(16)]}]}
+    {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [float(i) for i in range(16)]}
+        ]
+    }
 ).encode()
 
 
@@ -49,11 +53,20 @@ def binary_unary() -> tuple[bytes, dict[str, str]]:
 
     head = json.dumps(
         {
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "parameters": {"binary_data_size": 64}}],
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, 16],
+                    "parameters": {"binary_data_size": 64},
+                }
+            ],
             "parameters": {"binary_data_output": True},
         }
     ).encode()
-    return head + np.arange(16, dtype=np.float32).tobytes(), {"Inference-Header-Content-Length": str(len(head))}
+    return head + np.arange(16, dtype=np.float32).tobytes(), {
+        "Inference-Header-Content-Length": str(len(head))
+    }
 
 
 # -- the server side (a child process) ---------------------------------------------------
@@ -91,8 +104,13 @@ def ticker_settings() -> Any:
                 tick.emitted += 1
                 text = np.empty(1, dtype=object)
                 text[0] = f"{tick.prompt}:{k}".encode()
-                tensors = [Tensor("text_output", (1,), "BYTES", text), Tensor("index", (1,), "INT64", np.array([k]))]
-                outputs.append(StepOutput(self.response(tick.request, tensors), done=tick.emitted >= tick.tokens))
+                tensors = [
+                    Tensor("text_output", (1,), "BYTES", text),
+                    Tensor("index", (1,), "INT64", np.array([k])),
+                ]
+                outputs.append(
+                    StepOutput(self.response(tick.request, tensors), done=tick.emitted >= tick.tokens)
+                )
             return outputs
 
     return ModelSettings(name="ticker", implementation=TickerModel, max_batch_size=64)
@@ -107,7 +125,11 @@ def serve_forever(fast_path: bool) -> None:
 
     async def main() -> None:
         settings = actorserve.Settings(
-            models=(*builtin_models(), ticker_settings()), host="127.0.0.1", http_port=0, grpc_port=None, grace_period=1.0
+            models=(*builtin_models(), ticker_settings()),
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=None,
+            grace_period=1.0,
         )
         async with trio.open_nursery() as nursery:
             server = await nursery.start(partial(serve, settings, rest_fast_path=fast_path))
@@ -132,7 +154,9 @@ def start_server(fast_path: bool) -> tuple[subprocess.Popen[str], str]:
 # -- the client side ---------------------------------------------------------------------
 
 
-async def unary(url: str, concurrency: int, duration: float, body: bytes, headers: dict[str, str]) -> dict[str, float]:
+async def unary(
+    url: str, concurrency: int, duration: float, body: bytes, headers: dict[str, str]
+) -> dict[str, float]:
     import aiohttp
 
     latencies: list[float] = []
@@ -170,12 +194,20 @@ async def unary(url: str, concurrency: int, duration: float, body: bytes, header
 
 
 async def stream_events(
-    session: Any, url: str, n_tokens: int, model: str = "streamer", delay: float = 0.0, gaps: list[float] | None = None
+    session: Any,
+    url: str,
+    n_tokens: int,
+    model: str = "streamer",
+    delay: float = 0.0,
+    gaps: list[float] | None = None,
 ) -> int:
     parameters: dict[str, Any] = {"n_tokens": n_tokens}
     if delay:
         parameters["delay"] = delay
-    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["t"]}], "parameters": parameters}
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["t"]}],
+        "parameters": parameters,
+    }
     count = 0
     last = 0.0
     async with session.post(f"{url}/v2/models/{model}/infer_stream", json=body) as reply:
@@ -195,10 +227,14 @@ async def streams(url: str, concurrent: int, n_tokens: int, model: str = "stream
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrent), timeout=timeout) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrent), timeout=timeout
+    ) as session:
         await stream_events(session, url, 10, model)  # warm up
         start = time.perf_counter()
-        counts = await asyncio.gather(*(stream_events(session, url, n_tokens, model) for _ in range(concurrent)))
+        counts = await asyncio.gather(
+            *(stream_events(session, url, n_tokens, model) for _ in range(concurrent))
+        )
         elapsed = time.perf_counter() - start
     return sum(counts) / elapsed
 
@@ -261,9 +297,12 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
             for name, _ in modes:
                 stats = results[name][key] = median_run(runs[name])
                 each = ", ".join(f"{r['req_s']:.0f}" for r in runs[name])
-                print(f"[{name:5}] unary infer {key:<12} {stats['req_s']:7.0f} req/s   "
-                      f"{stats['cpu_us']:5.0f} us CPU/req   p50 {stats['p50_ms']:6.2f} ms"
-                      f"   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}   (runs: {each})", flush=True)
+                print(
+                    f"[{name:5}] unary infer {key:<12} {stats['req_s']:7.0f} req/s   "
+                    f"{stats['cpu_us']:5.0f} us CPU/req   p50 {stats['p50_ms']:6.2f} ms"
+                    f"   p99 {stats['p99_ms']:6.2f} ms   errors {stats['errors']}   (runs: {each})",
+                    flush=True,
+                )
         sse_points = (
             ("sse 1 stream", 1, 10_000, "streamer"),
             ("sse 64 streams", 64, 1_000, "streamer"),
@@ -285,8 +324,11 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
                 rate = results[name][key] = sorted(rates[name])[len(rates[name]) // 2]
                 each = ", ".join(f"{r:.0f}" for r in rates[name])
                 cpu_each = ", ".join(f"{c:.0f}" for c in cpus[name])
-                print(f"[{name:5}] {key} ({n_tokens} tokens each) {rate:8.0f} events/s   (runs: {each})"
-                      f"   server CPU {min(cpus[name]):.0f} us/event (runs: {cpu_each})", flush=True)
+                print(
+                    f"[{name:5}] {key} ({n_tokens} tokens each) {rate:8.0f} events/s   (runs: {each})"
+                    f"   server CPU {min(cpus[name]):.0f} us/event (runs: {cpu_each})",
+                    flush=True,
+                )
         if chosen("itl c=1"):
             itls: dict[str, list[dict[str, float]]] = {name: [] for name, _ in modes}
             for _ in range(rounds):
@@ -295,8 +337,11 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
             for name, _ in modes:
                 best = results[name]["itl c=1"] = min(itls[name], key=lambda r: r["p50_ms"])
                 each = ", ".join(f"{r['p50_ms']:.2f}/{r['p99_ms']:.2f}" for r in itls[name])
-                print(f"[{name:5}] itl c=1 (paced {1000 * ITL_DELAY:.0f} ms)  p50 {best['p50_ms']:.2f} ms"
-                      f"   p99 {best['p99_ms']:.2f} ms   (runs p50/p99: {each})", flush=True)
+                print(
+                    f"[{name:5}] itl c=1 (paced {1000 * ITL_DELAY:.0f} ms)  p50 {best['p50_ms']:.2f} ms"
+                    f"   p99 {best['p99_ms']:.2f} ms   (runs p50/p99: {each})",
+                    flush=True,
+                )
     finally:
         for process, _ in servers.values():
             assert process.stdin is not None
@@ -310,11 +355,17 @@ def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per unary run (default 3)")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per scenario and server; the median is shown")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs per scenario and server; the median is shown"
+    )
     parser.add_argument("--mode", choices=("fast", "quart", "both"), default="both")
-    parser.add_argument("--only", default="", help="comma-separated parts of scenario names to run (default: all)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated parts of scenario names to run (default: all)"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -102,9 +102,18 @@ class ServerProcess:
     def __init__(self) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         argv = [
-            sys.executable, "-m", "actorserve", "--host", "127.0.0.1",
-            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), "--log-level", "WARNING",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "actorserve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+            "--log-level",
+            "WARNING",
+        ]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.http_port}"
 
@@ -159,7 +168,9 @@ async def sse_run(url: str, n_streams: int, tokens: int, model: str = "text") ->
     target = f"{url}/v2/models/{model}/generate_stream"
     headers = {"Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(limit=n_streams)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=PHASE_TIMEOUT)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=PHASE_TIMEOUT)
+    ) as session:
 
         async def one(i: int) -> None:
             arrivals = run.arrivals[i]
@@ -272,7 +283,9 @@ def in_process_limit(core: Any, n_streams: int, tokens: int) -> Run:
 # -- chunked prefill ---------------------------------------------------------------------------
 
 
-async def itl_under_prefill(chunk: int, running: int, arrivals: int, prompt_chars: int, gap: float) -> dict[str, float]:
+async def itl_under_prefill(
+    chunk: int, running: int, arrivals: int, prompt_chars: int, gap: float
+) -> dict[str, float]:
     """ITL of ``running`` streams while ``arrivals`` prompts of ``prompt_chars`` arrive
     every ``gap`` seconds (in-process engine)."""
     import numpy as np
@@ -319,7 +332,9 @@ async def itl_under_prefill(chunk: int, running: int, arrivals: int, prompt_char
 
             async def arrive(i: int) -> None:
                 start = trio.current_time()
-                async with engine.infer_stream(request(long_prompt, 8, 10_000 + i), model="text") as responses:
+                async with engine.infer_stream(
+                    request(long_prompt, 8, 10_000 + i), model="text"
+                ) as responses:
                     async for _ in responses:
                         ttft.append(trio.current_time() - start)
                         break
@@ -375,7 +390,9 @@ def main() -> None:
     parser.add_argument("--skip-server", action="store_true", help="only the chunked-prefill phase")
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
-    print(f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"cpus: {os.cpu_count()}  load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True
+    )
 
     if not args.skip_server:
         import torch
@@ -396,8 +413,12 @@ def main() -> None:
                         results.setdefault((path, n), []).append(measure(path, n, args.tokens, core, server))
         finally:
             server.stop()
-        print(f"\n{args.tokens} tokens per stream, temperature {TEMPERATURE}; best of {args.rounds} rounds (by tok/s)")
-        print(f"{'path':<13} {'streams':>7} {'tok/s':>8} {'vs limit':>8} {'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}  (ms)")
+        print(
+            f"\n{args.tokens} tokens per stream, temperature {TEMPERATURE}; best of {args.rounds} rounds (by tok/s)"
+        )
+        print(
+            f"{'path':<13} {'streams':>7} {'tok/s':>8} {'vs limit':>8} {'TTFT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}  (ms)"
+        )
         for n in counts:
             limit = best(results["in-process", n])["tok_s"]
             for path in PATHS:
@@ -413,7 +434,9 @@ def main() -> None:
 
         print("\nchunked prefill (in-process engine): ITL of 16 running streams while prompts of 2,000")
         print("characters arrive; TTFT of those prompts")
-        print(f"{'arrivals':>22} {'prefill_chunk':>13} {'ITL p50':>8} {'p99':>7} {'max':>7} {'TTFT p50':>9} {'max':>7}  (ms)")
+        print(
+            f"{'arrivals':>22} {'prefill_chunk':>13} {'ITL p50':>8} {'p99':>7} {'max':>7} {'TTFT p50':>9} {'max':>7}  (ms)"
+        )
         for arrivals, label in ((1, "1"), (8, "8, 150 ms apart")):
             for chunk in (16, 32, 64, 2000):
                 r = trio.run(itl_under_prefill, chunk, 16, arrivals, 2000, 0.15)

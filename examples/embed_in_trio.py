@@ -49,7 +49,9 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--http", help="ignored (this example starts its own server)")
     parser.add_argument("--grpc", help="ignored (this example starts its own server)")
     parser.parse_args()

@@ -49,7 +49,9 @@ async def main(host: str, port: int) -> int:
         reply = await stub.model_infer(request_to_pb(request, model_name="identity"))
         response = response_from_pb(reply)
         output = response.output("OUTPUT0").data
-        print(f"id={response.id} model={response.model_name}/{response.model_version} OUTPUT0={output.tolist()}")
+        print(
+            f"id={response.id} model={response.model_name}/{response.model_version} OUTPUT0={output.tolist()}"
+        )
 
         try:
             await stub.model_metadata(pb.ModelMetadataRequest(name="no-such-model"))

@@ -49,7 +49,9 @@ def accumulate(rid: str, value: int, **sequence: bool) -> pb.ModelInferRequest:
     tensor = tensor_from_numpy("INPUT", np.array([value], dtype=np.int64))
     parameters: dict[str, object] = {"sequence_id": "example-seq"}
     parameters.update({f"sequence_{k}": v for k, v in sequence.items()})
-    return request_to_pb(InferenceRequest(inputs=[tensor], id=rid, parameters=parameters), model_name="accumulator")
+    return request_to_pb(
+        InferenceRequest(inputs=[tensor], id=rid, parameters=parameters), model_name="accumulator"
+    )
 
 
 async def main(host: str, port: int) -> int:

@@ -57,7 +57,9 @@ def main(base_url: str) -> int:
         )
 
         config = triton.get_model_config("accumulator")
-        print(f"config: max_batch_size={config['max_batch_size']} instances={config['instance_group'][0]['count']}")
+        print(
+            f"config: max_batch_size={config['max_batch_size']} instances={config['instance_group'][0]['count']}"
+        )
         stats = triton.get_inference_statistics("accumulator")["model_stats"][0]
         print(f"statistics: {stats['inference_stats']['success']['count']} successful request(s)")
         checks.append(stats["inference_stats"]["success"]["count"] >= 1)
@@ -81,8 +83,12 @@ def main(base_url: str) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--http", default="http://127.0.0.1:8080", help="REST base URL of a running actorserve")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--http", default="http://127.0.0.1:8080", help="REST base URL of a running actorserve"
+    )
     parser.add_argument("--grpc", help="ignored (this example uses REST)")
     args = parser.parse_args()
     try:

@@ -69,8 +69,12 @@ def main(base_url: str) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--http", default="http://127.0.0.1:8080", help="REST base URL of a running actorserve")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--http", default="http://127.0.0.1:8080", help="REST base URL of a running actorserve"
+    )
     parser.add_argument("--grpc", help="ignored (this example uses REST)")
     args = parser.parse_args()
     sys.exit(main(args.http))

@@ -53,7 +53,9 @@ def rest(url: str) -> bool:
         chunks: list[str] = []
 
         def stream() -> None:  # an odd input streams until the sequence ends
-            with client.stream("POST", "/predictions/ts_stateful", content=b"3", headers={SEQ_ID: sequence}) as reply:
+            with client.stream(
+                "POST", "/predictions/ts_stateful", content=b"3", headers={SEQ_ID: sequence}
+            ) as reply:
                 for chunk in reply.iter_raw():
                     chunks.append(chunk.decode())
                     if len(chunks) == 2:
@@ -66,14 +68,21 @@ def rest(url: str) -> bool:
         last = client.post("/predictions/ts_stateful", content=b"0", headers={SEQ_ID: sequence})
         streamer.join(30)
         print(f"streamed {chunks}, then 0 ended it: {last.text} ({SEQ_END}: {last.headers.get(SEQ_END)})")
-        return first.text == "1" and set(chunks) == {"4"} and last.text == "4" and last.headers.get(SEQ_END) == sequence
+        return (
+            first.text == "1"
+            and set(chunks) == {"4"}
+            and last.text == "4"
+            and last.headers.get(SEQ_END) == sequence
+        )
 
 
 async def grpc(host: str, port: int) -> bool:
     async with Channel(host, port) as channel:
         stub = ts.InferenceApIsServiceStub(channel, timeout=30, metadata=METADATA)
         requests = [
-            ts.PredictionsRequest(model_name="ts_stateful", sequence_id="grpc-1", input={"data": value, **flags})
+            ts.PredictionsRequest(
+                model_name="ts_stateful", sequence_id="grpc-1", input={"data": value, **flags}
+            )
             for value, flags in ((b"2", {"ts_request_sequence_start": b"true"}), (b"4", {}), (b"0", {}))
         ]
         answers = [(r.sequence_id, r.prediction) async for r in stub.stream_predictions_2(requests)]

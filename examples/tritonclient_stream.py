@@ -67,7 +67,9 @@ def exchange(url: str, results: queue.Queue[tuple[Any, Any]]) -> int:
     client.start_stream(callback=lambda result, error: results.put((result, error)), headers=METADATA)
     try:
         # 1. Tokens from the streamer, each response carrying the request id.
-        client.async_stream_infer("streamer", [text_input("hello")], request_id="tokens", parameters={"n_tokens": 5})
+        client.async_stream_infer(
+            "streamer", [text_input("hello")], request_id="tokens", parameters={"n_tokens": 5}
+        )
         tokens = []
         for _ in range(5):
             result, error = results.get(timeout=TIMEOUT)

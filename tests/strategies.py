@@ -25,10 +25,14 @@ def arrays(draw: st.DrawFn, datatype: str | None = None) -> tuple[str, np.ndarra
         out[:] = values
         return dt, out.reshape(shape)
     if dt == "BOOL":
-        return dt, np.array(draw(st.lists(st.booleans(), min_size=size, max_size=size)), dtype=bool).reshape(shape)
+        return dt, np.array(draw(st.lists(st.booleans(), min_size=size, max_size=size)), dtype=bool).reshape(
+            shape
+        )
     dtype = DATATYPES[dt]
     if dtype.kind == "f":
-        values = draw(st.lists(st.floats(width=dtype.itemsize * 8, allow_nan=False), min_size=size, max_size=size))
+        values = draw(
+            st.lists(st.floats(width=dtype.itemsize * 8, allow_nan=False), min_size=size, max_size=size)
+        )
     else:
         info = np.iinfo(dtype)
         values = draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=size, max_size=size))
@@ -39,9 +43,13 @@ def arrays(draw: st.DrawFn, datatype: str | None = None) -> tuple[str, np.ndarra
 
 #: JSON scalars, including integers past 64 bits and strings that look like datatypes
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=8), st.sampled_from(sorted(DATATYPES)),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.sampled_from(sorted(DATATYPES)),
+)
 #: any JSON value, small
 json_values = st.recursive(
     json_scalars,
@@ -68,7 +76,12 @@ def oip_tensor_like(draw: st.DrawFn) -> dict[str, Any]:
         obj["data"] = draw(st.one_of(json_values, st.lists(json_scalars, max_size=6)))
     if draw(st.booleans()):
         obj["parameters"] = draw(
-            st.one_of(json_values, st.fixed_dictionaries({}, optional={"binary_data_size": json_scalars, "binary_data": json_scalars}))
+            st.one_of(
+                json_values,
+                st.fixed_dictionaries(
+                    {}, optional={"binary_data_size": json_scalars, "binary_data": json_scalars}
+                ),
+            )
         )
     return obj
 
@@ -91,11 +104,17 @@ def oip_request_like(draw: st.DrawFn) -> Any:
 
 #: msgpack-able values, small (what a broken peer might put in a message's fields)
 msgpack_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=6),
-              st.binary(max_size=12)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**64 - 1),
+        st.floats(),
+        st.text(max_size=6),
+        st.binary(max_size=12),
+    ),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=14,
-)  # fmt: skip
+)
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -46,6 +46,8 @@ async def test_matmul_computes_the_same_inline_and_in_a_thread() -> None:
     for compute in ("inline", "thread"):
         settings = attrs.evolve(matmul, parameters={"compute": compute})
         async with actorserve.open_engine([settings]) as engine:
-            y = (await engine.infer(actorserve.InferenceRequest([tensor_from_numpy("x", x)]), model="matmul")).outputs[0]
+            y = (
+                await engine.infer(actorserve.InferenceRequest([tensor_from_numpy("x", x)]), model="matmul")
+            ).outputs[0]
             np.testing.assert_allclose(y.data, expected, rtol=1e-5)
             assert engine.model("matmul").inline is (compute == "inline")

@@ -59,7 +59,10 @@ def test_help_has_one_option_and_one_variable_per_setting() -> None:
             assert "ACTORSERVE_" + field.name.upper() in text
     assert "ACTORSERVE_GRPC_STREAM_MAX_INFLIGHT" in text
     assert "--api-workers" in text and "ACTORSERVE_API_WORKERS" in text
-    assert "front processes serving REST and gRPC beside one engine process (0: everything in one process; see" in " ".join(text.split())
+    assert (
+        "front processes serving REST and gRPC beside one engine process (0: everything in one process; see"
+        in " ".join(text.split())
+    )
     # every option but --version/--help has exactly one variable
     # + MODEL_FOLDERS and TOKEN
     assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 2
@@ -89,12 +92,17 @@ def test_docs_rows_give_each_option_its_variable_and_default() -> None:
 def test_a_bad_environment_value_names_the_variable() -> None:
     result = invoke(ACTORSERVE_HTTP_PORT="abc")
     assert result.exit_code == 2
-    assert "Error: Invalid value for ACTORSERVE_HTTP_PORT: 'abc' is not a port number or 'off'" in result.stderr
+    assert (
+        "Error: Invalid value for ACTORSERVE_HTTP_PORT: 'abc' is not a port number or 'off'" in result.stderr
+    )
     result = invoke(ACTORSERVE_GRACE_PERIOD="-1")  # checked by Settings, named by the CLI
     assert result.exit_code == 2
     assert "Error: Invalid value for ACTORSERVE_GRACE_PERIOD: must be >= 0" in result.stderr
     result = invoke(ACTORSERVE_WORKERS="0")
-    assert (result.exit_code, "Error: Invalid value for ACTORSERVE_WORKERS: must be >= 1" in result.stderr) == (2, True)
+    assert (
+        result.exit_code,
+        "Error: Invalid value for ACTORSERVE_WORKERS: must be >= 1" in result.stderr,
+    ) == (2, True)
 
 
 def test_a_bad_flag_names_the_flag_even_when_its_variable_is_set() -> None:
@@ -102,9 +110,13 @@ def test_a_bad_flag_names_the_flag_even_when_its_variable_is_set() -> None:
     assert result.exit_code == 2
     assert "Error: Invalid value for '--http-port': 'abc' is not a port number or 'off'" in result.stderr
     result = invoke("--grpc-port", "70000")
-    assert (result.exit_code, "Error: Invalid value for '--grpc-port': must be 0-65535 or off" in result.stderr) == (
-        2, True,
-    )  # fmt: skip
+    assert (
+        result.exit_code,
+        "Error: Invalid value for '--grpc-port': must be 0-65535 or off" in result.stderr,
+    ) == (
+        2,
+        True,
+    )
     result = invoke("--grpc-stream-dialect", "kserve")
     assert result.exit_code == 2 and "Invalid value for '--grpc-stream-dialect'" in result.stderr
 
@@ -127,10 +139,20 @@ def test_flags_and_variables_become_settings(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(cli_module, "_serve_until_signal", fake_serve)
     result = invoke(
-        "--host", "::1", "--grpc-stream-max-inflight", "8", "--api-workers", "3", "--workers", "2",
-        ACTORSERVE_HTTP_PORT="0", ACTORSERVE_GRPC_PORT="off", ACTORSERVE_GRACE_PERIOD="2.5",
-        ACTORSERVE_LOG_LEVEL="warning", ACTORSERVE_GRPC_STREAM_MAX_INFLIGHT="99",
-    )  # fmt: skip
+        "--host",
+        "::1",
+        "--grpc-stream-max-inflight",
+        "8",
+        "--api-workers",
+        "3",
+        "--workers",
+        "2",
+        ACTORSERVE_HTTP_PORT="0",
+        ACTORSERVE_GRPC_PORT="off",
+        ACTORSERVE_GRACE_PERIOD="2.5",
+        ACTORSERVE_LOG_LEVEL="warning",
+        ACTORSERVE_GRPC_STREAM_MAX_INFLIGHT="99",
+    )
     assert result.exit_code == 0, result.output
     ((settings, repository),) = served
     assert (settings.host, settings.http_port, settings.grpc_port) == ("::1", 0, None)
@@ -138,7 +160,10 @@ def test_flags_and_variables_become_settings(monkeypatch: pytest.MonkeyPatch) ->
     assert (settings.grpc_stream_max_inflight, settings.api_workers) == (8, 3)  # the flag wins
     assert repository.workers == 2 and {m.workers for m in settings.models} == {2}
     defaults = Settings()
-    assert (settings.max_body_bytes, settings.gzip_min_bytes) == (defaults.max_body_bytes, defaults.gzip_min_bytes)
+    assert (settings.max_body_bytes, settings.gzip_min_bytes) == (
+        defaults.max_body_bytes,
+        defaults.gzip_min_bytes,
+    )
 
 
 def test_model_folders_come_from_the_variable_separated_by_pathsep(
@@ -177,13 +202,20 @@ def test_cors_origins_repeat_or_come_as_a_list_and_a_watched_broken_folder_is_a_
 
     monkeypatch.setattr(cli_module, "_serve_until_signal", fake_serve)
     (tmp_path / "good").mkdir()
-    (tmp_path / "good" / "model-settings.json").write_text('{"implementation": "actorserve.models.identity.IdentityModel"}')
+    (tmp_path / "good" / "model-settings.json").write_text(
+        '{"implementation": "actorserve.models.identity.IdentityModel"}'
+    )
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model-settings.json").write_text("{not json")
     result = invoke(
-        "--cors-allow-origin", "https://a.example,https://b.example/", "--cors-allow-origin", "http://localhost:3000",
-        "--poll-repository", "5", str(tmp_path),
-    )  # fmt: skip
+        "--cors-allow-origin",
+        "https://a.example,https://b.example/",
+        "--cors-allow-origin",
+        "http://localhost:3000",
+        "--poll-repository",
+        "5",
+        str(tmp_path),
+    )
     assert result.exit_code == 0, result.output
     (settings,) = served
     assert settings.cors_allow_origin == ("https://a.example", "https://b.example", "http://localhost:3000")
@@ -191,7 +223,10 @@ def test_cors_origins_repeat_or_come_as_a_list_and_a_watched_broken_folder_is_a_
     assert invoke(str(tmp_path)).exit_code == 2  # not watched: a broken folder stops the start
     refused = invoke("--cors-allow-origin", "app.example")
     assert refused.exit_code == 2
-    assert "Invalid value for '--cors-allow-origin': must be origins like https://app.example.com (or *)" in refused.stderr
+    assert (
+        "Invalid value for '--cors-allow-origin': must be origins like https://app.example.com (or *)"
+        in refused.stderr
+    )
     assert invoke(ACTORSERVE_CORS_ALLOW_ORIGIN="https://a.example https://b.example").exit_code == 0
     assert served[-1].cors_allow_origin == ("https://a.example", "https://b.example")
 
@@ -211,7 +246,7 @@ def test_a_variable_for_version_does_not_stop_the_server(monkeypatch: pytest.Mon
     assert result.exit_code == 0 and result.output == ""
 
 
-MARKER_MODEL = '''\
+MARKER_MODEL = """\
 from pathlib import Path
 
 Path(__file__).with_name("imported").touch()  # proof that the model was loaded
@@ -219,7 +254,7 @@ Path(__file__).with_name("imported").touch()  # proof that the model was loaded
 
 class Marker:
     pass
-'''
+"""
 
 
 @pytest.mark.parametrize("transport", ["REST", "gRPC"])
@@ -233,11 +268,19 @@ def test_a_port_in_use_names_it_and_exits_1_before_any_model_loads(tmp_path: Pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        ports = ["--http-port", port, "--grpc-port", "0"] if transport == "REST" else ["--http-port", "0", "--grpc-port", port]
+        ports = (
+            ["--http-port", port, "--grpc-port", "0"]
+            if transport == "REST"
+            else ["--http-port", "0", "--grpc-port", port]
+        )
         result = subprocess.run(
             [sys.executable, "-m", "actorserve", str(tmp_path), *ports],
-            capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=ROOT,
+        )
     assert result.returncode == 1, result.stderr
     error = f"actorserve: error: cannot listen on 127.0.0.1:{port} ({transport}): address already in use"
     assert [line for line in result.stderr.splitlines() if "error" in line] == [error]

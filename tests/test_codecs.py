@@ -67,11 +67,20 @@ def test_list_decoding_shapes(datatype: str, shape: list[int]) -> None:
 @pytest.mark.parametrize(
     ("obj", "message"),
     [
-        ({"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]}, r"shape \[2\] needs 2 elements, data has 1"),
+        (
+            {"name": "x", "shape": [2], "datatype": "FP32", "data": [1.0]},
+            r"shape \[2\] needs 2 elements, data has 1",
+        ),
         ({"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0, 2.0]}, "needs 1 elements, data has 2"),
-        ({"name": "x", "shape": [1], "datatype": "fp32", "data": [1.0]}, "case-sensitive: did you mean 'FP32'"),
+        (
+            {"name": "x", "shape": [1], "datatype": "fp32", "data": [1.0]},
+            "case-sensitive: did you mean 'FP32'",
+        ),
         ({"name": "x", "shape": [1], "datatype": "FLOAT", "data": [1.0]}, "unknown datatype 'FLOAT'"),
-        ({"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]}, "INT32 data must hold integers, got strings"),
+        (
+            {"name": "x", "shape": [1], "datatype": "INT32", "data": ["a"]},
+            "INT32 data must hold integers, got strings",
+        ),
         ({"name": "x", "shape": [1], "datatype": "INT32", "data": [1.5]}, "got floating-point numbers"),
         ({"name": "x", "shape": [1], "datatype": "BOOL", "data": [1]}, "must hold booleans"),
         ({"name": "x", "shape": [1], "datatype": "BYTES", "data": [1]}, "BYTES elements must be strings"),

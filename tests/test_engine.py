@@ -27,7 +27,9 @@ def builtin(name: str) -> ModelSettings:
 def prompt(text: str, **parameters: object) -> InferenceRequest:
     data = np.empty(1, dtype=object)
     data[0] = text.encode()
-    return InferenceRequest([tensor_from_numpy("text_input", data, "BYTES")], id=text, parameters=dict(parameters))
+    return InferenceRequest(
+        [tensor_from_numpy("text_input", data, "BYTES")], id=text, parameters=dict(parameters)
+    )
 
 
 async def test_unknown_model_and_version() -> None:
@@ -86,7 +88,9 @@ async def test_plain_model_sequences_run_in_order(autojump_clock: trio.testing.M
         order: list[bytes] = []
 
         async def run(text: str) -> None:
-            async with engine.infer_stream(prompt(text, n_tokens=3, delay=0.1, sequence_id=sid), model="streamer") as rs:
+            async with engine.infer_stream(
+                prompt(text, n_tokens=3, delay=0.1, sequence_id=sid), model="streamer"
+            ) as rs:
                 async for r in rs:
                     order.append(r.outputs[0].data[0])
 
@@ -100,10 +104,14 @@ async def test_plain_model_sequences_run_in_order(autojump_clock: trio.testing.M
             await engine.infer(prompt("d", sequence_id=sid), model="streamer")
 
 
-async def test_plain_model_sequence_cancel_stops_running_request(autojump_clock: trio.testing.MockClock) -> None:
+async def test_plain_model_sequence_cancel_stops_running_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with actorserve.open_engine([builtin("streamer")]) as engine:
         await engine.infer(prompt("p", n_tokens=0, sequence_id="s", sequence_start=True), model="streamer")
-        async with engine.infer_stream(prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer") as rs:
+        async with engine.infer_stream(
+            prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer"
+        ) as rs:
             await rs.__anext__()
             await engine.infer(prompt("x", sequence_id="s", sequence_cancel=True), model="streamer")
             with pytest.raises(SequenceNotFound, match="cancelled"):
@@ -123,12 +131,16 @@ async def test_streamer_and_identity_contracts() -> None:
         x = tensor_from_numpy("INPUT0", np.arange(6, dtype=np.int32).reshape(2, 3))
         y = tensor_from_numpy("INPUT1", np.array([b"a"], dtype=object), "BYTES")
         out = await engine.infer(
-            InferenceRequest([x, y], parameters={"p": 1, "sequence_id": 0}, outputs=[actorserve.RequestedOutput("OUTPUT1")]),
+            InferenceRequest(
+                [x, y], parameters={"p": 1, "sequence_id": 0}, outputs=[actorserve.RequestedOutput("OUTPUT1")]
+            ),
             model="identity",
         )
         assert [t.name for t in out.outputs] == ["OUTPUT1"] and out.parameters == {"p": 1}
         with pytest.raises(actorserve.BadInput, match="unknown requested output 'OUT9'"):
-            await engine.infer(InferenceRequest([x], outputs=[actorserve.RequestedOutput("OUT9")]), model="identity")
+            await engine.infer(
+                InferenceRequest([x], outputs=[actorserve.RequestedOutput("OUT9")]), model="identity"
+            )
 
 
 async def test_startup_error_reaches_an_embedder_as_itself() -> None:
@@ -268,7 +280,9 @@ async def test_plain_model_request_queued_in_a_cancelled_sequence_hears_why(
                 await engine.infer(prompt("q", n_tokens=1, sequence_id="s"), model="streamer")
             outcome.append(str(info.value))
 
-        async with engine.infer_stream(prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer") as rs:
+        async with engine.infer_stream(
+            prompt("long", n_tokens=100, delay=1, sequence_id="s"), model="streamer"
+        ) as rs:
             await rs.__anext__()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(queued)

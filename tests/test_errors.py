@@ -17,7 +17,10 @@ def test_model_failed_wrap_names_the_model_and_logs_the_traceback(caplog: pytest
         during = ModelFailed.wrap("m", broke, "in sequence 's'")
     assert error.message == "model 'm' failed: RuntimeError: the model broke"
     assert during.message == "model 'm' failed in sequence 's': RuntimeError: the model broke"
-    assert [r.getMessage() for r in caplog.records] == ["model 'm' failed", "model 'm' failed in sequence 's'"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "model 'm' failed",
+        "model 'm' failed in sequence 's'",
+    ]
     assert all(r.exc_info and r.exc_info[1] is broke for r in caplog.records)
 
 

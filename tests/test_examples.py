@@ -52,9 +52,7 @@ def running_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     """The server in one process, and as a parent with an engine process and two fronts:
     every example must work the same against both."""
     grpc_port = "off" if grpc_import_error() is not None else "0"
-    server = start_server(
-        "--http-port", "0", "--grpc-port", grpc_port, "--api-workers", str(request.param)
-    )  # fmt: skip
+    server = start_server("--http-port", "0", "--grpc-port", grpc_port, "--api-workers", str(request.param))
     try:
         http = server.wait_for(r"REST listening on (http://\S+)", STARTUP_TIMEOUT)
         grpc = re.search(r"gRPC listening on (\S+:\d+)", server.text())
@@ -66,7 +64,10 @@ def running_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
 
 
 def _uses_grpc(source: str) -> bool:
-    return re.search(r"^\s*(from|import)\s+(grpclib|grpc\b|tritonclient\.grpc|actorserve\.proto)", source, re.M) is not None
+    return (
+        re.search(r"^\s*(from|import)\s+(grpclib|grpc\b|tritonclient\.grpc|actorserve\.proto)", source, re.M)
+        is not None
+    )
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
@@ -114,7 +115,9 @@ def test_manage_models_without_the_token_says_so(running_server: RunningServer) 
 def refusing_server() -> Iterator[RunningServer]:
     """One process whose inference needs the token too (``--auth-inference``)."""
     grpc_port = "off" if grpc_import_error() is not None else "0"
-    server = start_server("--http-port", "0", "--grpc-port", grpc_port, "--api-workers", "0", "--auth-inference")
+    server = start_server(
+        "--http-port", "0", "--grpc-port", grpc_port, "--api-workers", "0", "--auth-inference"
+    )
     try:
         http = server.wait_for(r"REST listening on (http://\S+)", STARTUP_TIMEOUT)
         grpc = re.search(r"gRPC listening on (\S+:\d+)", server.text())

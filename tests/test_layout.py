@@ -1,5 +1,7 @@
 """The package's shape: no import cycles, the actors never import a transport, and
-modules small enough to read.
+module size as a review signal: a module past :data:`MAX_LINES` is listed in
+:data:`LONG_MODULES` with the reason it may be long (it is one thing) or the seam it will
+be split along, so growth past the line is a decision someone wrote down, never packing.
 
 The import graph is read from the source (every ``import`` statement, including those
 under ``if TYPE_CHECKING:`` and inside functions), not from ``sys.modules``, so a
@@ -19,7 +21,35 @@ PACKAGE = ROOT / "actorserve"
 
 TRANSPORT = "actorserve.transport"
 ACTORS = "actorserve.actors"
+#: the review line: past it a module needs an entry in LONG_MODULES
 MAX_LINES = 400
+
+#: generated code: sized by its .proto, never reviewed by length
+GENERATED = (
+    "actorserve/proto/inference/",
+    "actorserve/proto/actorserve/v1/",
+    "actorserve/proto/torchserve/org/",
+    "actorserve/proto/torchserve/google/",
+    "actorserve/proto/message_pool.py",
+    "actorserve/proto/torchserve/message_pool.py",
+    "actorserve/proto/upb_descriptor.py",
+)
+
+#: modules allowed past MAX_LINES, each with why (reviewed: an entry is a decision)
+LONG_MODULES: dict[str, str] = {
+    "actorserve/__main__.py": "one thing, the CLI's option table (an entry per setting); issue 21 item 4 generates it from Settings",
+    "actorserve/actors/batcher.py": "the batch cycle; issue 20 item 7 makes it one class with actors/steploop.py",
+    "actorserve/actors/host.py": "two concerns, ModelHost and its replica pool: to be split along that seam (issue 21)",
+    "actorserve/engine.py": "one thing, the in-process EngineAPI (a method per engine operation); issue 20 item 6's table-driven call() shrinks it",
+    "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link; issue 20's per-step link replaces its per-response half",
+    "actorserve/ipc/values.py": "one thing, the engine link's value codec: an encode/decode pair per record type",
+    "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
+    "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",
+    "actorserve/transport/grpc/service.py": "two concerns, the gRPC server's lifecycle and Triton's service: to be split along that seam (issue 21)",
+    "actorserve/transport/grpc/streams.py": "one thing, ModelStreamInfer: per-sequence ordering of a call's requests and its responses",
+    "actorserve/transport/rest/openapi.py": "one thing, the OpenAPI 3.1 document of the REST surface, mostly data",
+    "actorserve/transport/rest/wire.py": "one thing, the OIP REST wire (parse, validate, encode), no I/O",
+}
 
 
 def module_name(path: Path) -> str:
@@ -145,11 +175,33 @@ def checked_for_size() -> list[Path]:
     return [
         path
         for path in sorted(PACKAGE.rglob("*.py"))
-        if not path.relative_to(ROOT).as_posix().startswith(("actorserve/proto/inference", "actorserve/proto/actorserve/v1"))
+        if not path.relative_to(ROOT).as_posix().startswith(GENERATED)
     ]
 
 
 @pytest.mark.parametrize("path", checked_for_size(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_modules_stay_small(path: Path) -> None:
+def test_a_long_module_is_a_reviewed_decision(path: Path) -> None:
+    name = path.relative_to(ROOT).as_posix()
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines"
+    if name in LONG_MODULES:
+        assert lines > MAX_LINES, f"{name}: {lines} lines, no longer long: drop its LONG_MODULES entry"
+    else:
+        assert lines <= MAX_LINES, (
+            f"{name}: {lines} lines: split it along a seam, or list it in LONG_MODULES with why it is one thing"
+        )
+
+
+def test_every_long_module_entry_names_a_module() -> None:
+    missing = [name for name in LONG_MODULES if not (ROOT / name).is_file()]
+    assert missing == []
+
+
+def test_no_fmt_skip_outside_generated_code() -> None:
+    """``ruff format`` lays every module out; a line it would reflow is reflowed, not pinned."""
+    pinned = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in [*checked_for_size(), *sorted((ROOT / "tests").rglob("*.py"))]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt: " + "skip")
+    ]
+    assert pinned == []

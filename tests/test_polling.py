@@ -71,7 +71,9 @@ async def test_added_changed_removed_and_broken_folders(tmp_path: Path) -> None:
         assert state(index, "echo") == (ModelState.READY, "")  # everything else keeps serving
 
         shutil.rmtree(tmp_path / "late")
-        index = await until(engine, lambda index: state(index, "late") == (ModelState.UNAVAILABLE, "unloaded"))
+        index = await until(
+            engine, lambda index: state(index, "late") == (ModelState.UNAVAILABLE, "unloaded")
+        )
         assert [m.name for m in await engine.models()] == ["echo"]
 
         write_model(tmp_path, "broken", {"name": "broken", "implementation": IDENTITY})  # fixed
@@ -82,7 +84,9 @@ async def test_added_changed_removed_and_broken_folders(tmp_path: Path) -> None:
 async def test_off_by_default(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
     write_model(tmp_path, "echo", {"name": "echo", "implementation": IDENTITY})
     repository = ModelRepository((tmp_path,))
-    async with actorserve.open_engine(Settings(models=tuple(repository.discover())), repository=repository) as engine:
+    async with actorserve.open_engine(
+        Settings(models=tuple(repository.discover())), repository=repository
+    ) as engine:
         write_model(tmp_path, "late", {"name": "late", "implementation": IDENTITY})
         await trio.sleep(600)
         assert [m.name for m in await engine.models()] == ["echo"]

@@ -19,8 +19,16 @@ AT_ONCE = 2.0
 @pytest.mark.parametrize("api_workers", ["0", "2"])
 def test_a_second_ctrl_c_stops_at_once(api_workers: str) -> None:
     server = start_server(
-        "--http-port", "0", "--grpc-port", "off", "--api-workers", api_workers, "--no-auth", "--grace-period", "60"
-    )  # fmt: skip
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "off",
+        "--api-workers",
+        api_workers,
+        "--no-auth",
+        "--grace-period",
+        "60",
+    )
     try:
         server.wait_for("serving with" if api_workers != "0" else "REST listening", 60)
         url = server.wait_for(r"REST listening on (http://\S+)")[1]

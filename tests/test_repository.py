@@ -99,7 +99,9 @@ async def test_sibling_modules_resolve_inside_the_folder(tmp_path: Path) -> None
                 + echo("").replace("WORDS = ''", "WORDS = A + ' / ' + B"),
             },
         )
-    write_model(tmp_path, "p", {"pkg/__init__.py": "", "pkg/model.py": echo("in a package")}, "pkg.model.Echo")
+    write_model(
+        tmp_path, "p", {"pkg/__init__.py": "", "pkg/model.py": echo("in a package")}, "pkg.model.Echo"
+    )
     repository = ModelRepository((tmp_path,))
     async with actorserve.open_engine(repository.discover(), repository=repository) as engine:
         assert await said(engine, "x") == b"helper of x / more of x"
@@ -117,15 +119,24 @@ def test_an_implementation_outside_the_folder_imports_normally(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("files", "implementation", "error"),
     [
-        ({"echo.py": "def broken(:\n"}, "echo.Echo",
-         "model 'm': cannot import 'echo.Echo': SyntaxError: invalid syntax (m/echo.py, line 1)"),
-        ({"echo.py": "X = 1\nraise RuntimeError('boom')\n"}, "echo.Echo",
-         "model 'm': cannot import 'echo.Echo': RuntimeError: boom (m/echo.py, line 2, in <module>)"),
+        (
+            {"echo.py": "def broken(:\n"},
+            "echo.Echo",
+            "model 'm': cannot import 'echo.Echo': SyntaxError: invalid syntax (m/echo.py, line 1)",
+        ),
+        (
+            {"echo.py": "X = 1\nraise RuntimeError('boom')\n"},
+            "echo.Echo",
+            "model 'm': cannot import 'echo.Echo': RuntimeError: boom (m/echo.py, line 2, in <module>)",
+        ),
         ({"echo.py": "X = 1\n"}, "echo.Echo", "model 'm': cannot import 'echo.Echo': module "),
         ({"echo.py": "class Echo: pass\n"}, "echo.Echo", "model 'm': 'echo.Echo' is not an actorserve Model"),
-        ({"echo.py": "import no_sibling_here\n"}, "echo.Echo",
-         "model 'm': cannot import 'echo.Echo': ModuleNotFoundError: No module named 'no_sibling_here'"
-         " (m/echo.py, line 1, in <module>)"),
+        (
+            {"echo.py": "import no_sibling_here\n"},
+            "echo.Echo",
+            "model 'm': cannot import 'echo.Echo': ModuleNotFoundError: No module named 'no_sibling_here'"
+            " (m/echo.py, line 1, in <module>)",
+        ),
         ({}, "Echo", "model 'm': implementation 'Echo' is not 'module.Class'"),
     ],
 )

@@ -20,11 +20,18 @@ def write(folder: Path, data: object) -> Path:
 
 
 def test_mlserver_shape_with_sequence_block(tmp_path: Path) -> None:
-    write(tmp_path / "m", {
-        "name": "m", "implementation": "actorserve.models.identity.IdentityModel",
-        "parameters": {"version": "3", "extra": 1}, "max_batch_size": 8, "max_batch_time": 0.01,
-        "workers": 2, "sequence": {"idle_timeout_ms": 500, "max_queue": 4, "evict_idle": True},
-    })
+    write(
+        tmp_path / "m",
+        {
+            "name": "m",
+            "implementation": "actorserve.models.identity.IdentityModel",
+            "parameters": {"version": "3", "extra": 1},
+            "max_batch_size": 8,
+            "max_batch_time": 0.01,
+            "workers": 2,
+            "sequence": {"idle_timeout_ms": 500, "max_queue": 4, "evict_idle": True},
+        },
+    )
     (settings,) = discover_models(tmp_path)
     assert settings.version == "3" and settings.workers == 2 and settings.max_batch_size == 8
     assert settings.sequence.idle_timeout_ms == 500 and settings.sequence.evict_idle

@@ -20,8 +20,12 @@ def piece(text: str, **parameters: Any) -> InferenceResponse:
 
 def test_settings_blocks_lay_over_the_class_declaration() -> None:
     base = TextGeneration(sampling=("temperature",), stop=True)
-    changed = base.with_settings({"chat_template": "{{ messages }}", "chat_stop": ["\n\n"], "max_tokens": "n"})
-    assert changed == TextGeneration("text_input", "text_output", "n", ("temperature",), True, False, "{{ messages }}", ("\n\n",))
+    changed = base.with_settings(
+        {"chat_template": "{{ messages }}", "chat_stop": ["\n\n"], "max_tokens": "n"}
+    )
+    assert changed == TextGeneration(
+        "text_input", "text_output", "n", ("temperature",), True, False, "{{ messages }}", ("\n\n",)
+    )
     assert TextGeneration.from_plain(changed.to_plain()) == changed
     for block, words in [
         ({"chat": "x"}, "unknown key(s) chat"),

@@ -69,9 +69,7 @@ def test_declared_inputs_pass() -> None:
 
 def test_an_unknown_input_names_the_declared_ones() -> None:
     rule = contract(TEXT, TensorSpec("extra", "FP32", (-1,), optional=True))
-    assert refusal(rule, text("prompt")) == (
-        "model 'm' has no input 'prompt' (expected text_input, extra)"
-    )
+    assert refusal(rule, text("prompt")) == ("model 'm' has no input 'prompt' (expected text_input, extra)")
 
 
 def test_a_missing_required_input() -> None:
@@ -119,14 +117,23 @@ def test_any_datatype_takes_every_datatype_and_shape() -> None:
 def test_declared_parameters() -> None:
     rule = contract(model_class=Reads)
     rule.check(InferenceRequest([ints("anything", (5,))], parameters={"n": 1, "mode": "x"}))
-    assert refusal(rule, n=1, max_tokenz=5) == "model 'm' has no parameter 'max_tokenz'; its parameters are: mode, n"
+    assert (
+        refusal(rule, n=1, max_tokenz=5)
+        == "model 'm' has no parameter 'max_tokenz'; its parameters are: mode, n"
+    )
     assert refusal(rule, a=1, b=2) == "model 'm' has no parameters 'a', 'b'; its parameters are: mode, n"
 
 
 def test_sequence_and_transport_parameters_are_never_unknown() -> None:
     rule = contract(TEXT, request_parameters=frozenset())
     rule.check(InferenceRequest([text()], parameters=dict.fromkeys(RESERVED_PARAMETERS, False)))
-    assert {"sequence_id", "sequence_start", "sequence_end", "sequence_cancel", "binary_data_output"} <= RESERVED_PARAMETERS
+    assert {
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "sequence_cancel",
+        "binary_data_output",
+    } <= RESERVED_PARAMETERS
     assert refusal(rule, text(), n=1) == "model 'm' has no parameter 'n'; its parameters are: none"
 
 
@@ -163,7 +170,10 @@ def test_settings_declare_optional_inputs_any_datatype_and_parameters(tmp_path: 
         request={"parameters": ["n_tokens", "delay"]},
     )
     settings = load_model_settings(tmp_path)
-    assert settings.inputs == (TensorSpec("a", "BYTES", (1,), optional=True), TensorSpec("b", ANY_DATATYPE, (-1,)))
+    assert settings.inputs == (
+        TensorSpec("a", "BYTES", (1,), optional=True),
+        TensorSpec("b", ANY_DATATYPE, (-1,)),
+    )
     assert settings.request_parameters == {"n_tokens", "delay"}
     assert [s.metadata_datatype for s in settings.inputs] == ["BYTES", "FP32"]
 
@@ -171,16 +181,39 @@ def test_settings_declare_optional_inputs_any_datatype_and_parameters(tmp_path: 
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
-        ({"inputs": [{"name": "a", "datatype": "", "shape": [1]}]},
-         "inputs: tensor 'a': datatype '' is not an OIP datatype (BOOL, UINT8"),
-        ({"inputs": [{"name": "a", "datatype": "fp32", "shape": [1]}]}, "tensor 'a': datatype 'fp32' is not an OIP datatype"),
-        ({"outputs": [{"name": "a", "datatype": "STRING", "shape": [1]}]}, "outputs: tensor 'a': datatype 'STRING'"),
-        ({"inputs": [{"name": "a", "shape": [1]}]}, "inputs: tensor 'a' needs a 'datatype' (an OIP datatype or 'ANY')"),
-        ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [-2]}]}, "shape [-2]: a dimension is >= 0, or -1"),
-        ({"inputs": [{"name": "a", "datatype": "FP32", "shape": "1"}]}, "tensor 'a' needs a 'shape', a list of integers (-1: any size)"),
+        (
+            {"inputs": [{"name": "a", "datatype": "", "shape": [1]}]},
+            "inputs: tensor 'a': datatype '' is not an OIP datatype (BOOL, UINT8",
+        ),
+        (
+            {"inputs": [{"name": "a", "datatype": "fp32", "shape": [1]}]},
+            "tensor 'a': datatype 'fp32' is not an OIP datatype",
+        ),
+        (
+            {"outputs": [{"name": "a", "datatype": "STRING", "shape": [1]}]},
+            "outputs: tensor 'a': datatype 'STRING'",
+        ),
+        (
+            {"inputs": [{"name": "a", "shape": [1]}]},
+            "inputs: tensor 'a' needs a 'datatype' (an OIP datatype or 'ANY')",
+        ),
+        (
+            {"inputs": [{"name": "a", "datatype": "FP32", "shape": [-2]}]},
+            "shape [-2]: a dimension is >= 0, or -1",
+        ),
+        (
+            {"inputs": [{"name": "a", "datatype": "FP32", "shape": "1"}]},
+            "tensor 'a' needs a 'shape', a list of integers (-1: any size)",
+        ),
         ({"inputs": [{"name": "a", "datatype": "FP32"}]}, "tensor 'a' needs a 'shape'"),
-        ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "optional": "yes"}]}, "'optional' must be true or false"),
-        ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "dims": [1]}]}, "unknown tensor key(s) dims"),
+        (
+            {"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "optional": "yes"}]},
+            "'optional' must be true or false",
+        ),
+        (
+            {"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "dims": [1]}]},
+            "unknown tensor key(s) dims",
+        ),
         ({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1]}] * 2}, "appears twice"),
         ({"request": {"parameters": "n"}}, "'request.parameters' must be a list of parameter names"),
         ({"request": {"params": ["n"]}}, "'request' must be an object with a 'parameters' list"),
@@ -223,15 +256,28 @@ async def test_every_builtin_models_metadata_uses_oip_datatypes() -> None:
 
 async def test_the_light_builtins_enforce_their_declarations() -> None:
     async with actorserve.open_engine(LIGHT) as engine:
-        with pytest.raises(BadInput, match=r"^model 'streamer' has no parameter 'n_token'; its parameters are: delay, n_tokens, usage$"):
+        with pytest.raises(
+            BadInput,
+            match=r"^model 'streamer' has no parameter 'n_token'; its parameters are: delay, n_tokens, usage$",
+        ):
             await engine.infer(InferenceRequest([text()], parameters={"n_token": 2}), model="streamer")
-        with pytest.raises(BadInput, match=r"^model 'accumulator' has no parameter 'n'; its parameters are: none$"):
-            await engine.infer(InferenceRequest([ints("INPUT", (1,))], parameters={"n": 1, "sequence_start": True}), model="accumulator")
+        with pytest.raises(
+            BadInput, match=r"^model 'accumulator' has no parameter 'n'; its parameters are: none$"
+        ):
+            await engine.infer(
+                InferenceRequest([ints("INPUT", (1,))], parameters={"n": 1, "sequence_start": True}),
+                model="accumulator",
+            )
         with pytest.raises(BadInput, match=r"^input 'INPUT' of model 'accumulator': expected shape \[1\]"):
-            await engine.infer(InferenceRequest([ints("INPUT", (2,))], parameters={"sequence_start": True}), model="accumulator")
+            await engine.infer(
+                InferenceRequest([ints("INPUT", (2,))], parameters={"sequence_start": True}),
+                model="accumulator",
+            )
         with pytest.raises(BadInput, match=r"^missing required input 'INPUT0'$"):
             await engine.infer(InferenceRequest([ints("INPUT1", (1,))]), model="identity")
-        echoed = await engine.infer(InferenceRequest([ints("INPUT0", (2, 2))], parameters={"anything": 1}), model="identity")
+        echoed = await engine.infer(
+            InferenceRequest([ints("INPUT0", (2, 2))], parameters={"anything": 1}), model="identity"
+        )
         assert echoed.parameters == {"anything": 1}  # identity declares no parameters
 
         async def stream() -> Any:

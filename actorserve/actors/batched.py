@@ -32,7 +32,9 @@ def least_loaded(batchers: list[ContinuousBatcher]) -> ContinuousBatcher:
     """The replica with the fewest items waiting or running; :class:`ModelNotReady`
     when there is none (the only one hung and its replacement is loading)."""
     if not batchers:
-        raise ModelNotReady("no replica of the model is running (a hung one is being replaced); retry shortly")
+        raise ModelNotReady(
+            "no replica of the model is running (a hung one is being replaced); retry shortly"
+        )
     return min(batchers, key=lambda b: b.load)
 
 
@@ -100,7 +102,9 @@ class BatchedRunner:
             item.sequence_id = actor.id
             return item
         if self.model.requires_sequence:
-            raise BadInput(f"model {self.settings.name!r} is stateful: send a sequence_id (and sequence_start)")
+            raise BadInput(
+                f"model {self.settings.name!r} is stateful: send a sequence_id (and sequence_start)"
+            )
         batcher = least_loaded(self.batchers)
         item = new_item(request, self.settings.reply_buffer)
         item.work = batcher.model.begin(request, None)

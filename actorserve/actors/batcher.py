@@ -98,7 +98,9 @@ class ContinuousBatcher:
             raise ShuttingDown(f"{self.name} is not running")
         waiting = len(self._held) - self._running if self._threaded else self._scheduler.waiting
         if waiting >= self.max_pending:
-            raise Overloaded(f"{self.name}: {self.max_pending} requests already wait for a batch slot", bound="max_pending")
+            raise Overloaded(
+                f"{self.name}: {self.max_pending} requests already wait for a batch slot", bound="max_pending"
+            )
         item.batcher = self
         item.submitted_at = trio.current_time()
         if self._threaded:
@@ -266,7 +268,12 @@ class ContinuousBatcher:
         pending: tuple[list[WorkItem], list[StepOutput] | BaseException] | None = None
         while True:
             self._refill()
-            if pending is None and idle and self.max_batch_time > 0 and 0 < scheduler.running < scheduler.max_batch_size:
+            if (
+                pending is None
+                and idle
+                and self.max_batch_time > 0
+                and 0 < scheduler.running < scheduler.max_batch_size
+            ):
                 await self._gather(self.max_batch_time)
             batch = [item for item in scheduler.plan() if not self._sits_out(item)]
             if not batch:
@@ -334,8 +341,13 @@ class ContinuousBatcher:
             self.counters.stepped(len(batch), took)
         timeout = self.model.step_timeout
         if timeout and took > timeout * 1e9:  # on the event loop: nothing could preempt it
-            log.warning("%s: a step ran %.1f s on the event loop, past its step_timeout of %g s (an inline "
-                        "step cannot be preempted: set step_in_thread for long steps)", self.name, took / 1e9, timeout)
+            log.warning(
+                "%s: a step ran %.1f s on the event loop, past its step_timeout of %g s (an inline "
+                "step cannot be preempted: set step_in_thread for long steps)",
+                self.name,
+                took / 1e9,
+                timeout,
+            )
         return outputs
 
     def _settle(self, batch: list[WorkItem], outputs: list[StepOutput] | BaseException) -> None:
@@ -357,8 +369,10 @@ class ContinuousBatcher:
         computes: it touches only reply mailboxes and responses, never work objects, and
         leaves cancelled items that are still scheduled to the next sweep."""
         if isinstance(outputs, BaseException):
-            failure = outputs if isinstance(outputs, ModelFailed) else ModelFailed(
-                f"model {self.model.name!r} failed: {type(outputs).__name__}: {outputs}"
+            failure = (
+                outputs
+                if isinstance(outputs, ModelFailed)
+                else ModelFailed(f"model {self.model.name!r} failed: {type(outputs).__name__}: {outputs}")
             )
             for item in batch:
                 item.fail(failure)

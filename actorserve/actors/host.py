@@ -244,8 +244,12 @@ class ModelHost:
             del self.replicas[self.batchers.index(batcher)]
             self.batchers.remove(batcher)
         batcher.counters.replaced("recycled")
-        log.info("model %r: %s recycled after %d requests (max_requests_per_replica)",
-                 self.name, batcher.name, batcher.counters.queue_count)  # fmt: skip
+        log.info(
+            "model %r: %s recycled after %d requests (max_requests_per_replica)",
+            self.name,
+            batcher.name,
+            batcher.counters.queue_count,
+        )
         assert self.supervisor is not None
         while batcher.load or self.supervisor.pinned_count(batcher):  # noqa: ASYNC110 (as below)
             await trio.sleep(RETIRE_POLL)
@@ -278,7 +282,7 @@ class ModelHost:
             while runner.trim() > workers:  # noqa: ASYNC110 (as above)
                 await trio.sleep(RETIRE_POLL)
         # a replica still busy after the grace period is dropped once its calls return
-        del self.replicas[max(runner.trim(), workers):]
+        del self.replicas[max(runner.trim(), workers) :]
 
     def _make_runner(self, nursery: trio.Nursery, supervisor: Supervisor) -> PlainRunner | BatchedRunner:
         model = self.replicas[0]
@@ -319,7 +323,10 @@ class ModelHost:
             raise ShuttingDown(f"model {self.name!r} version {self.version!r} is shutting down")
         assert self._runner is not None
         for batcher in self.batchers if self.settings.max_requests_per_replica else ():
-            if batcher.counters.queue_count >= self.settings.max_requests_per_replica and batcher not in self._recycling:
+            if (
+                batcher.counters.queue_count >= self.settings.max_requests_per_replica
+                and batcher not in self._recycling
+            ):
                 self._recycling.add(batcher)
                 self._nursery.start_soon(self._recycle, batcher)  # type: ignore[union-attr]
         self._requests.enter()
@@ -393,7 +400,9 @@ class ModelHost:
         finally:
             self._requests.leave()
 
-    async def _each(self, requests: AsyncIterator[InferenceRequest]) -> AsyncGenerator[InferenceResponse, None]:
+    async def _each(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncGenerator[InferenceResponse, None]:
         async for request in requests:
             async with self.infer_stream(request) as responses:
                 async for response in responses:

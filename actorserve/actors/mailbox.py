@@ -59,9 +59,7 @@ class Mailbox(Generic[T]):
         return self._closed
 
     def statistics(self) -> MailboxStatistics:
-        return MailboxStatistics(
-            len(self._items), self._capacity, self._closed, self._receiver is not None
-        )
+        return MailboxStatistics(len(self._items), self._capacity, self._closed, self._receiver is not None)
 
     def send_nowait(self, item: T) -> None:
         if self._closed:

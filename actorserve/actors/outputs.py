@@ -44,7 +44,9 @@ def _value_problem(value: object, depth: int = 0) -> str | None:
         if not all(isinstance(k, str) for k in value):
             return "a dict key is not a str"
         return next((p for p in (_value_problem(v, depth + 1) for v in value.values()) if p), None)
-    return f"a {type(value).__name__} is not a parameter value (bool, int, float, str, lists and dicts of them)"
+    return (
+        f"a {type(value).__name__} is not a parameter value (bool, int, float, str, lists and dicts of them)"
+    )
 
 
 def _parameters_problem(parameters: dict[str, Any], where: str) -> str | None:
@@ -154,8 +156,11 @@ def run_step(
             return exc
         log.warning(
             "%s: step of %d items raised %s: %s; stepping each item alone to fail only those that raise",
-            name, len(batch), type(exc).__name__, exc,
-        )  # fmt: skip
+            name,
+            len(batch),
+            type(exc).__name__,
+            exc,
+        )
         return [_alone(model, item, on_call) for item in batch]
     return _checked(model, outputs, len(batch))
 

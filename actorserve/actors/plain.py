@@ -106,15 +106,19 @@ class PlainRunner:
             with trio.fail_after(timeout):
                 result = await call
         except trio.TooSlowError:
-            error = ModelFailed(f"model {self.settings.name!r}: no response within its step_timeout of {timeout:g} s")
+            error = ModelFailed(
+                f"model {self.settings.name!r}: no response within its step_timeout of {timeout:g} s"
+            )
             log.error("%s (the call was cancelled)", error)
             raise error from None
         if trio.current_time() - started > timeout:
             log.warning(
                 "model %r: a call took %.1f s, past its step_timeout of %g s, without letting the event loop "
                 "cancel it (work computed inline cannot be preempted: run long work in a thread)",
-                self.settings.name, trio.current_time() - started, timeout,
-            )  # fmt: skip
+                self.settings.name,
+                trio.current_time() - started,
+                timeout,
+            )
         return result
 
     # -- the operations (the host has parsed the sequence controls; cancel is its own) --
@@ -141,7 +145,9 @@ class PlainRunner:
             yield OneByOne(stream)
 
     @asynccontextmanager
-    async def stream_input(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[ResponseIterator]:
+    async def stream_input(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[ResponseIterator]:
         """A ``stream_input`` model's ``predict_stream`` over the whole request stream."""
         index = self._take_replica()
         try:

@@ -11,10 +11,14 @@ from .mailbox import Mailbox
 def new_item(request: InferenceRequest, reply_buffer: int, sequence_id: str | None = None) -> WorkItem:
     """A :class:`WorkItem` for ``request`` whose reply mailbox holds ``reply_buffer``
     responses. The caller owns it and must :meth:`~WorkItem.cancel` it when it leaves."""
-    return WorkItem(request, Mailbox(reply_buffer, name=f"replies of {request.id or 'a request'}"), sequence_id)
+    return WorkItem(
+        request, Mailbox(reply_buffer, name=f"replies of {request.id or 'a request'}"), sequence_id
+    )
 
 
-def stamp(response: InferenceResponse, request_id: str | None, sequence_id: str | None = None) -> InferenceResponse:
+def stamp(
+    response: InferenceResponse, request_id: str | None, sequence_id: str | None = None
+) -> InferenceResponse:
     """Give ``response`` the request's id and its sequence's id, unless the model set
     them itself. Every response of a runner passes through here (in place)."""
     if response.id is None:
@@ -24,7 +28,9 @@ def stamp(response: InferenceResponse, request_id: str | None, sequence_id: str 
     return response
 
 
-def cancelled_response(model: str, version: str, request: InferenceRequest, sequence_id: str) -> InferenceResponse:
+def cancelled_response(
+    model: str, version: str, request: InferenceRequest, sequence_id: str
+) -> InferenceResponse:
     """The answer to a request carrying ``sequence_cancel`` for an open sequence."""
     return InferenceResponse(
         model_name=model,

@@ -61,7 +61,9 @@ def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
 
 def _tensor_metadata(spec: Any, any_datatype: frozenset[str]) -> TensorMetadata:
     name = str(spec["name"])
-    return TensorMetadata(name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype)
+    return TensorMetadata(
+        name, str(spec.get("datatype", "")), tuple(spec.get("shape", ())), name in any_datatype
+    )
 
 
 def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]) -> ModelDescription:
@@ -114,9 +116,17 @@ def inference_statistics(host: ModelHost) -> InferenceStatistics:
     if not host.batched:
         calls = Duration(success.count + fail.count, success.ns + fail.ns)
         return InferenceStatistics(
-            host.name, host.version, requests.last_inference_ms, calls.count, calls.count,
-            success, fail, Duration(calls.count, 0), calls, (BatchStatistics(1, calls),) if calls.count else (),
-        )  # fmt: skip
+            host.name,
+            host.version,
+            requests.last_inference_ms,
+            calls.count,
+            calls.count,
+            success,
+            fail,
+            Duration(calls.count, 0),
+            calls,
+            (BatchStatistics(1, calls),) if calls.count else (),
+        )
     queue_count = queue_ns = steps = items = compute_ns = 0
     by_size: dict[int, list[int]] = {}
     for counters in [*(b.counters for b in host.batchers), *host.retired]:

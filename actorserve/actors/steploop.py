@@ -134,7 +134,9 @@ class StepLoop:
     def start(self) -> None:
         self._thread.start()
         if self.step_timeout:
-            self._watchdog = threading.Thread(target=self._watch, name=f"step watchdog: {self.name}", daemon=True)
+            self._watchdog = threading.Thread(
+                target=self._watch, name=f"step watchdog: {self.name}", daemon=True
+            )
             self._watchdog.start()
 
     def join(self) -> None:
@@ -247,8 +249,11 @@ class StepLoop:
                 with self._cond:
                     self._step_started = None
                     if self.hung:  # too late: the items were failed, the replica replaced
-                        log.warning("%s: the abandoned step returned after %.1f s; its outputs are dropped",
-                                    self.name, step_ns / 1e9)
+                        log.warning(
+                            "%s: the abandoned step returned after %.1f s; its outputs are dropped",
+                            self.name,
+                            step_ns / 1e9,
+                        )
                         return
                 left.extend(self._settle(batch, outputs))
             idle_after = self._taken if not len(self._scheduler) else None

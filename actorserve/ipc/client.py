@@ -107,7 +107,11 @@ class EngineClient:
 
     def link_statistics(self) -> LinkStatistics:
         return LinkStatistics(
-            self._frames_sent, self._messages_sent, self._frames_received, self._messages_received, len(self._calls)
+            self._frames_sent,
+            self._messages_sent,
+            self._frames_received,
+            self._messages_received,
+            len(self._calls),
         )
 
     def _error(self) -> ShuttingDown:
@@ -257,19 +261,27 @@ class EngineClient:
         return result
 
     async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
-        await self._unary("load_from_repository", {"name": name, "config": None if config is None else dict(config)})
+        await self._unary(
+            "load_from_repository", {"name": name, "config": None if config is None else dict(config)}
+        )
 
     async def set_workers(
         self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
     ) -> None:
-        await self._unary("set_workers", {"name": name, "workers": workers, "version": version, "grace": grace})
+        await self._unary(
+            "set_workers", {"name": name, "workers": workers, "version": version, "grace": grace}
+        )
 
     async def describe(self, name: str, version: str | None = None) -> ModelDescription:
         result: ModelDescription = await self._unary("describe", {"name": name, "version": version})
         return result
 
-    async def inference_statistics(self, name: str = "", version: str | None = None) -> list[InferenceStatistics]:
-        result: list[InferenceStatistics] = await self._unary("inference_statistics", {"name": name, "version": version})
+    async def inference_statistics(
+        self, name: str = "", version: str | None = None
+    ) -> list[InferenceStatistics]:
+        result: list[InferenceStatistics] = await self._unary(
+            "inference_statistics", {"name": name, "version": version}
+        )
         return result
 
     async def load_archive(
@@ -282,8 +294,14 @@ class EngineClient:
         max_batch_delay_ms: int | None = None,
         workers: int | None = None,
     ) -> ModelInfo:
-        args = {"path": path, "name": name, "handler": handler, "batch_size": batch_size,
-                "max_batch_delay_ms": max_batch_delay_ms, "workers": workers}  # fmt: skip
+        args = {
+            "path": path,
+            "name": name,
+            "handler": handler,
+            "batch_size": batch_size,
+            "max_batch_delay_ms": max_batch_delay_ms,
+            "workers": workers,
+        }
         result: ModelInfo = await self._unary("load_archive", args)
         return result
 
@@ -356,7 +374,9 @@ class EngineClient:
         if not isinstance(first, Opened):
             raise WireError(f"a stream must open first, got {type(first).__name__}")
 
-    async def _feed(self, call: _ClientCall, requests: AsyncIterator[InferenceRequest], responses: RemoteResponses) -> None:
+    async def _feed(
+        self, call: _ClientCall, requests: AsyncIterator[InferenceRequest], responses: RemoteResponses
+    ) -> None:
         try:
             async for request in requests:
                 while call.credit <= 0 and not call.finished:

@@ -98,7 +98,9 @@ async def _serve_connection(engine: EngineAPI, stream: trio.abc.Stream, limits: 
     async with stream:
         connection = FrontConnection(engine, stream, limits)
         watchers = getattr(engine, "watchers", None)  # an in-process Engine pushes model changes
-        watch = watchers.watching(connection.models_changed) if isinstance(watchers, Watchers) else nullcontext()
+        watch = (
+            watchers.watching(connection.models_changed) if isinstance(watchers, Watchers) else nullcontext()
+        )
         try:
             with watch:
                 await connection.run()
@@ -223,11 +225,15 @@ class FrontConnection:
                         value = await self._unary(message.method, message.args)
                         reply = self._encode(Reply(message.id, value))
                     elif isinstance(message, Infer):
-                        response = await self._engine.infer(message.request, model=message.model, version=message.version)
+                        response = await self._engine.infer(
+                            message.request, model=message.model, version=message.version
+                        )
                         reply = self._encode_output(lambda: Reply(message.id, response_to_plain(response)))
                     elif isinstance(message, OpenStream):
                         call.credit = max(1, message.window)
-                        stream = self._engine.infer_stream(message.request, model=message.model, version=message.version)
+                        stream = self._engine.infer_stream(
+                            message.request, model=message.model, version=message.version
+                        )
                         async with stream as responses:
                             await self._outbox.put(self._encode(Opened(message.id)))
                             await self._pump(message.id, call, responses)

@@ -184,9 +184,22 @@ class ModelsChanged:
 
 
 Message = (
-    Call | Infer | OpenStream | OpenStreamIn | StreamRequest | StreamInputEnd | Ack | Cancel
-    | Reply | Opened | Responses | End | Failed | Credit | ModelsChanged
-)  # fmt: skip
+    Call
+    | Infer
+    | OpenStream
+    | OpenStreamIn
+    | StreamRequest
+    | StreamInputEnd
+    | Ack
+    | Cancel
+    | Reply
+    | Opened
+    | Responses
+    | End
+    | Failed
+    | Credit
+    | ModelsChanged
+)
 
 _Encoder = Callable[[Any], list[Any]]
 _Decoder = Callable[[int, list[Any]], Message]
@@ -225,26 +238,61 @@ def _responses(value: Any) -> tuple[InferenceResponse, ...]:
 #: tag -> (class, fields after the id to plain, plain fields to message)
 _CODECS: Final[dict[int, tuple[type[Any], _Encoder, _Decoder]]] = {
     1: (Call, lambda m: [m.method, m.args], lambda i, f: Call(i, _str(f[0]), _args(f[1]))),
-    2: (Infer, lambda m: [request_to_plain(m.request), m.model, m.version],
-        lambda i, f: Infer(i, request_from_plain(f[0]), _opt_str(f[1]), _opt_str(f[2]))),
-    3: (OpenStream, lambda m: [request_to_plain(m.request), m.model, m.version, m.window],
-        lambda i, f: OpenStream(i, request_from_plain(f[0]), _opt_str(f[1]), _opt_str(f[2]), _count(f[3]))),
-    4: (OpenStreamIn, lambda m: [m.model, m.version, m.window],
-        lambda i, f: OpenStreamIn(i, _str(f[0]), _opt_str(f[1]), _count(f[2]))),
-    5: (StreamRequest, lambda m: [request_to_plain(m.request)], lambda i, f: StreamRequest(i, request_from_plain(f[0]))),
+    2: (
+        Infer,
+        lambda m: [request_to_plain(m.request), m.model, m.version],
+        lambda i, f: Infer(i, request_from_plain(f[0]), _opt_str(f[1]), _opt_str(f[2])),
+    ),
+    3: (
+        OpenStream,
+        lambda m: [request_to_plain(m.request), m.model, m.version, m.window],
+        lambda i, f: OpenStream(i, request_from_plain(f[0]), _opt_str(f[1]), _opt_str(f[2]), _count(f[3])),
+    ),
+    4: (
+        OpenStreamIn,
+        lambda m: [m.model, m.version, m.window],
+        lambda i, f: OpenStreamIn(i, _str(f[0]), _opt_str(f[1]), _count(f[2])),
+    ),
+    5: (
+        StreamRequest,
+        lambda m: [request_to_plain(m.request)],
+        lambda i, f: StreamRequest(i, request_from_plain(f[0])),
+    ),
     6: (StreamInputEnd, lambda m: [], lambda i, f: StreamInputEnd(i)),
     7: (Ack, lambda m: [m.count], lambda i, f: Ack(i, _count(f[0]))),
     8: (Cancel, lambda m: [], lambda i, f: Cancel(i)),
     20: (Reply, lambda m: [m.value], lambda i, f: Reply(i, f[0])),
     21: (Opened, lambda m: [], lambda i, f: Opened(i)),
-    22: (Responses, lambda m: [[response_to_plain(r) for r in m.responses]], lambda i, f: Responses(i, _responses(f[0]))),
+    22: (
+        Responses,
+        lambda m: [[response_to_plain(r) for r in m.responses]],
+        lambda i, f: Responses(i, _responses(f[0])),
+    ),
     23: (End, lambda m: [], lambda i, f: End(i)),
     24: (Failed, lambda m: [m.kind, m.message], lambda i, f: Failed(i, _str(f[0]), _str(f[1]))),
     25: (Credit, lambda m: [m.count], lambda i, f: Credit(i, _count(f[0]))),
     26: (ModelsChanged, lambda m: [], lambda i, f: ModelsChanged(i)),
-}  # fmt: skip
-_TAGS: Final[dict[type[Any], tuple[int, _Encoder]]] = {cls: (tag, enc) for tag, (cls, enc, _) in _CODECS.items()}
-_ARITY: Final[dict[int, int]] = {1: 2, 2: 3, 3: 4, 4: 3, 5: 1, 6: 0, 7: 1, 8: 0, 20: 1, 21: 0, 22: 1, 23: 0, 24: 2, 25: 1, 26: 0}
+}
+_TAGS: Final[dict[type[Any], tuple[int, _Encoder]]] = {
+    cls: (tag, enc) for tag, (cls, enc, _) in _CODECS.items()
+}
+_ARITY: Final[dict[int, int]] = {
+    1: 2,
+    2: 3,
+    3: 4,
+    4: 3,
+    5: 1,
+    6: 0,
+    7: 1,
+    8: 0,
+    20: 1,
+    21: 0,
+    22: 1,
+    23: 0,
+    24: 2,
+    25: 1,
+    26: 0,
+}
 
 
 class FrameTooLarge(BadInput):
@@ -259,11 +307,15 @@ def encode_message(message: Message, max_bytes: int | None = None) -> bytes:
     msgpack cannot carry."""
     tag, encode = _TAGS[type(message)]
     try:
-        data: bytes = msgpack.packb([tag, message.id, *encode(message)], use_bin_type=True, default=plain_default)
+        data: bytes = msgpack.packb(
+            [tag, message.id, *encode(message)], use_bin_type=True, default=plain_default
+        )
     except (TypeError, ValueError, OverflowError) as exc:
         raise BadInput(f"a value cannot be sent to the other process: {exc}") from None
     if max_bytes is not None and len(data) > max_bytes:
-        raise FrameTooLarge(f"a message of {len(data)} bytes exceeds the engine link's limit of {max_bytes} bytes")
+        raise FrameTooLarge(
+            f"a message of {len(data)} bytes exceeds the engine link's limit of {max_bytes} bytes"
+        )
     return data
 
 

@@ -40,7 +40,9 @@ class Outbox:
         return len(self._items)
 
     def _full(self) -> bool:
-        return bool(self._items) and (len(self._items) >= self._max_messages or self._bytes >= self._max_bytes)
+        return bool(self._items) and (
+            len(self._items) >= self._max_messages or self._bytes >= self._max_bytes
+        )
 
     async def put(self, message: bytes) -> None:
         """Queue ``message``, waiting while the outbox is full."""

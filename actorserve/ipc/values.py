@@ -63,7 +63,9 @@ def tensor_to_plain(tensor: Tensor) -> Plain:
     if tensor.datatype != "BYTES":
         dtype = numpy_dtype(tensor.datatype)
         if data.dtype != dtype:  # raw bytes must be the declared width
-            tensor = Tensor(tensor.name, tensor.shape, tensor.datatype, np.asarray(data, dtype=dtype), tensor.parameters)
+            tensor = Tensor(
+                tensor.name, tensor.shape, tensor.datatype, np.asarray(data, dtype=dtype), tensor.parameters
+            )
     return [tensor.name, tensor.datatype, list(tensor.shape), tensor_to_raw(tensor), tensor.parameters]
 
 
@@ -77,7 +79,9 @@ def tensor_from_plain(plain: Plain) -> Tensor:
     if dtype is not None and raw and len(shape) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in shape):
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes for {datatype} {shape}")
-        return Tensor(name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters))
+        return Tensor(
+            name, tuple(shape), datatype, np.frombuffer(raw, dtype).reshape(shape), _map(parameters)
+        )
     if datatype == "BYTES" and shape == [1] and int.from_bytes(raw[:4], "little") == len(raw) - 4 >= 0:
         one = np.empty(1, dtype=object)  # one string: a streamed text piece, the common case
         one[0] = raw[4:]
@@ -105,7 +109,9 @@ def request_from_plain(plain: Plain) -> InferenceRequest:
         inputs=[tensor_from_plain(t) for t in _list(inputs)],
         id=_optional_str(request_id),
         parameters=_map(parameters),
-        outputs=[RequestedOutput(_str(n), _map(p)) for n, p in (_fields(o, 2, "output") for o in _list(outputs))],
+        outputs=[
+            RequestedOutput(_str(n), _map(p)) for n, p in (_fields(o, 2, "output") for o in _list(outputs))
+        ],
         model_name=_optional_str(model_name),
         model_version=_optional_str(model_version),
     )
@@ -136,19 +142,38 @@ def response_from_plain(plain: Plain) -> InferenceResponse:
 
 
 def _info_to_plain(info: ModelInfo) -> Plain:
-    return [info.name, info.version, str(info.state), info.batched, info.stream_input,
-            info.workers, info.max_batch_size, info.reason,
-            None if info.text_generation is None else info.text_generation.to_plain()]  # fmt: skip
+    return [
+        info.name,
+        info.version,
+        str(info.state),
+        info.batched,
+        info.stream_input,
+        info.workers,
+        info.max_batch_size,
+        info.reason,
+        None if info.text_generation is None else info.text_generation.to_plain(),
+    ]
 
 
 def _info_from_plain(plain: Plain) -> ModelInfo:
-    name, version, state, batched, stream_input, workers, max_batch_size, reason, text = _fields(plain, 9, "model info")
+    name, version, state, batched, stream_input, workers, max_batch_size, reason, text = _fields(
+        plain, 9, "model info"
+    )
     try:
         text_generation = None if text is None else TextGeneration.from_plain(text)
     except (TypeError, ValueError) as exc:
         raise WireError(f"bad text_generation in model info: {exc}") from None
-    return ModelInfo(_str(name), _str(version), _state(state), _bool(batched), _bool(stream_input),
-                     _int(workers), _int(max_batch_size), _str(reason), text_generation)  # fmt: skip
+    return ModelInfo(
+        _str(name),
+        _str(version),
+        _state(state),
+        _bool(batched),
+        _bool(stream_input),
+        _int(workers),
+        _int(max_batch_size),
+        _str(reason),
+        text_generation,
+    )
 
 
 def _spec_to_plain(spec: TensorMetadata) -> Plain:
@@ -157,13 +182,20 @@ def _spec_to_plain(spec: TensorMetadata) -> Plain:
 
 def _spec_from_plain(plain: Plain) -> TensorMetadata:
     name, datatype, shape, any_datatype = _fields(plain, 4, "tensor metadata")
-    return TensorMetadata(_str(name), _str(datatype), tuple(_int(d) for d in _list(shape)), _bool(any_datatype))
+    return TensorMetadata(
+        _str(name), _str(datatype), tuple(_int(d) for d in _list(shape)), _bool(any_datatype)
+    )
 
 
 def _metadata_to_plain(meta: ModelMetadata) -> Plain:
-    return [meta.name, list(meta.versions), meta.platform,
-            [_spec_to_plain(s) for s in meta.inputs], [_spec_to_plain(s) for s in meta.outputs],
-            dict(meta.parameters)]  # fmt: skip
+    return [
+        meta.name,
+        list(meta.versions),
+        meta.platform,
+        [_spec_to_plain(s) for s in meta.inputs],
+        [_spec_to_plain(s) for s in meta.outputs],
+        dict(meta.parameters),
+    ]
 
 
 def _metadata_from_plain(plain: Plain) -> ModelMetadata:
@@ -188,12 +220,24 @@ def _entry_from_plain(plain: Plain) -> RepositoryEntry:
 
 
 _STAT_COUNTERS: Final = (
-    "inflight", "waiting", "running", "steps", "items_stepped", "open_sequences", "sequences_started", "queued",
-)  # fmt: skip
+    "inflight",
+    "waiting",
+    "running",
+    "steps",
+    "items_stepped",
+    "open_sequences",
+    "sequences_started",
+    "queued",
+)
 
 
 def _statistics_to_plain(stats: ModelStatistics) -> Plain:
-    return [stats.name, stats.version, *(getattr(stats, c) for c in _STAT_COUNTERS), dict(stats.sequences_ended)]
+    return [
+        stats.name,
+        stats.version,
+        *(getattr(stats, c) for c in _STAT_COUNTERS),
+        dict(stats.sequences_ended),
+    ]
 
 
 def _statistics_from_plain(plain: Plain) -> ModelStatistics:
@@ -236,10 +280,15 @@ def _duration(plain: Plain) -> Duration:
 
 def _description_from_plain(plain: Plain) -> ModelDescription:
     replicas = _list_from(lambda p: _scalars(ReplicaDescription, p, "replica", {}))
-    description: ModelDescription = _scalars(ModelDescription, plain, "model description", {
-        "versions": lambda p: tuple(_str(v) for v in _list(p)),
-        "replicas": lambda p: tuple(replicas(p)),
-    })  # fmt: skip
+    description: ModelDescription = _scalars(
+        ModelDescription,
+        plain,
+        "model description",
+        {
+            "versions": lambda p: tuple(_str(v) for v in _list(p)),
+            "replicas": lambda p: tuple(replicas(p)),
+        },
+    )
     return description
 
 
@@ -249,7 +298,9 @@ def _batch(plain: Plain) -> BatchStatistics:
 
 
 def _inference_statistics_from_plain(plain: Plain) -> InferenceStatistics:
-    nested: dict[str, Callable[[Plain], Any]] = {d: _duration for d in ("success", "fail", "queue", "compute_infer")}
+    nested: dict[str, Callable[[Plain], Any]] = {
+        d: _duration for d in ("success", "fail", "queue", "compute_infer")
+    }
     nested["batches"] = lambda p: tuple(_batch(b) for b in _list(p))
     stats: InferenceStatistics = _scalars(InferenceStatistics, plain, "inference statistics", nested)
     return stats
@@ -289,10 +340,16 @@ UNARY_METHODS: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Plain], Ca
     "set_workers": (("name", "workers", "version", "grace"), _none_to_plain, _none_from_plain),
     "describe": (("name", "version"), _record_to_plain, _description_from_plain),
     "inference_statistics": (
-        ("name", "version"), _list_of(_record_to_plain), _list_from(_inference_statistics_from_plain),
+        ("name", "version"),
+        _list_of(_record_to_plain),
+        _list_from(_inference_statistics_from_plain),
     ),
     "unload": (("name", "version", "grace"), _none_to_plain, _none_from_plain),
-    "load_archive": (("path", "name", "handler", "batch_size", "max_batch_delay_ms", "workers"), _info_to_plain, _info_from_plain),
+    "load_archive": (
+        ("path", "name", "handler", "batch_size", "max_batch_delay_ms", "workers"),
+        _info_to_plain,
+        _info_from_plain,
+    ),
     "set_default_version": (("name", "version"), _none_to_plain, _none_from_plain),
     "wait_idle": ((), _none_to_plain, _none_from_plain),
 }

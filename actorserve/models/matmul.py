@@ -86,5 +86,7 @@ class MatmulBatchedModel(BatchModel[None, InferenceRequest]):
         for request, x in zip(batch, xs, strict=True):
             part = y[start : start + len(x)]
             start += len(x)
-            outputs.append(StepOutput(self.response(request, [Tensor("y", part.shape, "FP32", part)]), done=True))
+            outputs.append(
+                StepOutput(self.response(request, [Tensor("y", part.shape, "FP32", part)]), done=True)
+            )
         return outputs

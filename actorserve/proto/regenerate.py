@@ -156,7 +156,9 @@ def _upb_descriptor(out_dir: Path) -> str:
     )
 
 
-def _generate(out_dir: Path, proto_dir: Path, proto_files: tuple[str, ...], kept: tuple[str, ...]) -> dict[str, str]:
+def _generate(
+    out_dir: Path, proto_dir: Path, proto_files: tuple[str, ...], kept: tuple[str, ...]
+) -> dict[str, str]:
     """Run protoc + betterproto2 into ``out_dir``; return ``{relative path: text}`` of what we keep.
 
     Runs in a scratch working directory with an empty ``XDG_CONFIG_HOME`` so the ruff the

@@ -9,4 +9,10 @@ the TorchServe transports (``actorserve.transport.torchserve``) and the handler 
 from .archive import Overrides, archive_settings, find_archives, is_archive
 from .context import send_intermediate_predict_response
 
-__all__ = ["Overrides", "archive_settings", "find_archives", "is_archive", "send_intermediate_predict_response"]
+__all__ = [
+    "Overrides",
+    "archive_settings",
+    "find_archives",
+    "is_archive",
+    "send_intermediate_predict_response",
+]

@@ -35,10 +35,19 @@ MAX_MANIFEST_BYTES: Final = 1024 * 1024
 
 #: model-config.yaml keys we act on (the rest are kept for the handler and ignored)
 CONFIG_KEYS: Final = (
-    "batchSize", "maxBatchDelay", "minWorkers", "maxWorkers", "responseTimeout",
-    "sequenceBatching", "continuousBatching", "sequenceMaxIdleMSec", "sequenceTimeoutMSec",
-    "maxSequenceJobQueueSize", "maxNumSequence", "handler",
-)  # fmt: skip
+    "batchSize",
+    "maxBatchDelay",
+    "minWorkers",
+    "maxWorkers",
+    "responseTimeout",
+    "sequenceBatching",
+    "continuousBatching",
+    "sequenceMaxIdleMSec",
+    "sequenceTimeoutMSec",
+    "maxSequenceJobQueueSize",
+    "maxNumSequence",
+    "handler",
+)
 
 
 def is_archive(path: Path) -> bool:
@@ -148,7 +157,9 @@ def _check_small(path: Path) -> None:
     """A manifest or model-config.yaml is a few hundred bytes: one of megabytes is refused
     before it is read and parsed (on every load, and for every archive of the store)."""
     if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise SettingsError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest or config may be")
+        raise SettingsError(
+            f"{path}: larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest or config may be"
+        )
 
 
 def read_manifest(model_dir: Path) -> dict[str, Any]:

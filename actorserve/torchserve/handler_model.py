@@ -192,8 +192,9 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             pass
         log.error(
             "model %r: the handler did not respond within %g s (responseTimeout): restarting it",
-            self.name, self.response_timeout,
-        )  # fmt: skip
+            self.name,
+            self.response_timeout,
+        )
         running.abandoned = True
         while not running.events.empty():
             running.events.get_nowait()
@@ -240,8 +241,10 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         if state is not None:
             headers.setdefault(self.header_names.sequence_id, state.sequence_id)
             if envelope.HEADERS not in request.parameters:  # from an OIP client: its controls
-                for key, name in (("sequence_start", self.header_names.sequence_start),
-                                  ("sequence_end", self.header_names.sequence_end)):  # fmt: skip
+                for key, name in (
+                    ("sequence_start", self.header_names.sequence_start),
+                    ("sequence_end", self.header_names.sequence_end),
+                ):
                     if request.parameters.get(key) in (True, "true", 1):
                         headers[name] = "true"
         return TsWork(request, str(uuid.uuid4()), data, headers)
@@ -280,16 +283,24 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             if part is not None:
                 body, content_type, status, phrase, headers = part
                 headers.pop(envelope.STREAM_NEXT, None)
-                work.backlog.append(StepOutput(self._response(work, body, content_type, headers, status, phrase)))
+                work.backlog.append(
+                    StepOutput(self._response(work, body, content_type, headers, status, phrase))
+                )
 
     def _response(
         self, work: TsWork, body: bytes, content_type: str, headers: dict[str, str], status: int, phrase: str
     ) -> InferenceResponse:
         content_type = headers.pop("content-type", content_type) or content_type
         return envelope.make_response(
-            work.request, self.name, self.version, body,
-            content_type=content_type, headers=headers, status=status, message=phrase,
-        )  # fmt: skip
+            work.request,
+            self.name,
+            self.version,
+            body,
+            content_type=content_type,
+            headers=headers,
+            status=status,
+            message=phrase,
+        )
 
     # -- the handler's thread ----------------------------------------------------------
 
@@ -364,11 +375,19 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         return context.get_response_headers(idx).get(envelope.STREAM_NEXT) == "true"
 
     def _failed(self, works: list[TsWork], status: int, message: str) -> _Final:
-        body = json.dumps({"code": status, "type": _error_type(status), "message": message}, indent=2).encode()
+        body = json.dumps(
+            {"code": status, "type": _error_type(status), "message": message}, indent=2
+        ).encode()
         responses = {}
         for work in works:
             response = envelope.make_response(
-                work.request, self.name, self.version, body, content_type="application/json", status=status, message=message
+                work.request,
+                self.name,
+                self.version,
+                body,
+                content_type="application/json",
+                status=status,
+                message=message,
             )
             responses[work.request_id] = (response, False, False)
         return _Final(responses)

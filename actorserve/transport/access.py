@@ -27,8 +27,16 @@ ACCESS_LOGGER: Final = "actorserve.access"
 
 #: the fields of a line, in order (JSON keys; ``key=value`` in text)
 FIELDS: Final = (
-    "transport", "method", "route", "status", "bytes", "duration_ms", "model", "version", "sequence_id",
-)  # fmt: skip
+    "transport",
+    "method",
+    "route",
+    "status",
+    "bytes",
+    "duration_ms",
+    "model",
+    "version",
+    "sequence_id",
+)
 
 #: seconds between two flushes (a line appears at most this late)
 FLUSH_SECONDS: Final = 0.1
@@ -121,8 +129,16 @@ def _emit(batch: list[Line], dropped: int) -> None:
             handler.write_batch(batch)
     else:
         for line in batch:
-            record = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (text_of(line),), None,
-                                    extra={"access": fields_of(line)})  # fmt: skip
+            record = log.makeRecord(
+                log.name,
+                logging.INFO,
+                __file__,
+                0,
+                "%s",
+                (text_of(line),),
+                None,
+                extra={"access": fields_of(line)},
+            )
             record.created, record.msecs = line[0], (line[0] % 1) * 1000
             log.handle(record)
     if dropped:
@@ -159,7 +175,12 @@ class AccessHandler(logging.StreamHandler[TextIO]):
 
     def format_line(self, line: Line) -> str:
         if self.json:
-            head = {"time": self._time(line[0]), "level": "INFO", "logger": ACCESS_LOGGER, "message": text_of(line)}
+            head = {
+                "time": self._time(line[0]),
+                "level": "INFO",
+                "logger": ACCESS_LOGGER,
+                "message": text_of(line),
+            }
             return orjson.dumps({**head, **fields_of(line)}).decode()
         return f"{self._time(line[0])} INFO {ACCESS_LOGGER}: {text_of(line)}"
 

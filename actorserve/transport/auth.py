@@ -40,7 +40,9 @@ GRPC_MANAGEMENT_PREFIXES: Final = (
     "/org.pytorch.serve.grpc.management.ManagementAPIsService/",
 )
 #: gRPC inference methods, and services all of whose methods are inference (but Ping).
-GRPC_INFERENCE: Final = frozenset({"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"})
+GRPC_INFERENCE: Final = frozenset(
+    {"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"}
+)
 GRPC_INFERENCE_PREFIXES: Final = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/",)
 GRPC_OPEN: Final = frozenset({"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"})
 #: the REST path of the metrics (``--auth-metrics``)
@@ -64,7 +66,12 @@ class Guard:
     __slots__ = ("_tokens", "inference", "management", "metrics")
 
     def __init__(
-        self, tokens: Iterable[str], *, management: bool = True, inference: bool = False, metrics: bool = False
+        self,
+        tokens: Iterable[str],
+        *,
+        management: bool = True,
+        inference: bool = False,
+        metrics: bool = False,
     ) -> None:
         self._tokens = tuple(t.encode() for t in tokens if t)
         if (management or inference or metrics) and not self._tokens:

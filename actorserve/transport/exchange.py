@@ -48,7 +48,7 @@ class Exchange:
         "stream_error",
         "transport",
         "version",
-    )  # fmt: skip
+    )
 
     def __init__(self, transport: str, method: str, route: str) -> None:
         self.transport = transport
@@ -160,7 +160,9 @@ class Recorder:
             if outcome_status is None:
                 self.metrics.disconnected(model, version, exchange.transport)
             else:
-                self.metrics.request(model, version, exchange.transport, outcome_status, now - exchange.started)
+                self.metrics.request(
+                    model, version, exchange.transport, outcome_status, now - exchange.started
+                )
         if self.access is not None:
             self.access.add(
                 (

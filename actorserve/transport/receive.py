@@ -109,4 +109,12 @@ async def cancel_on_disconnect(
             return
 
 
-__all__ = ["BodyTimeout", "BodyTooLarge", "Disconnected", "body_deadline", "cancel_on_disconnect", "read_body", "too_large"]
+__all__ = [
+    "BodyTimeout",
+    "BodyTooLarge",
+    "Disconnected",
+    "body_deadline",
+    "cancel_on_disconnect",
+    "read_body",
+    "too_large",
+]

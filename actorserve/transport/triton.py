@@ -21,11 +21,21 @@ from ..errors import BadInput
 
 #: OIP datatype -> Triton's config data type
 DATA_TYPES: Final = {
-    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64", "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64",
-    "BYTES": "TYPE_STRING", "BF16": "TYPE_BF16",
-}  # fmt: skip
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+    "BF16": "TYPE_BF16",
+}
 
 #: what ``backend`` says: the models are Python objects run by actorserve
 BACKEND: Final = "actorserve"
@@ -103,7 +113,9 @@ def statistics_json(stats: list[InferenceStatistics]) -> dict[str, Any]:
     }
 
 
-UNLOAD_DEPENDENTS_NOTE: Final = "unload_dependents is ignored: actorserve models have no dependents (no ensembles)"
+UNLOAD_DEPENDENTS_NOTE: Final = (
+    "unload_dependents is ignored: actorserve models have no dependents (no ensembles)"
+)
 
 
 def load_config(parameters: Mapping[str, Any]) -> dict[str, Any] | None:

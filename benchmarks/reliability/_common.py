@@ -18,8 +18,12 @@ from support import rel_load as load  # re-exported: the scenarios use it
 from support.scrape import parse
 from support.servers import ServerProcess, start_server
 
-LIVE = ("actorserve_requests_in_flight", "actorserve_model_requests_in_flight",
-        "actorserve_batch_waiting", "actorserve_batch_running")  # fmt: skip
+LIVE = (
+    "actorserve_requests_in_flight",
+    "actorserve_model_requests_in_flight",
+    "actorserve_batch_waiting",
+    "actorserve_batch_running",
+)
 
 
 class Running:
@@ -28,7 +32,7 @@ class Running:
     def __init__(self, api_workers: int, *args: str) -> None:
         self.server: ServerProcess = start_server(
             "--http-port", "0", "--grpc-port", "0", "--api-workers", str(api_workers), *args
-        )  # fmt: skip
+        )
         self.api_workers = api_workers
 
     def __enter__(self) -> Running:

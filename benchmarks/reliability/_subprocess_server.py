@@ -33,10 +33,27 @@ class Served:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-             "--api-workers", str(workers), "--no-auth", *args, str(models)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "actorserve",
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--api-workers",
+                str(workers),
+                "--no-auth",
+                *args,
+                str(models),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -69,7 +86,9 @@ class Served:
 
     def fronts(self) -> dict[int, int]:
         """front index -> pid of its current process."""
-        return {int(i): int(p) for i, p in re.findall(r"front (\d+) process started \(pid (\d+)\)", self.text())}
+        return {
+            int(i): int(p) for i, p in re.findall(r"front (\d+) process started \(pid (\d+)\)", self.text())
+        }
 
     def engine_pid(self) -> int:
         return int(self.wait_for(r"engine process started \(pid (\d+)\)")[1])

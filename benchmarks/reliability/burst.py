@@ -27,7 +27,11 @@ import trio
 
 from ._common import Running, load, mib
 
-STREAMER = {"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 4096}
+STREAMER = {
+    "name": "streamer",
+    "implementation": "actorserve.models.streamer.StreamerModel",
+    "max_pending": 4096,
+}
 
 
 def each_rss(pid: int) -> dict[int, int]:
@@ -67,10 +71,14 @@ async def scenario(args: argparse.Namespace) -> int:
     folder = Path(tempfile.mkdtemp(prefix="burst-"))
     (folder / "streamer").mkdir()
     (folder / "streamer" / "model-settings.json").write_text(json.dumps(STREAMER))
-    print(f"{args.connections} connections at once, {args.rounds} rounds, idle {args.idle:g} s; "
-          f"environment: {' '.join(args.env) or '-'}")  # fmt: skip
-    print("| shape | round | answered (ok / other) | server RSS before / peak / +1 s / +idle, MiB | after vs before "
-          "| each process before → after, MiB |")  # fmt: skip
+    print(
+        f"{args.connections} connections at once, {args.rounds} rounds, idle {args.idle:g} s; "
+        f"environment: {' '.join(args.env) or '-'}"
+    )
+    print(
+        "| shape | round | answered (ok / other) | server RSS before / peak / +1 s / +idle, MiB | after vs before "
+        "| each process before → after, MiB |"
+    )
     print("|---|---|---|---|---|---|")
     worst = 0.0
     for workers in args.api_workers:
@@ -92,11 +100,17 @@ async def scenario(args: argparse.Namespace) -> int:
                 worst = max(worst, total_after / baseline - 1)
                 others = tally.offered - tally.ok
                 procs = ", ".join(f"{mib(before[p])} → {mib(after.get(p, 0))}" for p in sorted(before))
-                print(f"| --api-workers {workers} | {round_} | {tally.ok} / {others} in {took:.1f} s "
-                      f"| {mib(total_before)} / {mib(sampler.peak)} / {mib(soon)} / {mib(total_after)} "
-                      f"| {total_after / total_before - 1:+.1%} | {procs} |", flush=True)  # fmt: skip
-            print(f"--api-workers {workers}: baseline (after a warm-up request) {mib(baseline)} MiB, "
-                  f"after {args.rounds} bursts {mib(load.tree_rss(server.pid))} MiB", flush=True)  # fmt: skip
+                print(
+                    f"| --api-workers {workers} | {round_} | {tally.ok} / {others} in {took:.1f} s "
+                    f"| {mib(total_before)} / {mib(sampler.peak)} / {mib(soon)} / {mib(total_after)} "
+                    f"| {total_after / total_before - 1:+.1%} | {procs} |",
+                    flush=True,
+                )
+            print(
+                f"--api-workers {workers}: baseline (after a warm-up request) {mib(baseline)} MiB, "
+                f"after {args.rounds} bursts {mib(load.tree_rss(server.pid))} MiB",
+                flush=True,
+            )
     print(f"the worst RSS after a burst vs the baseline: {worst:+.1%}")
     return 0 if worst <= 0.10 else 1
 

@@ -56,7 +56,9 @@ async def storm(server: Running, workers: int, args: argparse.Namespace) -> int:
         cuts[f"sse {name}"] = await load.sse_storm(host, port, case, count, seed=1)
 
     async def grpc(name: str, case: Any, count: int) -> None:
-        cuts[f"grpc {name}"] = await load.in_asyncio_thread(partial(load.grpc_storm, *server.grpc, case, count, 2))
+        cuts[f"grpc {name}"] = await load.in_asyncio_thread(
+            partial(load.grpc_storm, *server.grpc, case, count, 2)
+        )
 
     async def sequences() -> None:
         sums.update(await load.cut_sequences(host, port, args.sequences, f"cut{workers}"))
@@ -75,17 +77,22 @@ async def storm(server: Running, workers: int, args: argparse.Namespace) -> int:
     sse_total = sum(sum(c.values()) for k, c in cuts.items() if k.startswith("sse"))
     grpc_total = sum(sum(c.values()) for k, c in cuts.items() if k.startswith("grpc"))
     bad = bool(left) or after > baseline
-    print(f"| --api-workers {workers} | {sse_total} / {grpc_total} "
-          f"| {where['body']} / {where['first']} / {where['mid']} / {where['done']} "
-          f"| {sum(sums.values())} (sums {dict(sums)}) | {baseline:.0f} / {after:.0f} | {left or 0} "
-          f"| {took:.1f} | {storm:.1f} |", flush=True)  # fmt: skip
+    print(
+        f"| --api-workers {workers} | {sse_total} / {grpc_total} "
+        f"| {where['body']} / {where['first']} / {where['mid']} / {where['done']} "
+        f"| {sum(sums.values())} (sums {dict(sums)}) | {baseline:.0f} / {after:.0f} | {left or 0} "
+        f"| {took:.1f} | {storm:.1f} |",
+        flush=True,
+    )
     return int(bad)
 
 
 async def scenario(args: argparse.Namespace) -> int:
     failures = 0
-    print("| shape | streams cut (SSE / gRPC) | where (body / first / mid / finished first) | sequences cut, then reused "
-          "| tasks before / after | in flight, slots after | settled in s | storm s |")  # fmt: skip
+    print(
+        "| shape | streams cut (SSE / gRPC) | where (body / first / mid / finished first) | sequences cut, then reused "
+        "| tasks before / after | in flight, slots after | settled in s | storm s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for workers in args.api_workers:
         with Running(workers) as server:

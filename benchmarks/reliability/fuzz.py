@@ -65,18 +65,33 @@ async def schemathesis_rows(examples: int) -> int:
             started = time.monotonic()
             tally = await trio.to_thread.run_sync(
                 lambda server=server, management=management: run_schema(
-                    document, server.http_url or "", examples=examples, seed=None, negative_everywhere=True,
+                    document,
+                    server.http_url or "",
+                    examples=examples,
+                    seed=None,
+                    negative_everywhere=True,
                     management_url=f"http://127.0.0.1:{management[1]}",
                 )
-            )  # fmt: skip
-            problems = [p for p in tally.problems if not (400 <= p[1] < 500 and p[2].startswith("not a JSON"))]
-            print(ROW.format(
-                f"schemathesis {parser}", tally.sent, tally.server_errors, len(tally.crashes), tally.non_json_4xx,
-                len(problems), f"{time.monotonic() - started:.0f}",
-            ))  # fmt: skip
+            )
+            problems = [
+                p for p in tally.problems if not (400 <= p[1] < 500 and p[2].startswith("not a JSON"))
+            ]
+            print(
+                ROW.format(
+                    f"schemathesis {parser}",
+                    tally.sent,
+                    tally.server_errors,
+                    len(tally.crashes),
+                    tally.non_json_4xx,
+                    len(problems),
+                    f"{time.monotonic() - started:.0f}",
+                )
+            )
             for what in (*tally.problems[:10], *tally.crashes[:10]):
                 print("   ", what)
-            print(f"    statuses: {dict(sorted(tally.statuses.items()))}; 501 on /explanations: {tally.not_implemented}")
+            print(
+                f"    statuses: {dict(sorted(tally.statuses.items()))}; 501 on /explanations: {tally.not_implemented}"
+            )
             failed += bool(tally.server_errors or tally.crashes or tally.problems)
             nursery.cancel_scope.cancel()
     return failed
@@ -86,12 +101,33 @@ def hypothesis_row(examples: int) -> int:
     started = time.monotonic()
     env = {**os.environ, "ACTORSERVE_FUZZ_EXAMPLES": str(examples), "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/reliability/test_rel_badinput_codecs.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/reliability/test_rel_badinput_codecs.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
-    print(ROW.format("hypothesis (codecs)", f"{examples}/prop", "-", "-", "-", int(result.returncode != 0),
-                     f"{time.monotonic() - started:.0f}"))  # fmt: skip
+    print(
+        ROW.format(
+            "hypothesis (codecs)",
+            f"{examples}/prop",
+            "-",
+            "-",
+            "-",
+            int(result.returncode != 0),
+            f"{time.monotonic() - started:.0f}",
+        )
+    )
     print(f"    {summary}")
     if result.returncode != 0:
         print(result.stdout[-3000:])
@@ -110,7 +146,9 @@ async def grpc_garbage_row(connections: int, seed: int) -> int:
         valid = infer_message()
         for k in range(connections):
             conn = h2_client()
-            kind = rng.choice(["bytes after the preface", "random message", "mutated message", "random prefix"])
+            kind = rng.choice(
+                ["bytes after the preface", "random message", "mutated message", "random prefix"]
+            )
             raw = b""
             if kind == "bytes after the preface":
                 raw = rng.randbytes(rng.randint(1, 200))
@@ -150,18 +188,35 @@ async def grpc_garbage_row(connections: int, seed: int) -> int:
         nursery.cancel_scope.cancel()
     # UNKNOWN (grpclib's answer to an exception it did not expect) or actorserve's
     # "internal error: <exception>": an exception nobody expected, gRPC's 5xx
-    unknown = outcomes.get("grpc-status 2", 0) + sum(n for k, n in outcomes.items() if k.startswith("internal error"))
-    print(ROW.format("grpc-garbage", connections, unknown, hangs, "-", outcomes.get("other", 0),
-                     f"{time.monotonic() - started:.0f}"))  # fmt: skip
-    print(f"    outcomes: {dict(sorted(outcomes.items()))}; good calls in between: {good}/{connections // 50}")
+    unknown = outcomes.get("grpc-status 2", 0) + sum(
+        n for k, n in outcomes.items() if k.startswith("internal error")
+    )
+    print(
+        ROW.format(
+            "grpc-garbage",
+            connections,
+            unknown,
+            hangs,
+            "-",
+            outcomes.get("other", 0),
+            f"{time.monotonic() - started:.0f}",
+        )
+    )
+    print(
+        f"    outcomes: {dict(sorted(outcomes.items()))}; good calls in between: {good}/{connections // 50}"
+    )
     return int(hangs > 0 or unknown > 0 or outcomes.get("other", 0) > 0 or good != connections // 50)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="soak.py fuzz", description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=40, help="schemathesis cases per operation and mode")
-    parser.add_argument("--codec-examples", type=int, default=3000, help="hypothesis examples per codec property")
-    parser.add_argument("--grpc-connections", type=int, default=2000, help="garbage connections to the gRPC port")
+    parser.add_argument(
+        "--codec-examples", type=int, default=3000, help="hypothesis examples per codec property"
+    )
+    parser.add_argument(
+        "--grpc-connections", type=int, default=2000, help="garbage connections to the gRPC port"
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()), help="seed of the gRPC garbage")
     parser.add_argument("--only", choices=["schemathesis", "hypothesis", "grpc"], help="run one case")
     args = parser.parse_args(argv)

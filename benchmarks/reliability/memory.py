@@ -56,19 +56,26 @@ async def scenario(args: argparse.Namespace) -> int:
         readings.append((done, load.tree_rss(server.pid)))
         samples = await scrape(server.url)
         open_sequences = sum(v for (n, _), v in samples.items() if n == "actorserve_sequences_open")
-        ended = sum(v for (n, labels), v in samples.items()
-                    if n == "actorserve_sequences_ended_total" and ("reason", "ended") in labels)  # fmt: skip
+        ended = sum(
+            v
+            for (n, labels), v in samples.items()
+            if n == "actorserve_sequences_ended_total" and ("reason", "ended") in labels
+        )
         first = readings[0][1]
         growth = readings[-1][1] / first - 1
-        print(f"--api-workers {args.api_workers}: {tally.offered} calls in {took:.0f} s ({tally.offered / took:.0f}/s) "
-              f"over {args.connections} connections")  # fmt: skip
+        print(
+            f"--api-workers {args.api_workers}: {tally.offered} calls in {took:.0f} s ({tally.offered / took:.0f}/s) "
+            f"over {args.connections} connections"
+        )
         print("| calls done | RSS MiB | vs the first 10,000 |")
         print("|---|---|---|")
         for count, rss in readings:
             print(f"| {count} | {mib(rss)} | {rss / first - 1:+.1%} |")
-        print(f"answered {tally.ok} ok, {tally.rejected} 429, errors {dict(tally.errors)}, lost {dict(tally.lost)}; "
-              f"sequences ended {ended:.0f}, still open {open_sequences:.0f}; in flight {live_work(samples) or 0}; "
-              f"RSS growth after the first {FIRST:,}: {growth:+.1%}")  # fmt: skip
+        print(
+            f"answered {tally.ok} ok, {tally.rejected} 429, errors {dict(tally.errors)}, lost {dict(tally.lost)}; "
+            f"sequences ended {ended:.0f}, still open {open_sequences:.0f}; in flight {live_work(samples) or 0}; "
+            f"RSS growth after the first {FIRST:,}: {growth:+.1%}"
+        )
         ok = growth < 0.05 and not tally.lost and not tally.errors and open_sequences == 0
     return 0 if ok else 1
 

@@ -72,7 +72,9 @@ class Tally:
             self.examples[kind] = detail[:200]
 
 
-async def one(client: httpx.AsyncClient, model: str, rid: str, params: dict[str, Any], sse: bool, tally: Tally) -> None:
+async def one(
+    client: httpx.AsyncClient, model: str, rid: str, params: dict[str, Any], sse: bool, tally: Tally
+) -> None:
     """Send one request; tally its one final answer: ``ok``, ``failed`` (the intended
     500 naming the model), ``batch`` (failed with its batch: a hung step, or a step
     that returned too few outputs), ``refused`` (503), ``wrong`` (anything else) or
@@ -160,11 +162,26 @@ async def hang_case(url: str, requests: int, hangs: int, concurrency: int) -> Ta
             for k in range(hangs):
                 await trio.sleep(1.5)
                 await one(client, "faulty", f"hang-{k}", {"fault": "hang", "hang": 5, "n": 1}, False, tally)
-                await one(client, "faulty_plain", f"phang-{k}", {"fault": "hang", "hang": 5, "n": 1}, k % 2 == 1, tally)
+                await one(
+                    client,
+                    "faulty_plain",
+                    f"phang-{k}",
+                    {"fault": "hang", "hang": 5, "n": 1},
+                    k % 2 == 1,
+                    tally,
+                )
     return tally
 
 
-def row(case: str, workers: int, seconds: float, tally: Tally, server: Served, rss: tuple[float, float, float], extra: str) -> None:
+def row(
+    case: str,
+    workers: int,
+    seconds: float,
+    tally: Tally,
+    server: Served,
+    rss: tuple[float, float, float],
+    extra: str,
+) -> None:
     c = tally.counts
     total = sum(c.values())
     alive = "yes" if server.process.poll() is None else "NO"
@@ -204,7 +221,9 @@ async def run_shape(args: argparse.Namespace, workers: int, folder: Path) -> boo
                     tally = await drive(server.url, model, plan, args.concurrency)
                     await trio.sleep(1.0)  # the last worn replica drains and is unloaded
                 else:
-                    tally = await drive(server.url, "faulty", plan_of(case, args.requests, random.Random(7)), args.concurrency)
+                    tally = await drive(
+                        server.url, "faulty", plan_of(case, args.requests, random.Random(7)), args.concurrency
+                    )
                 nursery.cancel_scope.cancel()
             seconds = time.monotonic() - started
             extra = {
@@ -221,14 +240,18 @@ async def run_shape(args: argparse.Namespace, workers: int, folder: Path) -> boo
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="soak.py model_faults", description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000, help="requests of the raise and malformed cases")
+    parser.add_argument(
+        "--requests", type=int, default=20_000, help="requests of the raise and malformed cases"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--hangs", type=int, default=5, help="hung steps in the hang case (per model)")
     parser.add_argument("--leak-requests", type=int, default=3000)
     parser.add_argument("--api-workers", default="0,2", help="process shapes to run, comma-separated")
     args = parser.parse_args(argv)
-    print("| case      | W | answers |     ok | fail | batch | 503 | wrong | lost | replicas       "
-          "| RSS MiB before / peak / after | s     | alive |")  # fmt: skip
+    print(
+        "| case      | W | answers |     ok | fail | batch | 503 | wrong | lost | replicas       "
+        "| RSS MiB before / peak / after | s     | alive |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     healthy = True
     for workers in (int(w) for w in args.api_workers.split(",")):

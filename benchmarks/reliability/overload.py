@@ -59,45 +59,90 @@ class Shape:
 #: of 2 held 80 ms each, 8 sequences open at once (~25/s); text: batches of 2, 8 waiting,
 #: 64 tokens a call (CPU-bound, measured).
 PACED = {
-    "streamer": Shape({"implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 8},
-                      lambda tag: load.streamer_case(4, delay=0.08), 8),
-    "accumulator": Shape({"implementation": "paced_accumulator.PacedAccumulator", "max_batch_size": 2,
-                          "parameters": {"step_delay": 0.08}, "sequence": {"max_sequences": 8}},
-                         lambda tag: load.accumulator_case(tag), 8,
-                         {"paced_accumulator.py": HERE / "_paced_accumulator.py"}),
-    "text": Shape({"implementation": "actorserve.models.text.TextModel", "max_batch_size": 2, "max_pending": 8,
-                   "parameters": {"prefill_chunk": 32, "max_tokens_limit": 2048}},
-                  lambda tag: load.text_case(64), 8),
-}  # fmt: skip
+    "streamer": Shape(
+        {"implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 8},
+        lambda tag: load.streamer_case(4, delay=0.08),
+        8,
+    ),
+    "accumulator": Shape(
+        {
+            "implementation": "paced_accumulator.PacedAccumulator",
+            "max_batch_size": 2,
+            "parameters": {"step_delay": 0.08},
+            "sequence": {"max_sequences": 8},
+        },
+        lambda tag: load.accumulator_case(tag),
+        8,
+        {"paced_accumulator.py": HERE / "_paced_accumulator.py"},
+    ),
+    "text": Shape(
+        {
+            "implementation": "actorserve.models.text.TextModel",
+            "max_batch_size": 2,
+            "max_pending": 8,
+            "parameters": {"prefill_chunk": 32, "max_tokens_limit": 2048},
+        },
+        lambda tag: load.text_case(64),
+        8,
+    ),
+}
 #: ``--unpaced``: the built-in models as they are, with max_pending 64 instead of 1,024
 #: (and max_sequences 256); their capacity (60-410 calls/s) times 10 is past what this
 #: client can start, so the client, not the server, sets the pace (the first run's table)
 UNPACED = {
-    "streamer": Shape({"implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 64},
-                      lambda tag: load.streamer_case(8), 32),
-    "accumulator": Shape({"implementation": "actorserve.models.accumulator.AccumulatorModel", "max_pending": 64,
-                          "sequence": {"max_sequences": 256}}, lambda tag: load.accumulator_case(tag), 32),
-    "text": Shape({"implementation": "actorserve.models.text.TextModel", "max_pending": 64,
-                   "parameters": {"prefill_chunk": 32, "max_tokens_limit": 2048}}, lambda tag: load.text_case(8), 32),
-}  # fmt: skip
+    "streamer": Shape(
+        {"implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 64},
+        lambda tag: load.streamer_case(8),
+        32,
+    ),
+    "accumulator": Shape(
+        {
+            "implementation": "actorserve.models.accumulator.AccumulatorModel",
+            "max_pending": 64,
+            "sequence": {"max_sequences": 256},
+        },
+        lambda tag: load.accumulator_case(tag),
+        32,
+    ),
+    "text": Shape(
+        {
+            "implementation": "actorserve.models.text.TextModel",
+            "max_pending": 64,
+            "parameters": {"prefill_chunk": 32, "max_tokens_limit": 2048},
+        },
+        lambda tag: load.text_case(8),
+        32,
+    ),
+}
 
 
 def model_folder(shapes: dict[str, Shape], names: list[str]) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="overload-"))
     for name in names:
         (folder / name).mkdir()
-        (folder / name / "model-settings.json").write_text(json.dumps({"name": name, **shapes[name].settings}))
+        (folder / name / "model-settings.json").write_text(
+            json.dumps({"name": name, **shapes[name].settings})
+        )
         for file, source in shapes[name].files.items():
             shutil.copy(source, folder / name / file)
     return folder
 
 
-async def run_case(server: Running, case: load.Case, transport: str, seconds: float, rate: float | None,
-                   limit: int, concurrency: int = 32) -> tuple[load.Tally, int, float]:  # fmt: skip
+async def run_case(
+    server: Running,
+    case: load.Case,
+    transport: str,
+    seconds: float,
+    rate: float | None,
+    limit: int,
+    concurrency: int = 32,
+) -> tuple[load.Tally, int, float]:
     """Closed loop (``rate`` None) or open loop; (tally, calls not started, seconds taken)."""
     start = time.monotonic()
     if transport in ("rest", "sse"):
-        call: Callable[[int], Awaitable[load.Outcome]] = partial(load.rest_call, *server.http, case, stream=transport == "sse")
+        call: Callable[[int], Awaitable[load.Outcome]] = partial(
+            load.rest_call, *server.http, case, stream=transport == "sse"
+        )
         if rate is None:
             return await load.closed_loop_trio(concurrency, seconds, call), 0, time.monotonic() - start
         tally, skipped = await load.open_loop_trio(rate, seconds, limit, call, on_time=True)
@@ -106,6 +151,7 @@ async def run_case(server: Running, case: load.Case, transport: str, seconds: fl
     async def run() -> tuple[load.Tally, int]:
         channels = [Channel(*server.grpc) for _ in range(8)]
         try:
+
             def one(k: int) -> Awaitable[load.Outcome]:
                 return load.grpc_call(channels[k % len(channels)], case, k, stream=transport == "grpc-stream")
 
@@ -142,26 +188,40 @@ async def scenario(args: argparse.Namespace) -> int:
         await warm_up(server, shapes, models)
         await trio.sleep(3)  # idle: the warm-up's memory settles (and is trimmed)
         baseline = load.tree_rss(server.pid)
-        print(f"server: --api-workers {args.api_workers}, {'unpaced' if args.unpaced else 'paced'} models "
-              f"({', '.join(f'{m}: {json.dumps(shapes[m].settings)}' for m in models)}); RSS after a warm-up request "
-              f"{mib(baseline)} MiB; {args.factor:g}x capacity for {args.seconds:.0f} s per case, client bound {args.limit}",
-              flush=True)  # fmt: skip
-        print("| model | transport | capacity/s | asked/s | offered (started/s, x capacity) | completed | 429 | errors "
-              "| lost | duplicated | p99 s | RSS before / peak / after MiB |", flush=True)  # fmt: skip
+        print(
+            f"server: --api-workers {args.api_workers}, {'unpaced' if args.unpaced else 'paced'} models "
+            f"({', '.join(f'{m}: {json.dumps(shapes[m].settings)}' for m in models)}); RSS after a warm-up request "
+            f"{mib(baseline)} MiB; {args.factor:g}x capacity for {args.seconds:.0f} s per case, client bound {args.limit}",
+            flush=True,
+        )
+        print(
+            "| model | transport | capacity/s | asked/s | offered (started/s, x capacity) | completed | 429 | errors "
+            "| lost | duplicated | p99 s | RSS before / peak / after MiB |",
+            flush=True,
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for model in models:
             shape = shapes[model]
             for transport in args.transports.split(","):
                 tag = f"{model}-{transport}-{time.monotonic_ns()}"
-                cap, _, took = await run_case(server, shape.case(tag + "-cap"), transport, args.capacity_seconds, None, 0,
-                                              shape.concurrency)  # fmt: skip
+                cap, _, took = await run_case(
+                    server,
+                    shape.case(tag + "-cap"),
+                    transport,
+                    args.capacity_seconds,
+                    None,
+                    0,
+                    shape.concurrency,
+                )
                 capacity = cap.ok / took
                 await quiet(server.url)
                 await trio.sleep(args.idle)
                 before = load.tree_rss(server.pid)
                 rate = max(1.0, capacity * args.factor)
                 with load.RssSampler(server.pid) as sampler:
-                    tally, skipped, took = await run_case(server, shape.case(tag), transport, args.seconds, rate, args.limit)
+                    tally, skipped, took = await run_case(
+                        server, shape.case(tag), transport, args.seconds, rate, args.limit
+                    )
                     left = await quiet(server.url)
                 await trio.sleep(args.idle)
                 after = load.tree_rss(server.pid)
@@ -169,16 +229,21 @@ async def scenario(args: argparse.Namespace) -> int:
                 achieved = offered_rate / capacity if capacity else 0.0
                 bad = bool(tally.lost or tally.duplicated or left or any(k[:1] == "5" for k in tally.errors))
                 failures += bad
-                print(f"| {model} | {transport} | {capacity:.0f} | {rate:.0f} | {tally.offered} ({offered_rate:.0f}, "
-                      f"{achieved:.1f}x){'' if achieved >= 0.9 * args.factor else ' BELOW 9x'} "
-                      f"| {tally.ok} | {tally.rejected} | {kinds(tally.errors)} | {kinds(tally.lost)} "
-                      f"| {tally.duplicated} | {tally.p99():.2f} | {mib(before)} / {mib(sampler.peak)} / {mib(after)} |"
-                      + (f" not started (the client behind or at its bound): {skipped}" if skipped else "")
-                      + (f" LEFT IN FLIGHT {left}" if left else ""), flush=True)  # fmt: skip
+                print(
+                    f"| {model} | {transport} | {capacity:.0f} | {rate:.0f} | {tally.offered} ({offered_rate:.0f}, "
+                    f"{achieved:.1f}x){'' if achieved >= 0.9 * args.factor else ' BELOW 9x'} "
+                    f"| {tally.ok} | {tally.rejected} | {kinds(tally.errors)} | {kinds(tally.lost)} "
+                    f"| {tally.duplicated} | {tally.p99():.2f} | {mib(before)} / {mib(sampler.peak)} / {mib(after)} |"
+                    + (f" not started (the client behind or at its bound): {skipped}" if skipped else "")
+                    + (f" LEFT IN FLIGHT {left}" if left else ""),
+                    flush=True,
+                )
         final = load.tree_rss(server.pid)
         grown = final / baseline - 1
-        print(f"RSS of the server: {mib(baseline)} MiB after a warm-up request, {mib(final)} MiB after every case "
-              f"({grown:+.1%}{'' if grown <= 0.10 else ', MORE THAN 10 %'})")  # fmt: skip
+        print(
+            f"RSS of the server: {mib(baseline)} MiB after a warm-up request, {mib(final)} MiB after every case "
+            f"({grown:+.1%}{'' if grown <= 0.10 else ', MORE THAN 10 %'})"
+        )
         if server.server.process.poll() is not None:
             print("the server exited", file=sys.stderr)
             failures += 1
@@ -195,9 +260,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", default="streamer,accumulator,text")
     parser.add_argument("--server-args", default="", help="more options of python -m actorserve")
     parser.add_argument("--transports", default="rest,sse,grpc,grpc-stream")
-    parser.add_argument("--idle", type=float, default=3.0, help="seconds idle before reading RSS before and after a case")
+    parser.add_argument(
+        "--idle", type=float, default=3.0, help="seconds idle before reading RSS before and after a case"
+    )
     pace = parser.add_mutually_exclusive_group()
-    pace.add_argument("--paced", dest="unpaced", action="store_false", help="small paced capacities (default)")
-    pace.add_argument("--unpaced", dest="unpaced", action="store_true", help="the built-in models as they are")
+    pace.add_argument(
+        "--paced", dest="unpaced", action="store_false", help="small paced capacities (default)"
+    )
+    pace.add_argument(
+        "--unpaced", dest="unpaced", action="store_true", help="the built-in models as they are"
+    )
     parser.set_defaults(unpaced=False)
     return trio.run(scenario, parser.parse_args(argv))

@@ -50,21 +50,26 @@ def front_round(served: Served, streams: int) -> dict[str, Any]:
     for thread in threads:
         thread.join(timeout=60)
     result: dict[str, Any] = {
-        "held by victim": held[victim], "cut": sum(1 for b in boxes if "error" in b),
-        "complete": sum(1 for b in boxes if "error" not in b and len(b["lines"]) == 300), "restart s": restart,
-    }  # fmt: skip
+        "held by victim": held[victim],
+        "cut": sum(1 for b in boxes if "error" in b),
+        "complete": sum(1 for b in boxes if "error" not in b and len(b["lines"]) == 300),
+        "restart s": restart,
+    }
     os.kill(served.fronts()[survivor], signal.SIGSTOP)
     try:
         with httpx.Client(base_url=served.url, timeout=10) as client:
             result["new front served"] = sum(
-                client.post("/v2/models/streamer/generate", json={"text_input": "r"}).status_code == 200 for _ in range(20)
+                client.post("/v2/models/streamer/generate", json={"text_input": "r"}).status_code == 200
+                for _ in range(20)
             )
             result["metrics"] = client.get("/metrics").status_code
     finally:
         os.kill(served.fronts()[survivor], signal.SIGCONT)
     time.sleep(1.0)
     workers = httpx.get(f"{served.url}/models/streamer", timeout=10).json()[0]["workers"]
-    result["engine running/waiting"] = "/".join(str(sum(w[k] for w in workers)) for k in ("running", "waiting"))
+    result["engine running/waiting"] = "/".join(
+        str(sum(w[k] for w in workers)) for k in ("running", "waiting")
+    )
     return result
 
 
@@ -79,12 +84,17 @@ def engine_round(served: Served, streams: int) -> dict[str, Any]:
     took = time.monotonic() - killed
     for thread in threads:
         thread.join(timeout=30)
-    named = re.search(rf"the engine process \(pid {engine}\) exited with code -9: stopping the server", served.text())
+    named = re.search(
+        rf"the engine process \(pid {engine}\) exited with code -9: stopping the server", served.text()
+    )
     return {
-        "exit code": code, "kill to exit s": took, "log names the engine": bool(named),
+        "exit code": code,
+        "kill to exit s": took,
+        "log names the engine": bool(named),
         "error event": sum(1 for b in boxes if "error" not in b and "event: error" in b["lines"][-2:]),
-        "cut": sum(1 for b in boxes if "error" in b), "hung": sum(t.is_alive() for t in threads),
-    }  # fmt: skip
+        "cut": sum(1 for b in boxes if "error" in b),
+        "hung": sum(t.is_alive() for t in threads),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -93,8 +103,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--streams", type=int, default=20)
     args = parser.parse_args(argv)
     failed = False
-    print("| round | streams (victim held) | cut | complete | restart (s) | new front served | /metrics "
-          "| engine running/waiting | engine kill: exit code | kill to exit (s) | log names it | error event / cut / hung |")
+    print(
+        "| round | streams (victim held) | cut | complete | restart (s) | new front served | /metrics "
+        "| engine running/waiting | engine kill: exit code | kill to exit (s) | log names it | error event / cut / hung |"
+    )
     print("|---" * 12 + "|")
     for round_ in range(1, args.rounds + 1):
         served = Served(2)
@@ -103,13 +115,20 @@ def main(argv: list[str]) -> int:
             e = engine_round(served, args.streams)
         finally:
             served.stop()
-        print(f"| {round_} | {args.streams} ({f['held by victim']}) | {f['cut']} | {f['complete']} | {f['restart s']:.2f} "
-              f"| {f['new front served']}/20 | {f['metrics']} | {f['engine running/waiting']} | {e['exit code']} "
-              f"| {e['kill to exit s']:.2f} | {'yes' if e['log names the engine'] else 'no'} "
-              f"| {e['error event']} / {e['cut']} / {e['hung']} |", flush=True)
+        print(
+            f"| {round_} | {args.streams} ({f['held by victim']}) | {f['cut']} | {f['complete']} | {f['restart s']:.2f} "
+            f"| {f['new front served']}/20 | {f['metrics']} | {f['engine running/waiting']} | {e['exit code']} "
+            f"| {e['kill to exit s']:.2f} | {'yes' if e['log names the engine'] else 'no'} "
+            f"| {e['error event']} / {e['cut']} / {e['hung']} |",
+            flush=True,
+        )
         failed |= (
-            f["cut"] != f["held by victim"] or f["complete"] != args.streams - f["held by victim"]
-            or f["new front served"] != 20 or f["engine running/waiting"] != "0/0"
-            or e["exit code"] != 1 or e["hung"] > 0 or not e["log names the engine"]
-        )  # fmt: skip
+            f["cut"] != f["held by victim"]
+            or f["complete"] != args.streams - f["held by victim"]
+            or f["new front served"] != 20
+            or f["engine running/waiting"] != "0/0"
+            or e["exit code"] != 1
+            or e["hung"] > 0
+            or not e["log names the engine"]
+        )
     return 1 if failed else 0

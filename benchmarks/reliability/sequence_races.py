@@ -54,10 +54,16 @@ KNOWN = [
     ("evicted", re.compile(r"404 sequence '[^']+' was evicted \(max_sequences reached\)")),
     ("ended", re.compile(r"404 sequence '[^']+' has ended")),
     ("shut down", re.compile(r"404 sequence '[^']+' was shut down")),
-    ("not open", re.compile(r"404 sequence '[^']+' is not open \(unknown id; start it with sequence_start\)")),
+    (
+        "not open",
+        re.compile(r"404 sequence '[^']+' is not open \(unknown id; start it with sequence_start\)"),
+    ),
     ("409 open", re.compile(r"409 sequence '[^']+' is already open")),
     ("429", re.compile(r"429 .*(max_sequences|max_queue|max_pending)")),
-    ("unloading", re.compile(r"(503|404) model 'seqcount'.*(shutting down|not loaded|not ready|loading|unloaded)")),
+    (
+        "unloading",
+        re.compile(r"(503|404) model 'seqcount'.*(shutting down|not loaded|not ready|loading|unloaded)"),
+    ),
 ]
 
 
@@ -65,9 +71,23 @@ class Server:
     """``python -m actorserve`` in a subprocess; its log read by a thread."""
 
     def __init__(self, repo: Path, api_workers: int) -> None:
-        args = [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0",
-                "--grpc-port", "off", "--no-auth", "--grace-period", "0.5",
-                "--api-workers", str(api_workers), str(repo)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "actorserve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "off",
+            "--no-auth",
+            "--grace-period",
+            "0.5",
+            "--api-workers",
+            str(api_workers),
+            str(repo),
+        ]
         self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.log: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -159,7 +179,9 @@ class Run:
                 elif line.startswith("data: "):
                     doc = json.loads(line[6:])
                     if kind == "error":
-                        self.note(f"404 {doc['error']}" if "sequence" in doc["error"] else f"503 {doc['error']}")
+                        self.note(
+                            f"404 {doc['error']}" if "sequence" in doc["error"] else f"503 {doc['error']}"
+                        )
                         return None
                     seen.extend(doc["outputs"][0]["data"])
                     count += 1
@@ -181,12 +203,16 @@ class Run:
     async def sequence(self, rng: random.Random, name: str) -> None:
         seen: list[int] = []
         made = rng.random() < 0.1
-        start: dict[str, Any] = {"sequence_start": True} if made else {"sequence_id": name, "sequence_start": True}
+        start: dict[str, Any] = (
+            {"sequence_start": True} if made else {"sequence_id": name, "sequence_start": True}
+        )
         sid = await self.send(start, rng.randint(0, 3), rng.choice(["json", "sse"]), seen)
         if sid is None:
             return
         for _ in range(rng.randint(1, 6)):
-            gap = rng.choices([0, 0.005, 0.05, IDLE_MS * 0.0008, IDLE_MS * 0.0014], weights=[4, 4, 3, 1, 0.4])[0]
+            gap = rng.choices(
+                [0, 0.005, 0.05, IDLE_MS * 0.0008, IDLE_MS * 0.0014], weights=[4, 4, 3, 1, 0.4]
+            )[0]
             await trio.sleep(gap)
             if rng.random() < 0.15:  # two at once: one waits in the mailbox
                 async with trio.open_nursery() as nursery:
@@ -202,7 +228,11 @@ class Run:
         elif ending == "cancel":
             await self.send({"sequence_id": sid, "sequence_cancel": True}, 0, "json", [])
         elif ending in ("race", "double"):
-            first = {"sequence_id": sid, "sequence_end": True} if ending == "race" else {"sequence_id": sid, "sequence_cancel": True}
+            first = (
+                {"sequence_id": sid, "sequence_end": True}
+                if ending == "race"
+                else {"sequence_id": sid, "sequence_cancel": True}
+            )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.send, first, 3, "sse" if ending == "race" else "json", [])
                 nursery.start_soon(self.send, {"sequence_id": sid, "sequence_cancel": True}, 0, "json", [])
@@ -248,8 +278,13 @@ def row(api_workers: int, args: argparse.Namespace) -> dict[str, Any]:
         repo = Path(tmp)
         shutil.copytree(MODEL, repo / "seqcount")
         settings = json.loads((repo / "seqcount" / "model-settings.json").read_text())
-        settings["sequence"] = {"idle_timeout_ms": IDLE_MS, "max_duration_ms": 15000, "max_sequences": 2 * args.clients,
-                                "evict_idle": True, "max_queue": 2}  # fmt: skip
+        settings["sequence"] = {
+            "idle_timeout_ms": IDLE_MS,
+            "max_duration_ms": 15000,
+            "max_sequences": 2 * args.clients,
+            "evict_idle": True,
+            "max_queue": 2,
+        }
         (repo / "seqcount" / "model-settings.json").write_text(json.dumps(settings))
         server = Server(repo, api_workers)
         try:
@@ -271,12 +306,24 @@ def row(api_workers: int, args: argparse.Namespace) -> dict[str, Any]:
     ended = sum(t[1] for t in tallies)
     doubles = sum(t[2] for t in tallies)
     return {
-        "api_workers": api_workers, "sequences": run.started, "requests": run.requests, "seconds": seconds,
-        "outcomes": run.outcomes, "others": run.others, "state_errors": run.state_errors,
-        "hook_states": states, "hook_ended": ended, "hook_doubles": doubles, "slots_held": final[5],
-        "open_after_idle": final[4], "open_gauge": open_gauge, "rss_before_mb": rss_before / 2**20,
-        "rss_after_mb": rss_after / 2**20, "exit": code, "instances": len(tallies),
-    }  # fmt: skip
+        "api_workers": api_workers,
+        "sequences": run.started,
+        "requests": run.requests,
+        "seconds": seconds,
+        "outcomes": run.outcomes,
+        "others": run.others,
+        "state_errors": run.state_errors,
+        "hook_states": states,
+        "hook_ended": ended,
+        "hook_doubles": doubles,
+        "slots_held": final[5],
+        "open_after_idle": final[4],
+        "open_gauge": open_gauge,
+        "rss_before_mb": rss_before / 2**20,
+        "rss_after_mb": rss_after / 2**20,
+        "exit": code,
+        "instances": len(tallies),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -289,9 +336,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     args.seconds_est = min(args.seconds, args.sequences / 40)  # spreads the unloads over the run
-    print("| api-workers | sequences | requests | s | ok | expired | cancelled | evicted | ended | shut down "
-          "| 429 | other answers | lost | state errors | hooks twice | states not ended | slots held "
-          "| open gauge | RSS MB before → after |")  # fmt: skip
+    print(
+        "| api-workers | sequences | requests | s | ok | expired | cancelled | evicted | ended | shut down "
+        "| 429 | other answers | lost | state errors | hooks twice | states not ended | slots held "
+        "| open gauge | RSS MB before → after |"
+    )
     print("|" + "---|" * 19)
     failed = False
     for workers in [int(w) for w in args.api_workers.split(",")]:
@@ -300,12 +349,16 @@ def main(argv: list[str]) -> int:
         minor = sum(o[k] for k in ("not open", "409 open", "unloading", "cut by client"))
         lost = o["other (lost)"]
         not_ended = r["hook_states"] - r["hook_ended"]
-        print(f"| {workers} | {r['sequences']} | {r['requests']} | {r['seconds']:.0f} | {o['ok']} | {o['expired']} "
-              f"| {o['cancelled']} | {o['evicted']} | {o['ended']} | {o['shut down']} | {o['429']} | {minor} "
-              f"| {lost} | {r['state_errors']} | {r['hook_doubles']} | {not_ended} | {r['slots_held']} "
-              f"| {r['open_gauge']:.0f} | {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} |")  # fmt: skip
+        print(
+            f"| {workers} | {r['sequences']} | {r['requests']} | {r['seconds']:.0f} | {o['ok']} | {o['expired']} "
+            f"| {o['cancelled']} | {o['evicted']} | {o['ended']} | {o['shut down']} | {o['429']} | {minor} "
+            f"| {lost} | {r['state_errors']} | {r['hook_doubles']} | {not_ended} | {r['slots_held']} "
+            f"| {r['open_gauge']:.0f} | {r['rss_before_mb']:.0f} → {r['rss_after_mb']:.0f} |"
+        )
         details = {k: v for k, v in o.items() if k not in ("ok",)}
-        print(f"    outcomes {dict(sorted(details.items()))}; model instances {r['instances']}; exit {r['exit']}")
+        print(
+            f"    outcomes {dict(sorted(details.items()))}; model instances {r['instances']}; exit {r['exit']}"
+        )
         for text, count in r["others"].most_common(5):
             print(f"    lost: {count} x {text}")
         if lost or r["state_errors"] or r["hook_doubles"] or not_ended or r["slots_held"] or r["open_gauge"]:

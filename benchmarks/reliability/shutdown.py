@@ -36,20 +36,27 @@ def _sse(url: str, method: str, out: collections.Counter[str], lock: threading.L
     query = {"text_input": "g", "n_tokens": 10_000, "delay": 0.01}
     body = {"text_input": "p", "parameters": {"n_tokens": 10_000, "delay": 0.01}}
     try:
-        with httpx.Client(base_url=url, timeout=60) as client, client.stream(
-            method, "/v2/models/streamer/generate_stream", **({"params": query} if method == "GET" else {"json": body})
-        ) as response:
+        with (
+            httpx.Client(base_url=url, timeout=60) as client,
+            client.stream(
+                method,
+                "/v2/models/streamer/generate_stream",
+                **({"params": query} if method == "GET" else {"json": body}),
+            ) as response,
+        ):
             lines = [line for line in response.iter_lines() if line]
         shut = f'data: {{"error":"{SHUTTING_DOWN}","status":503}}'
         want = ["event: error", shut, "event: end", "data: {}"] if method == "GET" else ["event: error", shut]
-        outcome = "last message" if lines[-len(want):] == want else "other end"
+        outcome = "last message" if lines[-len(want) :] == want else "other end"
     except httpx.HTTPError as exc:
         outcome = f"cut ({type(exc).__name__})"
     with lock:
         out[f"{method} {outcome}"] += 1
 
 
-async def _grpc_streams(port: int, count: int, out: collections.Counter[str], started: threading.Event) -> None:
+async def _grpc_streams(
+    port: int, count: int, out: collections.Counter[str], started: threading.Event
+) -> None:
     """``count`` ModelStreamInfer calls (grpclib), each one long request; how each ends."""
     from grpclib.client import Channel
     from grpclib.const import Cardinality, Status
@@ -61,16 +68,20 @@ async def _grpc_streams(port: int, count: int, out: collections.Counter[str], st
     from actorserve.types import InferenceRequest
 
     text = tensor_from_numpy("text_input", np.array([b"s"], dtype=object), "BYTES")
-    message = request_to_pb(InferenceRequest(inputs=[text], id="1", parameters={"n_tokens": 10_000, "delay": 0.01}),
-                            model_name="streamer")  # fmt: skip
+    message = request_to_pb(
+        InferenceRequest(inputs=[text], id="1", parameters={"n_tokens": 10_000, "delay": 0.01}),
+        model_name="streamer",
+    )
 
     async def one() -> None:
         channel = Channel("127.0.0.1", port)
         try:
             async with channel.request(
-                "/inference.GRPCInferenceService/ModelStreamInfer", Cardinality.STREAM_STREAM,
-                pb.ModelInferRequest, pb.ModelStreamInferResponse,
-            ) as call:  # fmt: skip
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                Cardinality.STREAM_STREAM,
+                pb.ModelInferRequest,
+                pb.ModelStreamInferResponse,
+            ) as call:
                 # half-closed at once (the request runs on; the server then ends the call
                 # when it is done): grpclib's client reports a status only on a call it ended
                 await call.send_message(message, end=True)
@@ -79,7 +90,9 @@ async def _grpc_streams(port: int, count: int, out: collections.Counter[str], st
             outcome = "gRPC OK"
         except GRPCError as exc:
             ok = exc.status == Status.UNAVAILABLE and SHUTTING_DOWN in (exc.message or "")
-            outcome = "gRPC UNAVAILABLE shutting down" if ok else f"gRPC other: {exc.status.name} {exc.message}"
+            outcome = (
+                "gRPC UNAVAILABLE shutting down" if ok else f"gRPC other: {exc.status.name} {exc.message}"
+            )
         except Exception as exc:
             outcome = f"gRPC other: {type(exc).__name__} {exc}"
         finally:
@@ -128,8 +141,14 @@ def under_load(shape: int, streams: int, grace: float) -> tuple[collections.Coun
     lock = threading.Lock()
     stop = threading.Event()
     started = threading.Event()
-    threads = [threading.Thread(target=_sse, args=(served.url, m, out, lock)) for m in ("POST", "GET") for _ in range(streams)]
-    threads.append(threading.Thread(target=lambda: asyncio.run(_grpc_streams(served.grpc_port, streams, out, started))))
+    threads = [
+        threading.Thread(target=_sse, args=(served.url, m, out, lock))
+        for m in ("POST", "GET")
+        for _ in range(streams)
+    ]
+    threads.append(
+        threading.Thread(target=lambda: asyncio.run(_grpc_streams(served.grpc_port, streams, out, started)))
+    )
     threads += [threading.Thread(target=_short, args=(served.url, stop, out, lock)) for _ in range(streams)]
     for thread in threads:
         thread.start()
@@ -151,9 +170,13 @@ def under_load(shape: int, streams: int, grace: float) -> tuple[collections.Coun
     served.stop()
     for line in served.lines:  # anything the server found wrong
         if " ERROR " in line or "Traceback" in line:
-            out[f"server log: {line[line.find(' ERROR ') + 1:][:120]}"] += 1
+            out[f"server log: {line[line.find(' ERROR ') + 1 :][:120]}"] += 1
     if VERBOSE:
-        print("\n".join(line for line in served.lines if "shutting" in line or "WARNING" in line or "stopp" in line))
+        print(
+            "\n".join(
+                line for line in served.lines if "shutting" in line or "WARNING" in line or "stopp" in line
+            )
+        )
     return out, took, code
 
 
@@ -177,23 +200,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grace", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--shapes", default="0,2")
-    parser.add_argument("--verbose", action="store_true", help="the server's shutdown log lines, every outcome")
+    parser.add_argument(
+        "--verbose", action="store_true", help="the server's shutdown log lines, every outcome"
+    )
     args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
     shapes = [int(s) for s in args.shapes.split(",")]
     failed = False
-    print("| shape | short 200 | short cut | new 503 | new refused | SSE POST last message / cut | SSE GET last message / cut "
-          "| gRPC UNAVAILABLE / other | SIGTERM to exit (s) | exit code |")
+    print(
+        "| shape | short 200 | short cut | new 503 | new refused | SSE POST last message / cut | SSE GET last message / cut "
+        "| gRPC UNAVAILABLE / other | SIGTERM to exit (s) | exit code |"
+    )
     print("|---" * 10 + "|")
     for shape in shapes:
         out, took, code = under_load(shape, args.streams, args.grace)
         other = sum(n for k, n in out.items() if k.startswith("gRPC other"))
-        cut = out["POST cut"] + out["GET cut"] + out["POST other end"] + out["GET other end"] + out["short refused or cut"]
-        print(f"| --api-workers {shape} | {out['short 200']} | {out['short refused or cut']} | {out['new 503']} "
-              f"| {sum(n for k, n in out.items() if k.startswith('new refused'))} | {out['POST last message']} / {out['POST cut'] + out['POST other end']} "
-              f"| {out['GET last message']} / {out['GET cut'] + out['GET other end']} "
-              f"| {out['gRPC UNAVAILABLE shutting down']} / {other} | {took:.2f} | {code} |", flush=True)
+        cut = (
+            out["POST cut"]
+            + out["GET cut"]
+            + out["POST other end"]
+            + out["GET other end"]
+            + out["short refused or cut"]
+        )
+        print(
+            f"| --api-workers {shape} | {out['short 200']} | {out['short refused or cut']} | {out['new 503']} "
+            f"| {sum(n for k, n in out.items() if k.startswith('new refused'))} | {out['POST last message']} / {out['POST cut'] + out['POST other end']} "
+            f"| {out['GET last message']} / {out['GET cut'] + out['GET other end']} "
+            f"| {out['gRPC UNAVAILABLE shutting down']} / {other} | {took:.2f} | {code} |",
+            flush=True,
+        )
         if other or cut or code or args.verbose:
             failed = failed or bool(other or cut or code)
             print("  details:", dict(out))
@@ -202,6 +238,8 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|---|")
     for shape in shapes:
         times = idle(shape, args.rounds)
-        print(f"| --api-workers {shape} | {statistics.median(times):.3f} | {min(times):.3f} | {max(times):.3f} | {len(times)} |",
-              flush=True)
+        print(
+            f"| --api-workers {shape} | {statistics.median(times):.3f} | {min(times):.3f} | {max(times):.3f} | {len(times)} |",
+            flush=True,
+        )
     return 1 if failed else 0

@@ -72,7 +72,9 @@ async def _grpc_surge(port: int, clients: int) -> collections.Counter[str]:
     from actorserve.types import InferenceRequest
 
     text = tensor_from_numpy("text_input", np.array([b"surge"], dtype=object), "BYTES")
-    message = request_to_pb(InferenceRequest(inputs=[text], parameters={"n_tokens": 2}), model_name="streamer")
+    message = request_to_pb(
+        InferenceRequest(inputs=[text], parameters={"n_tokens": 2}), model_name="streamer"
+    )
     out: collections.Counter[str] = collections.Counter()
     start = asyncio.Event()
     names = {Status.RESOURCE_EXHAUSTED: "429", Status.UNAVAILABLE: "503"}
@@ -102,7 +104,9 @@ async def _grpc_surge(port: int, clients: int) -> collections.Counter[str]:
 HEADER = "| shape | transport | case | clients | queued (held) | answered | 2xx | 429 | 503 | resets | timeouts | seconds |"
 
 
-def _row(shape: int, transport: str, case: str, clients: int, out: collections.Counter[str], seconds: float) -> str:
+def _row(
+    shape: int, transport: str, case: str, clients: int, out: collections.Counter[str], seconds: float
+) -> str:
     answered = sum(n for k, n in out.items() if k.isdigit() or k.startswith("status"))
     twoxx = sum(n for k, n in out.items() if k.startswith("2"))
     queued = out["queued"] if case == "held" else "-"
@@ -138,7 +142,9 @@ def main(argv: list[str]) -> int:
                         out = asyncio.run(_grpc_surge(port, args.clients))
                     seconds = time.monotonic() - began
                     print(_row(shape, transport, case, args.clients, out, seconds), flush=True)
-                    failed |= out["reset"] + out["timeout"] > 0 or (case == "held" and out["queued"] < args.clients)
+                    failed |= out["reset"] + out["timeout"] > 0 or (
+                        case == "held" and out["queued"] < args.clients
+                    )
         finally:
             served.stop()
     return 1 if failed else 0

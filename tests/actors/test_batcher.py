@@ -18,7 +18,9 @@ def model_of(engine: actorserve.Engine, name: str = "rec", replica: int = 0) -> 
     return model
 
 
-async def test_new_streams_join_at_the_next_step_after_a_slot_frees(autojump_clock: trio.testing.MockClock) -> None:
+async def test_new_streams_join_at_the_next_step_after_a_slot_frees(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     lengths = {f"s{i}": 3 + i for i in range(10)}  # 10 streams of different lengths
     async with actorserve.open_engine([recording_settings(max_batch_size=4)]) as engine:
         model = model_of(engine)
@@ -63,7 +65,9 @@ async def test_cancelled_stream_is_absent_from_the_next_step(autojump_clock: tri
         assert (stats.waiting, stats.running) == (0, 0)
 
 
-async def test_slow_reader_sits_out_without_stalling_the_batch(autojump_clock: trio.testing.MockClock) -> None:
+async def test_slow_reader_sits_out_without_stalling_the_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with actorserve.open_engine([recording_settings(max_batch_size=4, reply_buffer=2)]) as engine:
         model = model_of(engine)
         async with engine.infer_stream(request("slow", 20)) as slow:
@@ -144,7 +148,9 @@ async def test_workers_pin_sequences_and_spread_other_work(autojump_clock: trio.
 
         async def sequence(sid: str) -> None:
             for k in range(5):
-                await engine.infer(request(f"{sid}-{k}", 2, sequence_id=sid, sequence_start=k == 0, sequence_end=k == 4))
+                await engine.infer(
+                    request(f"{sid}-{k}", 2, sequence_id=sid, sequence_start=k == 0, sequence_end=k == 4)
+                )
 
         async with trio.open_nursery() as nursery:
             for i in range(6):

@@ -57,7 +57,9 @@ class LoopModel(ThreadedRecordingModel):
 
 
 @asynccontextmanager
-async def running(limit: float | None = TIMEOUT, **settings: Any) -> AsyncIterator[tuple[ContinuousBatcher, LoopModel]]:
+async def running(
+    limit: float | None = TIMEOUT, **settings: Any
+) -> AsyncIterator[tuple[ContinuousBatcher, LoopModel]]:
     """A batcher for a LoopModel. Pass ``limit=None`` under MockClock's autojump: the
     clock jumps while the worker thread steps, which trio cannot see."""
     model = LoopModel(recording_settings(implementation=LoopModel, **settings))
@@ -75,7 +77,9 @@ async def running(limit: float | None = TIMEOUT, **settings: Any) -> AsyncIterat
         nursery.cancel_scope.cancel()
 
 
-def submit(batcher: ContinuousBatcher, rid: str, n_tokens: int, *, buffer: int = 64, **parameters: Any) -> WorkItem:
+def submit(
+    batcher: ContinuousBatcher, rid: str, n_tokens: int, *, buffer: int = 64, **parameters: Any
+) -> WorkItem:
     item = WorkItem(request(rid, n_tokens, **parameters), Mailbox(buffer, name=rid))
     item.work = batcher.model.begin(item.request, None)
     batcher.submit_nowait(item)

@@ -45,7 +45,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert len(self.admitted) == self.max
         # First come, first served among admissible items.
         for key in new:
-            earlier = [k for k in waiting if k < key and (self.sequence_of[k] is None or self.sequence_of[k] not in busy)]
+            earlier = [
+                k
+                for k in waiting
+                if k < key and (self.sequence_of[k] is None or self.sequence_of[k] not in busy)
+            ]
             assert not earlier, (key, earlier)
 
     @rule()

@@ -31,7 +31,9 @@ def model_of(engine: actorserve.Engine, name: str = "rec") -> RecordingModel:
     return model
 
 
-async def test_requests_of_a_sequence_run_in_order_and_keep_state(autojump_clock: trio.testing.MockClock) -> None:
+async def test_requests_of_a_sequence_run_in_order_and_keep_state(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with actorserve.open_engine([recording_settings()]) as engine:
         first = await engine.infer(seq("r1", "s", 3, start=True))
         assert first.outputs[1].data.tolist() == [1, 2, 3]
@@ -43,7 +45,9 @@ async def test_requests_of_a_sequence_run_in_order_and_keep_state(autojump_clock
             await engine.infer(seq("r3", "s"))
 
 
-async def test_second_request_waits_in_mailbox_while_first_streams(autojump_clock: trio.testing.MockClock) -> None:
+async def test_second_request_waits_in_mailbox_while_first_streams(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with actorserve.open_engine([recording_settings()]) as engine:
         await engine.infer(seq("open", "s", 0, start=True))
         order: list[str] = []
@@ -221,7 +225,9 @@ async def test_hook_failure_fails_that_sequence_only(autojump_clock: trio.testin
         assert model_of(engine).ended == [("a", "failed"), ("b", "ended")]
 
 
-async def test_shutdown_ends_every_sequence_and_leaves_no_task(autojump_clock: trio.testing.MockClock) -> None:
+async def test_shutdown_ends_every_sequence_and_leaves_no_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     tasks_before = trio.lowlevel.current_statistics().tasks_living
     ended: list[tuple[str, str]] = []
     async with actorserve.open_engine([recording_settings(reply_buffer=1)]) as engine:
@@ -244,7 +250,9 @@ async def test_shutdown_ends_every_sequence_and_leaves_no_task(autojump_clock: t
     assert trio.lowlevel.current_statistics().tasks_living == tasks_before
 
 
-async def test_every_exit_path_calls_on_sequence_end_exactly_once(autojump_clock: trio.testing.MockClock) -> None:
+async def test_every_exit_path_calls_on_sequence_end_exactly_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     settings = recording_settings(
         sequence=SequenceSettings(idle_timeout_ms=1000, max_sequences=3, evict_idle=True)
     )

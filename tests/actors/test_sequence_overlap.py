@@ -82,7 +82,9 @@ async def test_a_later_request_joins_while_one_streams_and_ends_the_sequence(
     settings = ModelSettings("overlap", OverlapModel, sequence=SequenceSettings(idle_timeout_ms=1000))
     async with actorserve.open_engine([settings]) as engine:
         seen = 0
-        async with engine.infer_stream(op("stream", sequence_id="s", sequence_start=True), model="overlap") as stream:
+        async with engine.infer_stream(
+            op("stream", sequence_id="s", sequence_start=True), model="overlap"
+        ) as stream:
             async for _response in stream:
                 seen += 1
                 if seen == 3:  # it streams on: a request of its own sequence is served meanwhile
@@ -93,7 +95,9 @@ async def test_a_later_request_joins_while_one_streams_and_ends_the_sequence(
         with pytest.raises(SequenceNotFound, match="sequence 's' has ended"):
             await engine.infer(op("stream", sequence_id="s"), model="overlap")
         # a sequence whose stream still runs is not idle: it outlives the idle timeout
-        async with engine.infer_stream(op("stream", sequence_id="t", sequence_start=True), model="overlap") as stream:
+        async with engine.infer_stream(
+            op("stream", sequence_id="t", sequence_start=True), model="overlap"
+        ) as stream:
             await stream.__anext__()
             await trio.sleep(5)
             stats = await engine.statistics("overlap")

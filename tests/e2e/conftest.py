@@ -34,7 +34,9 @@ TIMEOUT = 20.0
 class FailingModel(Model):
     """Streams ``ok`` good responses (default 0), then raises (a model bug)."""
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             for k in range(int_parameter(request, "ok", 0, minimum=0)):
                 yield self.response(request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))])
@@ -92,8 +94,12 @@ def rest_settings(**changes: Any) -> Settings:
     """Settings of a test server: 127.0.0.1, HTTP on port 0, no gRPC, :func:`rest_models`,
     no token needed (the auth tests in test_auth.py turn it on)."""
     values: dict[str, Any] = {
-        "http_port": 0, "grpc_port": None, "host": "127.0.0.1", "models": rest_models(), "no_auth": True,
-    }  # fmt: skip
+        "http_port": 0,
+        "grpc_port": None,
+        "host": "127.0.0.1",
+        "models": rest_models(),
+        "no_auth": True,
+    }
     values.update(changes)
     return Settings(**values)
 

@@ -63,7 +63,9 @@ class SumModel(Model):
 
     stream_input = True
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         total, last = 0, None
         async for request in requests:
             total += _int_input(request)
@@ -77,7 +79,9 @@ class RunningSumModel(Model):
 
     stream_input = True
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         total = 0
         async for request in requests:
             total += _int_input(request)
@@ -118,7 +122,9 @@ class GatedBatchModel(BatchModel[None, Tick]):
         for work in batch:
             k = work.emitted
             work.emitted += 1
-            response = self.response(work.request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))])
+            response = self.response(
+                work.request, [tensor_from_numpy("index", np.array([k], dtype=np.int64))]
+            )
             outputs.append(StepOutput(response, done=work.emitted >= work.tokens))
         return outputs
 
@@ -141,9 +147,7 @@ def test_models() -> tuple[ModelSettings, ...]:
         *builtin_models(),
         ModelSettings(name="gate", implementation=GateModel),
         ModelSettings(name="gate1", implementation=GateModel, max_pending=1),
-        ModelSettings(
-            name="gateseq", implementation=GateModel, sequence=SequenceSettings(max_queue=1)
-        ),
+        ModelSettings(name="gateseq", implementation=GateModel, sequence=SequenceSettings(max_queue=1)),
         ModelSettings(name="fail", implementation=FailModel),
         ModelSettings(name="sum", implementation=SumModel),
         ModelSettings(name="running_sum", implementation=RunningSumModel),
@@ -221,7 +225,9 @@ async def running_grpc_server(**overrides: Any) -> AsyncIterator[GrpcServer]:
             yield server
         finally:
             for info in await engine.models():
-                for replica in [engine.model(info.name, info.version, replica=i) for i in range(info.workers)]:
+                for replica in [
+                    engine.model(info.name, info.version, replica=i) for i in range(info.workers)
+                ]:
                     if isinstance(replica, GatedBatchModel):
                         replica.release_all()
                     if isinstance(replica, GateModel):

@@ -31,13 +31,17 @@ async def ai_server(launch: Launch) -> Server:
 @pytest.fixture
 def sync_client(ai_server: Server) -> openai.OpenAI:
     assert ai_server.http_url is not None
-    return openai.OpenAI(base_url=ai_server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return openai.OpenAI(
+        base_url=ai_server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
 
 
 @pytest.fixture
 def async_client(ai_server: Server) -> openai.AsyncOpenAI:
     assert ai_server.http_url is not None
-    return openai.AsyncOpenAI(base_url=ai_server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=ai_server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0
+    )
 
 
 async def in_thread(call: Callable[[], T]) -> T:

@@ -40,10 +40,14 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
         async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
             first = await client.post("/v2/models/identity/infer", json=IDENTITY)
             assert first.status_code == 200
-            add = {"inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [1]}],
-                   "parameters": {"sequence_id": "s1", "sequence_start": True}}  # fmt: skip
+            add = {
+                "inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [1]}],
+                "parameters": {"sequence_id": "s1", "sequence_start": True},
+            }
             assert (await client.post("/v2/models/accumulator/versions/1/infer", json=add)).status_code == 200
-            stream = await client.post("/v2/models/streamer/infer_stream", json={"inputs": [], "parameters": {"n_tokens": 3}})
+            stream = await client.post(
+                "/v2/models/streamer/infer_stream", json={"inputs": [], "parameters": {"n_tokens": 3}}
+            )
             assert stream.status_code == 200
             assert (await client.post("/v2/models/nope/infer", json=IDENTITY)).status_code == 404
             assert (await client.get("/v2/health/ready")).status_code == 200
@@ -64,19 +68,61 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
         for line in lines
     ]
     assert brief == [
-        {"transport": "rest", "method": "POST", "route": "/v2/models/identity/infer", "status": 200,
-         "model": "identity", "version": "1", "sequence_id": None},
-        {"transport": "rest", "method": "POST", "route": "/v2/models/accumulator/versions/1/infer", "status": 200,
-         "model": "accumulator", "version": "1", "sequence_id": "s1"},
-        {"transport": "rest", "method": "POST", "route": "/v2/models/streamer/infer_stream", "status": 200,
-         "model": "streamer", "version": "1", "sequence_id": None},
-        {"transport": "rest", "method": "POST", "route": "/v2/models/nope/infer", "status": 404,
-         "model": "nope", "version": None, "sequence_id": None},
-        {"transport": "rest", "method": "GET", "route": "/v2/health/ready", "status": 200,
-         "model": None, "version": None, "sequence_id": None},
-        {"transport": "grpc", "method": "POST", "route": "/inference.GRPCInferenceService/ModelInfer",
-         "status": "OK", "model": "identity", "version": "1", "sequence_id": None},
-    ]  # fmt: skip
+        {
+            "transport": "rest",
+            "method": "POST",
+            "route": "/v2/models/identity/infer",
+            "status": 200,
+            "model": "identity",
+            "version": "1",
+            "sequence_id": None,
+        },
+        {
+            "transport": "rest",
+            "method": "POST",
+            "route": "/v2/models/accumulator/versions/1/infer",
+            "status": 200,
+            "model": "accumulator",
+            "version": "1",
+            "sequence_id": "s1",
+        },
+        {
+            "transport": "rest",
+            "method": "POST",
+            "route": "/v2/models/streamer/infer_stream",
+            "status": 200,
+            "model": "streamer",
+            "version": "1",
+            "sequence_id": None,
+        },
+        {
+            "transport": "rest",
+            "method": "POST",
+            "route": "/v2/models/nope/infer",
+            "status": 404,
+            "model": "nope",
+            "version": None,
+            "sequence_id": None,
+        },
+        {
+            "transport": "rest",
+            "method": "GET",
+            "route": "/v2/health/ready",
+            "status": 200,
+            "model": None,
+            "version": None,
+            "sequence_id": None,
+        },
+        {
+            "transport": "grpc",
+            "method": "POST",
+            "route": "/inference.GRPCInferenceService/ModelInfer",
+            "status": "OK",
+            "model": "identity",
+            "version": "1",
+            "sequence_id": None,
+        },
+    ]
     assert (lines[0]["bytes"], lines[2]["bytes"]) == (len(first.content), len(stream.content))
     assert lines[-1]["bytes"] is None  # gRPC: not counted
 
@@ -107,8 +153,12 @@ def test_json_format_puts_the_fields_in_the_object() -> None:
     record.access = {"transport": "rest", "status": 200}
     line = json.loads(JsonFormatter().format(record))
     assert {k: line[k] for k in ("level", "logger", "message", "transport", "status")} == {
-        "level": "INFO", "logger": ACCESS_LOGGER, "message": "text", "transport": "rest", "status": 200,
-    }  # fmt: skip
+        "level": "INFO",
+        "logger": ACCESS_LOGGER,
+        "message": "text",
+        "transport": "rest",
+        "status": 200,
+    }
     assert line["time"].endswith("+00:00")
 
 
@@ -121,11 +171,19 @@ def test_the_command_line_handler_writes_a_batch_like_the_other_lines() -> None:
     assert first == second
     assert first == {
         "time": datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat(timespec="milliseconds"),
-        "level": "INFO", "logger": ACCESS_LOGGER,
+        "level": "INFO",
+        "logger": ACCESS_LOGGER,
         "message": "rest GET /v2 status=200 bytes=10 duration_ms=0.500 model=- version=- sequence_id=-",
-        "transport": "rest", "method": "GET", "route": "/v2", "status": 200, "bytes": 10, "duration_ms": 0.5,
-        "model": None, "version": None, "sequence_id": None,
-    }  # fmt: skip
+        "transport": "rest",
+        "method": "GET",
+        "route": "/v2",
+        "status": 200,
+        "bytes": 10,
+        "duration_ms": 0.5,
+        "model": None,
+        "version": None,
+        "sequence_id": None,
+    }
     text = io.StringIO()
     AccessHandler(text, "text").write_batch([line])
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
@@ -133,14 +191,30 @@ def test_the_command_line_handler_writes_a_batch_like_the_other_lines() -> None:
 
 
 def test_the_command_line_logs_json() -> None:
-    server = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "0", "--no-auth",
-                          "--log-format", "json", "--access-log")  # fmt: skip
+    server = start_server(
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "off",
+        "--api-workers",
+        "0",
+        "--no-auth",
+        "--log-format",
+        "json",
+        "--access-log",
+    )
     try:
-        url = server.wait_for(r'REST listening on (http://[\d.:]+)')[1]
-        assert httpx.post(f"{url}/v2/models/identity/infer", json=IDENTITY, timeout=TIMEOUT).status_code == 200
+        url = server.wait_for(r"REST listening on (http://[\d.:]+)")[1]
+        assert (
+            httpx.post(f"{url}/v2/models/identity/infer", json=IDENTITY, timeout=TIMEOUT).status_code == 200
+        )
     finally:
         server.stop()
     lines = [json.loads(text) for text in server.log if text.startswith("{")]
     assert lines and len(lines) == len([t for t in server.log if t.strip()])  # every line is JSON
     (access,) = [line for line in lines if line["logger"] == ACCESS_LOGGER]
-    assert (access["route"], access["status"], access["model"]) == ("/v2/models/identity/infer", 200, "identity")
+    assert (access["route"], access["status"], access["model"]) == (
+        "/v2/models/identity/infer",
+        200,
+        "identity",
+    )

@@ -64,8 +64,12 @@ def grpc_status(call: Any) -> str:
 # -- REST ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, WRONG, {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}])
-async def test_management_routes_refuse_a_missing_or_wrong_token(launch: Launch, headers: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "headers", [{}, WRONG, {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}]
+)
+async def test_management_routes_refuse_a_missing_or_wrong_token(
+    launch: Launch, headers: dict[str, str]
+) -> None:
     server = await secured(launch)
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
         for path in (
@@ -75,7 +79,9 @@ async def test_management_routes_refuse_a_missing_or_wrong_token(launch: Launch,
         ):
             assert no_auth_header(await client.post(path, headers=headers)) == UNAUTHORIZED, path
         assert (await client.get("/v2/models/identity/ready")).status_code == 200  # nothing was unloaded
-        preflight = await client.options("/v2/repository/models/identity/load")  # a CORS preflight passes auth
+        preflight = await client.options(
+            "/v2/repository/models/identity/load"
+        )  # a CORS preflight passes auth
         assert preflight.status_code == 405
 
 
@@ -95,8 +101,17 @@ async def test_management_routes_accept_the_right_token(launch: Launch) -> None:
 async def test_open_routes_need_no_token(launch: Launch) -> None:
     server = await secured(launch)
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
-        for path in ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/identity", "/v2/models/identity/ready",
-                     "/v2/repository/index", "/metrics", "/v2/docs/dataplane.json", "/"):  # fmt: skip
+        for path in (
+            "/v2/health/live",
+            "/v2/health/ready",
+            "/v2",
+            "/v2/models/identity",
+            "/v2/models/identity/ready",
+            "/v2/repository/index",
+            "/metrics",
+            "/v2/docs/dataplane.json",
+            "/",
+        ):
             assert (await client.get(path)).status_code == 200, path
         assert (await client.post("/v2/repository/index", json={})).status_code == 200
         assert (await client.post("/v2/models/identity/infer", json=IDENTITY)).status_code == 200
@@ -199,9 +214,12 @@ async def test_auth_inference_guards_model_infer_and_stream_infer(launch: Launch
             ]
 
     assert await trio.to_thread.run_sync(scenario) == [
-        "StatusCode.UNAUTHENTICATED unauthorized", "StatusCode.UNAUTHENTICATED unauthorized", "OK",
-        "StatusCode.UNAUTHENTICATED unauthorized", "OK",
-    ]  # fmt: skip
+        "StatusCode.UNAUTHENTICATED unauthorized",
+        "StatusCode.UNAUTHENTICATED unauthorized",
+        "OK",
+        "StatusCode.UNAUTHENTICATED unauthorized",
+        "OK",
+    ]
 
 
 def test_the_guard_covers_management_services_by_name() -> None:
@@ -212,7 +230,10 @@ def test_the_guard_covers_management_services_by_name() -> None:
     assert guard.grpc_scope("/inference.GRPCInferenceService/ModelInfer") is None
     assert management_scope("/v2/repository/models/m/versions/2/default") is Scope.MANAGEMENT
     assert management_scope("/v2/repository/index") is None
-    assert Guard([TOKEN], inference=True).grpc_scope("/inference.GRPCInferenceService/ModelStreamInfer") is Scope.INFERENCE
+    assert (
+        Guard([TOKEN], inference=True).grpc_scope("/inference.GRPCInferenceService/ModelStreamInfer")
+        is Scope.INFERENCE
+    )
     assert Guard([TOKEN], management=False).needs(Scope.MANAGEMENT) is None
     openai = Guard([TOKEN], inference=True)
     # REST: each door says which of its paths are in which scope, after its own normalisation
@@ -244,7 +265,11 @@ def test_the_guard_covers_management_services_by_name() -> None:
 def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("# the operators\nfirst-token\n\n  second-token  \n")
-    assert read_tokens(Settings(token_file=str(path), token="from-env")) == ("from-env", "first-token", "second-token")
+    assert read_tokens(Settings(token_file=str(path), token="from-env")) == (
+        "from-env",
+        "first-token",
+        "second-token",
+    )
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(SettingsError, match="no token in it"):
         read_tokens(Settings(token_file=str(tmp_path / "empty")))
@@ -258,12 +283,18 @@ async def test_every_token_of_the_file_is_accepted(launch: Launch, tmp_path: Pat
     server = await launch(no_auth=False, token_file=str(path))
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
         for token in ("one", "two"):
-            reply = await client.post("/v2/repository/models/identity/unload", headers={"Authorization": f"Bearer {token}"})
-            assert reply.status_code == 404 if token == "two" else reply.status_code == 200  # unloaded by "one"
+            reply = await client.post(
+                "/v2/repository/models/identity/unload", headers={"Authorization": f"Bearer {token}"}
+            )
+            assert (
+                reply.status_code == 404 if token == "two" else reply.status_code == 200
+            )  # unloaded by "one"
         assert (await client.post("/v2/repository/models/identity/load", headers=WRONG)).status_code == 401
 
 
-async def test_a_generated_token_is_in_a_private_file_that_goes_away(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_generated_token_is_in_a_private_file_that_goes_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, "actorserve.auth")
     settings = rest_settings(no_auth=False)
     async with trio.open_nursery() as nursery:
@@ -276,7 +307,9 @@ async def test_a_generated_token_is_in_a_private_file_that_goes_away(caplog: pyt
         assert str(path) in caplog.text and token not in caplog.text
         async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
             headers = {"Authorization": f"Bearer {token}"}
-            assert (await client.post("/v2/repository/models/identity/unload", headers=headers)).status_code == 200
+            assert (
+                await client.post("/v2/repository/models/identity/unload", headers=headers)
+            ).status_code == 200
         server.shutdown()
     assert not await path.exists() and not await path.parent.exists()
 
@@ -333,5 +366,8 @@ async def test_every_rpc_of_the_management_service(launch: Launch) -> None:
             channel.close()
 
     assert await in_asyncio(partial(calls, None)) == ["UNAUTHENTICATED unauthorized"] * 3
-    assert await in_asyncio(partial(calls, {"authorization": "Bearer nope"})) == ["UNAUTHENTICATED unauthorized"] * 3
+    assert (
+        await in_asyncio(partial(calls, {"authorization": "Bearer nope"}))
+        == ["UNAUTHENTICATED unauthorized"] * 3
+    )
     assert await in_asyncio(partial(calls, {"authorization": f"Bearer {TOKEN}"})) == ["OK"] * 3

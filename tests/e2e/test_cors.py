@@ -26,7 +26,11 @@ def preflight_headers(origin: str) -> dict[str, str]:
 async def test_allowed_origin(launch: Launch, fast_path: bool) -> None:
     server = await launch(fast_path=fast_path, cors_allow_origin=(ALLOWED, "http://localhost:3000"))
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
-        for path in ("/v2/models/identity/infer", "/v2/repository/index", "/v2/models/streamer/generate_stream"):
+        for path in (
+            "/v2/models/identity/infer",
+            "/v2/repository/index",
+            "/v2/models/streamer/generate_stream",
+        ):
             pre = await client.options(path, headers=preflight_headers(ALLOWED))
             assert pre.status_code == 204, path
             assert pre.headers["access-control-allow-origin"] == ALLOWED
@@ -61,11 +65,16 @@ async def test_other_origins_are_refused_and_any_origin_can_be_allowed(launch: L
         url = f"{server.http_url}/v2/models/identity/infer"
         refused = await client.options(url, headers=preflight_headers("https://evil.example"))
         assert (refused.status_code, refused.json()) == (
-            403, {"error": "origin 'https://evil.example' is not allowed (--cors-allow-origin)"},
+            403,
+            {"error": "origin 'https://evil.example' is not allowed (--cors-allow-origin)"},
         )
         other = await client.post(url, json=BODY, headers={"Origin": "https://evil.example"})
         assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
-        star = await client.options(f"{anyone.http_url}/v2/models/identity/infer", headers=preflight_headers("https://x.example"))
+        star = await client.options(
+            f"{anyone.http_url}/v2/models/identity/infer", headers=preflight_headers("https://x.example")
+        )
         assert (star.status_code, star.headers["access-control-allow-origin"]) == (204, "*")
-        none = await client.options(f"{off.http_url}/v2/models/identity/infer", headers=preflight_headers(ALLOWED))
+        none = await client.options(
+            f"{off.http_url}/v2/models/identity/infer", headers=preflight_headers(ALLOWED)
+        )
         assert none.status_code == 405 and "access-control-allow-origin" not in none.headers

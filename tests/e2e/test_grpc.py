@@ -106,7 +106,14 @@ async def test_health_metadata_and_repository_index(grpc_server: GrpcServer) -> 
     assert got["server"] == {
         "name": "actorserve",
         "version": actorserve.__version__,
-        "extensions": ["binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming"],
+        "extensions": [
+            "binary_tensor_data",
+            "generate",
+            "model_repository",
+            "parameters",
+            "sequence",
+            "streaming",
+        ],
     }
     assert got["model"] == {
         "name": "streamer",
@@ -172,7 +179,9 @@ async def test_model_infer_every_datatype_and_shape(grpc_server: GrpcServer) -> 
                 for shape in ((1,), (2, 3)):
                     data = sample(datatype, shape)
                     result = c.infer(
-                        "identity", [tensor("INPUT0", data, datatype)], request_id=f"{datatype}{shape}",
+                        "identity",
+                        [tensor("INPUT0", data, datatype)],
+                        request_id=f"{datatype}{shape}",
                         client_timeout=TIMEOUT,
                     )
                     out = result.as_numpy("OUTPUT0")
@@ -191,7 +200,10 @@ async def test_model_infer_two_inputs_and_requested_outputs(grpc_server: GrpcSer
         with client(grpc_server) as c:
             result = c.infer(
                 "identity",
-                [tensor("INPUT0", np.array([1, 2], np.int32)), tensor("INPUT1", np.array([7, 8, 9], np.int64))],
+                [
+                    tensor("INPUT0", np.array([1, 2], np.int32)),
+                    tensor("INPUT1", np.array([7, 8, 9], np.int64)),
+                ],
                 outputs=[grpcclient.InferRequestedOutput("OUTPUT1")],
             )
             return [o.name for o in result.get_response().outputs], result.as_numpy("OUTPUT1").tolist()
@@ -224,7 +236,9 @@ async def test_model_infer_errors_map_to_grpc_status(grpc_server: GrpcServer) ->
             one = np.array([1], np.int64)
             calls: list[Callable[[], Any]] = [
                 lambda: c.infer("identity", [tensor("BOGUS", one)]),
-                lambda: c.infer("identity", [tensor("INPUT0", one)], outputs=[grpcclient.InferRequestedOutput("NOPE")]),
+                lambda: c.infer(
+                    "identity", [tensor("INPUT0", one)], outputs=[grpcclient.InferRequestedOutput("NOPE")]
+                ),
                 lambda: c.infer("accumulator", [tensor("INPUT", one)], sequence_id=999),
                 lambda: c.infer("accumulator", [tensor("INPUT", one)], sequence_id=5, sequence_start=True),
                 lambda: c.infer("accumulator", [tensor("INPUT", one)], sequence_id=5, sequence_start=True),
@@ -242,7 +256,10 @@ async def test_model_infer_errors_map_to_grpc_status(grpc_server: GrpcServer) ->
 
     assert await in_thread(scenario) == [
         ("StatusCode.INVALID_ARGUMENT", "model 'identity' has no input 'BOGUS' (expected INPUT0, INPUT1)"),
-        ("StatusCode.INVALID_ARGUMENT", "unknown requested output 'NOPE' (model 'identity' has OUTPUT0, OUTPUT1)"),
+        (
+            "StatusCode.INVALID_ARGUMENT",
+            "unknown requested output 'NOPE' (model 'identity' has OUTPUT0, OUTPUT1)",
+        ),
         ("StatusCode.NOT_FOUND", not_held_message("999")),
         ("OK", ""),
         ("StatusCode.ALREADY_EXISTS", "sequence '5' is already open"),
@@ -257,8 +274,14 @@ async def test_overloaded_model_is_resource_exhausted(grpc_server: GrpcServer) -
     results: queue.Queue[Any] = queue.Queue()
 
     c = client(grpc_server)
-    c.async_infer("gate1", [], lambda result, error: results.put((result, error)), request_id="held",
-                  parameters={"gate": "g"}, client_timeout=TIMEOUT)
+    c.async_infer(
+        "gate1",
+        [],
+        lambda result, error: results.put((result, error)),
+        request_id="held",
+        parameters={"gate": "g"},
+        client_timeout=TIMEOUT,
+    )
     with trio.fail_after(TIMEOUT):
         await model.started["held"].wait()
 
@@ -286,8 +309,16 @@ async def test_full_sequence_mailbox_is_resource_exhausted(grpc_server: GrpcServ
     results: queue.Queue[Any] = queue.Queue()
 
     def send(c: grpcclient.InferenceServerClient, rid: str, **kw: Any) -> None:
-        c.async_infer("gateseq", [], lambda result, error: results.put((rid, result, error)), request_id=rid,
-                      sequence_id=42, parameters={"gate": "g"}, client_timeout=TIMEOUT, **kw)
+        c.async_infer(
+            "gateseq",
+            [],
+            lambda result, error: results.put((rid, result, error)),
+            request_id=rid,
+            sequence_id=42,
+            parameters={"gate": "g"},
+            client_timeout=TIMEOUT,
+            **kw,
+        )
 
     c = client(grpc_server)
     send(c, "running", sequence_start=True)
@@ -389,13 +420,20 @@ class StreamClient:
 async def test_stream_streamer_tokens_with_ids(grpc_server: GrpcServer) -> None:
     def scenario() -> list[tuple[str, str, int]]:
         stream = StreamClient(grpc_server)
-        stream.client.async_stream_infer("streamer", [text("hi")], request_id="s1", parameters={"n_tokens": 4})
+        stream.client.async_stream_infer(
+            "streamer", [text("hi")], request_id="s1", parameters={"n_tokens": 4}
+        )
         got = []
         for _ in range(4):
             result, error = stream.next()
             assert error is None
-            got.append((result.get_response().id, result.as_numpy("text_output")[0].decode(),
-                        int(result.as_numpy("index")[0])))
+            got.append(
+                (
+                    result.get_response().id,
+                    result.as_numpy("text_output")[0].decode(),
+                    int(result.as_numpy("index")[0]),
+                )
+            )
         stream.close()
         return got
 
@@ -443,10 +481,14 @@ async def test_stream_error_is_in_band_and_stream_stays_open(grpc_server: GrpcSe
         stream.client.async_stream_infer("nope", [text("x")], request_id="bad")
         result, error = stream.next()
         first = (result, str(error.message()))
-        stream.client.async_stream_infer("accumulator", [int64("INPUT", 1)], request_id="noseq", sequence_id=31)
+        stream.client.async_stream_infer(
+            "accumulator", [int64("INPUT", 1)], request_id="noseq", sequence_id=31
+        )
         result, error = stream.next()
         second = (result, str(error.message()))
-        stream.client.async_stream_infer("streamer", [text("ok")], request_id="good", parameters={"n_tokens": 1})
+        stream.client.async_stream_infer(
+            "streamer", [text("ok")], request_id="good", parameters={"n_tokens": 1}
+        )
         result, error = stream.next()
         third = (error, result.get_response().id, result.as_numpy("text_output")[0])
         stream.close()
@@ -483,7 +525,9 @@ async def test_gzip_requests_and_responses_round_trip(grpc_server: GrpcServer) -
         with client(grpc_server) as c:
             result = c.infer("identity", [tensor("INPUT0", data)], compression_algorithm="gzip")
             stream = StreamClient(grpc_server, compression_algorithm="gzip")
-            stream.client.async_stream_infer("streamer", [text("z")], request_id="z", parameters={"n_tokens": 2})
+            stream.client.async_stream_infer(
+                "streamer", [text("z")], request_id="z", parameters={"n_tokens": 2}
+            )
             tokens = [stream.next()[0].as_numpy("text_output")[0].decode() for _ in range(2)]
             stream.close()
             return result.as_numpy("OUTPUT0").tolist(), tokens
@@ -495,7 +539,9 @@ async def test_gzip_requests_and_responses_round_trip(grpc_server: GrpcServer) -
 
 
 async def test_serve_starts_grpc_next_to_rest() -> None:
-    settings = Settings(models=tuple(builtin_models()), host="127.0.0.1", http_port=0, grpc_port=0, grace_period=2.0)
+    settings = Settings(
+        models=tuple(builtin_models()), host="127.0.0.1", http_port=0, grpc_port=0, grace_period=2.0
+    )
     async with trio.open_nursery() as nursery:
         server = await nursery.start(actorserve.serve, settings)
         assert server.grpc_address is not None
@@ -548,7 +594,9 @@ async def test_repository_load_finds_models_added_to_the_model_folders(tmp_path:
         assert server.grpc_address is not None
         write_model("late")
         # auth is on by default: the management token serve() generated
-        auth = {"authorization": "Bearer " + (await trio.Path(server.settings.token_file).read_text()).strip()}
+        auth = {
+            "authorization": "Bearer " + (await trio.Path(server.settings.token_file).read_text()).strip()
+        }
 
         def scenario() -> tuple[list[str], str]:
             with grpcclient.InferenceServerClient("{}:{}".format(*server.grpc_address)) as c:
@@ -567,8 +615,14 @@ async def test_shutdown_drains_in_flight_calls_and_refuses_new_ones() -> None:
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
-        c.async_infer("gate", [], lambda result, error: results.put((result, error)), request_id="inflight",
-                      parameters={"gate": "g"}, client_timeout=TIMEOUT)
+        c.async_infer(
+            "gate",
+            [],
+            lambda result, error: results.put((result, error)),
+            request_id="inflight",
+            parameters={"gate": "g"},
+            client_timeout=TIMEOUT,
+        )
         with trio.fail_after(TIMEOUT):
             await model.started["inflight"].wait()
         server.scope.cancel()  # serve_grpc starts draining...
@@ -593,8 +647,14 @@ async def test_shutdown_cancels_calls_still_running_after_the_grace_period() -> 
         model = server.model("gate")
         results: queue.Queue[Any] = queue.Queue()
         c = client(server)
-        c.async_infer("gate", [], lambda result, error: results.put((result, error)), request_id="stuck",
-                      parameters={"gate": "never"}, client_timeout=TIMEOUT)
+        c.async_infer(
+            "gate",
+            [],
+            lambda result, error: results.put((result, error)),
+            request_id="stuck",
+            parameters={"gate": "never"},
+            client_timeout=TIMEOUT,
+        )
         with trio.fail_after(TIMEOUT):
             await model.started["stuck"].wait()
         server.scope.cancel()
@@ -612,7 +672,9 @@ async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it() -> None
     async with running_grpc_server() as server:
         model = server.model("gate")
         stream = StreamClient(server)
-        stream.client.async_stream_infer("gate", [], request_id="inflight", parameters={"gate": "g", "n_tokens": 2})
+        stream.client.async_stream_infer(
+            "gate", [], request_id="inflight", parameters={"gate": "g", "n_tokens": 2}
+        )
         with trio.fail_after(TIMEOUT):
             await model.started["inflight"].wait()
         server.scope.cancel()  # serve_grpc drains: the stream stops reading...
@@ -623,7 +685,9 @@ async def test_shutdown_lets_a_stream_finish_its_requests_then_ends_it() -> None
             got: list[Any] = []
             for _ in range(3):
                 result, error = stream.next()
-                got.append(int(result.as_numpy("index")[0]) if error is None else (status_of(error), error.message()))
+                got.append(
+                    int(result.as_numpy("index")[0]) if error is None else (status_of(error), error.message())
+                )
             stream.close()
             return got
 

@@ -33,11 +33,9 @@ STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def ticker_request(rid: str, n_tokens: int = 1) -> bytes:
-    return bytes(request_to_pb(InferenceRequest([], id=rid, parameters={"n_tokens": n_tokens}), model_name="ticker"))
-
-
-
-
+    return bytes(
+        request_to_pb(InferenceRequest([], id=rid, parameters={"n_tokens": n_tokens}), model_name="ticker")
+    )
 
 
 class RawCall:
@@ -53,13 +51,23 @@ class RawCall:
     @classmethod
     @asynccontextmanager
     async def open(cls, server: GrpcServer, headers: list[tuple[str, str]] = []) -> AsyncIterator[RawCall]:  # noqa: B006
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
         conn.initiate_connection()
         sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [
-            (":method", "POST"), (":scheme", "http"), (":path", STREAM_INFER), (":authority", server.target),
-            ("content-type", "application/grpc"), ("te", "trailers"), *headers,
-        ])  # fmt: skip
+        conn.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", STREAM_INFER),
+                (":authority", server.target),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *headers,
+            ],
+        )
         sock = await trio.open_tcp_stream(server.host, server.port)
         async with sock:
             call = cls(sock, conn, sid)
@@ -178,7 +186,10 @@ async def test_gzip_framing_holds_on_the_coalesced_path() -> None:
         # the step loop may run both steps before the writer wakes: one or two writes
         assert len(call.data_frames) in (1, 2)
         assert all(compressed for compressed, _ in got)
-        ids = [pb.ModelStreamInferResponse.FromString(gzip.decompress(payload)).infer_response.id for _, payload in got]
+        ids = [
+            pb.ModelStreamInferResponse.FromString(gzip.decompress(payload)).infer_response.id
+            for _, payload in got
+        ]
         assert sorted(ids) == ["a", "b", "c", "first"]  # requests of one stream are not ordered
 
 

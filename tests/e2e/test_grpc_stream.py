@@ -163,7 +163,9 @@ async def test_stream_stops_reading_past_max_inflight() -> None:
                 stream = DuplexStream(ch)
                 for rid in "ABC":
                     stream.send(req("gate", rid, n_tokens=1, gate=rid.lower()))
-                started = await asyncio.to_thread(lambda: trio.from_thread.run(only_two_started, trio_token=server.token))
+                started = await asyncio.to_thread(
+                    lambda: trio.from_thread.run(only_two_started, trio_token=server.token)
+                )
                 server.open_gate_from_thread("gate", "c")  # C is not read yet: nothing happens
                 server.open_gate_from_thread("gate", "a")  # A ends, a slot frees, C is read and runs
                 got = [index_of(await stream.recv()), index_of(await stream.recv())]
@@ -186,7 +188,9 @@ async def test_cancel_mid_stream_leaves_the_engine_without_work(grpc_server: Grp
             stream.send(req("gate", "A", n_tokens=5, gate="never", free=1))
             stream.send(req("gate", "B", n_tokens=5, gate="never"))
             first = index_of(await stream.recv())
-            await asyncio.to_thread(lambda: trio.from_thread.run(model.started["B"].wait, trio_token=grpc_server.token))
+            await asyncio.to_thread(
+                lambda: trio.from_thread.run(model.started["B"].wait, trio_token=grpc_server.token)
+            )
             await stream.cancel()
             return first
 
@@ -230,7 +234,9 @@ async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: 
     async def first_call() -> tuple[str, int]:
         async with channel(grpc_server) as ch:
             stream = DuplexStream(ch)
-            stream.send(req("gateseq", "s1", n_tokens=3, gate="never", free=1, sequence_id="S", sequence_start=True))
+            stream.send(
+                req("gateseq", "s1", n_tokens=3, gate="never", free=1, sequence_id="S", sequence_start=True)
+            )
             first = index_of(await stream.recv())
             await stream.cancel()
             return first
@@ -238,7 +244,9 @@ async def test_cancelled_sequence_request_leaves_the_sequence_open(grpc_server: 
     assert await in_asyncio(first_call) == ("s1", 0)
     with trio.fail_after(TIMEOUT):
         await model.left["s1"].wait()
-    await grpc_server.statistics_when("gateseq", lambda s: s.inflight == s.queued == 0 and s.open_sequences == 1)
+    await grpc_server.statistics_when(
+        "gateseq", lambda s: s.inflight == s.queued == 0 and s.open_sequences == 1
+    )
 
     async def second_call() -> list[tuple[str, int]]:
         async with channel(grpc_server) as ch:
@@ -298,7 +306,9 @@ async def test_cancelled_unary_call_cancels_its_request(grpc_server: GrpcServer)
         async with channel(grpc_server) as ch:
             stub = pb.GrpcInferenceServiceStub(ch)
             call = asyncio.create_task(stub.model_infer(req("gate", "U", n_tokens=1, gate="never")))
-            await asyncio.to_thread(lambda: trio.from_thread.run(model.started["U"].wait, trio_token=grpc_server.token))
+            await asyncio.to_thread(
+                lambda: trio.from_thread.run(model.started["U"].wait, trio_token=grpc_server.token)
+            )
             call.cancel()
             try:
                 await call
@@ -394,17 +404,26 @@ async def test_unary_parameters_of_all_five_kinds_and_typed_contents(grpc_server
         async with channel(grpc_server) as ch:
             stub = pb.GrpcInferenceServiceStub(ch)
             message = req(
-                "identity", "p",
+                "identity",
+                "p",
                 tensor_from_numpy("INPUT0", np.array([[1.5, -2.0]], np.float32)),
                 tensor_from_numpy("INPUT1", np.array([b"a", b"bc"], dtype=object), "BYTES"),
                 raw=False,
-                flag=True, count=-7, name="n", ratio=0.5, big=2**64 - 1,
-            )  # fmt: skip
+                flag=True,
+                count=-7,
+                name="n",
+                ratio=0.5,
+                big=2**64 - 1,
+            )
             assert message.raw_input_contents == []
             reply = await stub.model_infer(message)
             kinds = {k: betterproto_kind(v) for k, v in reply.parameters.items()}
             response = response_from_pb(reply)
-            return kinds, [reply.model_name, reply.model_version, reply.id], [t.data.tolist() for t in response.outputs]
+            return (
+                kinds,
+                [reply.model_name, reply.model_version, reply.id],
+                [t.data.tolist() for t in response.outputs],
+            )
 
     kinds, meta, data = await in_asyncio(scenario)
     assert kinds == {
@@ -460,9 +479,12 @@ async def test_stream_in_models_and_per_request_models_share_a_stream(grpc_serve
 
 
 async def mlserver_call(server: GrpcServer, messages: list[pb.ModelInferRequest]) -> list[Any]:
-    async with channel(server) as ch, ch.request(
-        STREAM_INFER, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelInferResponse
-    ) as stream:
+    async with (
+        channel(server) as ch,
+        ch.request(
+            STREAM_INFER, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelInferResponse
+        ) as stream,
+    ):
         for message in messages:
             await stream.send_message(message)
         await stream.end()
@@ -473,7 +495,9 @@ async def test_mlserver_dialect_streams_bare_responses_and_errors_as_status() ->
     async with running_grpc_server(grpc_stream_dialect="mlserver") as server:
 
         async def scenario() -> list[Any]:
-            tokens = await mlserver_call(server, [req("streamer", "a", n_tokens=2), req("streamer", "b", n_tokens=1)])
+            tokens = await mlserver_call(
+                server, [req("streamer", "a", n_tokens=2), req("streamer", "b", n_tokens=1)]
+            )
             sums = await mlserver_call(server, [req("sum", "x", int64(4)), req("sum", "y", int64(5))])
             with pytest.raises(GRPCError) as info:
                 await mlserver_call(server, [req("nope", "z")])
@@ -493,15 +517,25 @@ async def test_mlserver_dialect_streams_bare_responses_and_errors_as_status() ->
 # --------------------------------------------------------------------------- gzip on the wire
 
 
-async def raw_h2_call(server: GrpcServer, path: str, body: bytes, headers: list[tuple[str, str]]) -> dict[str, Any]:
+async def raw_h2_call(
+    server: GrpcServer, path: str, body: bytes, headers: list[tuple[str, str]]
+) -> dict[str, Any]:
     """One gRPC call over a bare HTTP/2 connection: what the server really sends."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     conn.initiate_connection()
     sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, [
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", server.target),
-        ("content-type", "application/grpc"), ("te", "trailers"), *headers,
-    ])  # fmt: skip
+    conn.send_headers(
+        sid,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", server.target),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            *headers,
+        ],
+    )
     conn.send_data(sid, body, end_stream=True)
     out: dict[str, Any] = {"data": b""}
     with trio.fail_after(TIMEOUT):
@@ -524,10 +558,6 @@ async def raw_h2_call(server: GrpcServer, path: str, body: bytes, headers: list[
                         ended = True
                 await sock.send_all(conn.data_to_send())
     return out
-
-
-
-
 
 
 async def test_gzip_request_gets_a_gzip_response(grpc_server: GrpcServer) -> None:
@@ -553,9 +583,14 @@ async def test_small_messages_and_clients_that_do_not_compress_stay_plain(grpc_s
     path = "/inference.GRPCInferenceService/ModelInfer"
     small = bytes(req("identity", "s", int64(1, "INPUT0")))
     compressed_small = await raw_h2_call(
-        grpc_server, path, frame(gzip.compress(small), True), [("grpc-encoding", "gzip"), ("grpc-accept-encoding", "gzip")]
+        grpc_server,
+        path,
+        frame(gzip.compress(small), True),
+        [("grpc-encoding", "gzip"), ("grpc-accept-encoding", "gzip")],
     )
-    plain = await raw_h2_call(grpc_server, path, frame(small, False), [("grpc-accept-encoding", "identity,deflate,gzip")])
+    plain = await raw_h2_call(
+        grpc_server, path, frame(small, False), [("grpc-accept-encoding", "identity,deflate,gzip")]
+    )
     unsupported = await raw_h2_call(grpc_server, path, frame(small, True), [("grpc-encoding", "snappy")])
     assert compressed_small["headers"]["grpc-encoding"] == "gzip"
     assert [c for c, _ in unframe(compressed_small["data"])] == [False]  # under gzip_min_bytes

@@ -170,10 +170,26 @@ def test_a_model_that_cannot_load_at_start_says_why(tmp_path: Path, name: str, a
     code, message = BROKEN[name]
     folder = write_model(tmp_path, name, code)
     result = subprocess.run(
-        [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "off",
-         "--api-workers", api_workers, "--no-auth", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "actorserve",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "off",
+            "--api-workers",
+            api_workers,
+            "--no-auth",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     errors = [line for line in result.stderr.splitlines() if line.startswith("actorserve: error: ")]
     assert errors == [f"actorserve: error: {folder / 'model-settings.json'}: {message}"], result.stderr
     assert result.returncode == (1 if name == "raises" else 2)

@@ -28,7 +28,10 @@ from actorserve.proto.actorserve.v1 import (
 
 
 def counter_body(n: int, **parameters: Any) -> dict[str, Any]:
-    return {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [0]}], "parameters": {"n": n, **parameters}}
+    return {
+        "inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [0]}],
+        "parameters": {"n": n, **parameters},
+    }
 
 
 async def test_describe_workers_and_default_version_over_rest(launch: Launch) -> None:
@@ -38,18 +41,35 @@ async def test_describe_workers_and_default_version_over_rest(launch: Launch) ->
         described = (await client.get("/v2/repository/models/counter")).json()
         assert described.pop("implementation").endswith("conftest.CountingBatchModel")
         assert described == {
-            "name": "counter", "version": "1", "state": "READY", "reason": "", "default_version": "1",
-            "versions": ["1"], "platform": "", "batched": True,
-            "workers": 2, "max_batch_size": 8, "max_batch_time": 0.0, "max_pending": 1024,
-            "idle_timeout_ms": 60_000, "max_duration_ms": 0, "max_queue": 16, "max_sequences": 1024,
-            "evict_idle": False, "open_sequences": 0, "inflight": 0, "queued": 0,
+            "name": "counter",
+            "version": "1",
+            "state": "READY",
+            "reason": "",
+            "default_version": "1",
+            "versions": ["1"],
+            "platform": "",
+            "batched": True,
+            "workers": 2,
+            "max_batch_size": 8,
+            "max_batch_time": 0.0,
+            "max_pending": 1024,
+            "idle_timeout_ms": 60_000,
+            "max_duration_ms": 0,
+            "max_queue": 16,
+            "max_sequences": 1024,
+            "evict_idle": False,
+            "open_sequences": 0,
+            "inflight": 0,
+            "queued": 0,
             "replicas": [
                 {"index": 0, "waiting": 0, "running": 0, "sequences": 0},
                 {"index": 1, "waiting": 0, "running": 0, "sequences": 0},
             ],
             "requires_sequence": False,
-        }  # fmt: skip
-        scaled = (await client.post("/v2/repository/models/counter/versions/1/workers", json={"workers": 3})).json()
+        }
+        scaled = (
+            await client.post("/v2/repository/models/counter/versions/1/workers", json={"workers": 3})
+        ).json()
         assert (scaled["workers"], len(scaled["replicas"])) == (3, 3)
         replicas: set[int] = set()
 
@@ -60,9 +80,13 @@ async def test_describe_workers_and_default_version_over_rest(launch: Launch) ->
             for _ in range(3):
                 nursery.start_soon(run)
         assert len(replicas) == 3
-        plain = (await client.post("/v2/repository/models/identity/versions/2/workers", json={"workers": 2})).json()
+        plain = (
+            await client.post("/v2/repository/models/identity/versions/2/workers", json={"workers": 2})
+        ).json()
         assert (plain["workers"], [r["index"] for r in plain["replicas"]]) == (2, [0, 1])
-        down = await client.post("/v2/repository/models/identity/versions/2/workers", json={"workers": 1, "grace_period": 1})
+        down = await client.post(
+            "/v2/repository/models/identity/versions/2/workers", json={"workers": 1, "grace_period": 1}
+        )
         assert (down.json()["workers"], len(down.json()["replicas"])) == (1, 1)
         for bad, why in [
             ({"workers": 0}, "'workers' must be an integer >= 1, got 0"),
@@ -78,12 +102,22 @@ async def test_describe_workers_and_default_version_over_rest(launch: Launch) ->
         body = {"inputs": [{"name": "INPUT0", "datatype": "INT8", "shape": [1], "data": [1]}]}
         assert (await client.post("/v2/models/identity/infer", json=body)).json()["model_version"] == "2"
         chosen = await client.post("/v2/repository/models/identity/default_version", json={"version": 1})
-        assert (chosen.json()["default_version"], chosen.json()["version"], chosen.json()["versions"]) == ("1", "1", ["1", "2"])
+        assert (chosen.json()["default_version"], chosen.json()["version"], chosen.json()["versions"]) == (
+            "1",
+            "1",
+            ["1", "2"],
+        )
         assert (await client.post("/v2/models/identity/infer", json=body)).json()["model_version"] == "1"
         missing = await client.post("/v2/repository/models/identity/default_version", json={"version": "9"})
-        assert (missing.status_code, missing.json()) == (404, {"error": "model 'identity' has no version '9'"})
+        assert (missing.status_code, missing.json()) == (
+            404,
+            {"error": "model 'identity' has no version '9'"},
+        )
         empty = await client.post("/v2/repository/models/identity/default_version", json={})
-        assert (empty.status_code, empty.json()) == (400, {"error": "'version' must be a model version, got None"})
+        assert (empty.status_code, empty.json()) == (
+            400,
+            {"error": "'version' must be a model version, got None"},
+        )
 
 
 async def test_management_service_over_grpc(launch: Launch) -> None:
@@ -96,10 +130,15 @@ async def test_management_service_over_grpc(launch: Launch) -> None:
         try:
             stub = ManagementStub(channel)
             out: list[Any] = [await stub.describe_model(DescribeModelRequest(name="counter"))]
-            out.append(await stub.set_workers(SetWorkersRequest(name="counter", workers=3, grace_seconds=1.0)))
+            out.append(
+                await stub.set_workers(SetWorkersRequest(name="counter", workers=3, grace_seconds=1.0))
+            )
             out.append(await stub.set_workers(SetWorkersRequest(name="counter", workers=1)))
             out.append(await stub.set_default_version(SetDefaultVersionRequest(name="counter", version="1")))
-            for bad in (SetWorkersRequest(name="counter", workers=0), SetWorkersRequest(name="nope", workers=1)):
+            for bad in (
+                SetWorkersRequest(name="counter", workers=0),
+                SetWorkersRequest(name="nope", workers=1),
+            ):
                 try:
                     await stub.set_workers(bad)
                 except GRPCError as exc:
@@ -109,7 +148,12 @@ async def test_management_service_over_grpc(launch: Launch) -> None:
             channel.close()
 
     described, up, down, default, zero, nope = await in_asyncio(calls)
-    assert (described.name, described.state, described.workers, described.batched) == ("counter", "READY", 2, True)
+    assert (described.name, described.state, described.workers, described.batched) == (
+        "counter",
+        "READY",
+        2,
+        True,
+    )
     assert (described.max_batch_size, described.sequence.max_queue, len(described.replicas)) == (8, 16, 2)
     assert (up.workers, [r.index for r in up.replicas]) == (3, [0, 1, 2])
     assert (down.workers, len(down.replicas)) == (1, 1)
@@ -222,6 +266,7 @@ async def test_scaling_a_plain_model_keeps_serving(launch: Launch, workers: int)
     body = {"inputs": [{"name": "INPUT0", "datatype": "INT8", "shape": [1], "data": [5]}]}
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
         async with trio.open_nursery() as nursery:
+
             async def hammer() -> None:
                 for _ in range(20):
                     reply = await client.post("/v2/models/identity/infer", json=body)
@@ -248,14 +293,19 @@ class OneReplicaOnly(Model):
         return self.response(request, [])
 
 
-async def test_a_replica_that_fails_to_load_is_a_clear_error_and_the_model_keeps_serving(launch: Launch) -> None:
+async def test_a_replica_that_fails_to_load_is_a_clear_error_and_the_model_keeps_serving(
+    launch: Launch,
+) -> None:
     server = await launch()
     await server.engine.load(ModelSettings(name="single", implementation=OneReplicaOnly))
     async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
         failed = await client.post("/v2/repository/models/single/workers", json={"workers": 2})
-        assert (failed.status_code, failed.json()) == (500, {
-            "error": "model 'single' failed to load a new replica: MemoryError: no room for another replica"
-        })  # fmt: skip
+        assert (failed.status_code, failed.json()) == (
+            500,
+            {
+                "error": "model 'single' failed to load a new replica: MemoryError: no room for another replica"
+            },
+        )
         described = (await client.get("/v2/repository/models/single")).json()
         assert (described["state"], described["workers"], len(described["replicas"])) == ("READY", 1, 1)
         assert (await client.post("/v2/models/single/infer", json={"inputs": []})).status_code == 200

@@ -28,9 +28,21 @@ def write_model(root: Path, name: str, settings: dict[str, object]) -> None:
 def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
     write_model(tmp_path, "accumulator", {"implementation": "actorserve.models.accumulator.AccumulatorModel"})
     write_model(tmp_path, "identity", {"implementation": IDENTITY})
-    write_model(tmp_path, "identity2", {"name": "identity", "implementation": IDENTITY, "parameters": {"version": "2"}})
+    write_model(
+        tmp_path,
+        "identity2",
+        {"name": "identity", "implementation": IDENTITY, "parameters": {"version": "2"}},
+    )
     server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--poll-repository", "0.1", "--no-auth",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        "2",
+        "--poll-repository",
+        "0.1",
+        "--no-auth",
         str(tmp_path),
     )
     try:
@@ -43,7 +55,10 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
 
 
 def accumulate(client: httpx.Client, value: int, **sequence: object) -> httpx.Response:
-    body = {"inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT64", "data": [value]}], "parameters": sequence}
+    body = {
+        "inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT64", "data": [value]}],
+        "parameters": sequence,
+    }
     return client.post("/v2/models/accumulator/infer", json=body)
 
 
@@ -56,7 +71,9 @@ def test_management_across_the_engine_link(cluster: tuple[ServerProcess, str, st
         up = client.post("/v2/repository/models/accumulator/workers", json={"workers": 2}).json()
         assert (up["workers"], len(up["replicas"])) == (2, 2)
         assert accumulate(client, 3, sequence_id="b", sequence_start=True).status_code == 200  # on replica 1
-        down = client.post("/v2/repository/models/accumulator/workers", json={"workers": 1, "grace_period": 1})
+        down = client.post(
+            "/v2/repository/models/accumulator/workers", json={"workers": 1, "grace_period": 1}
+        )
         assert (down.json()["workers"], down.json()["open_sequences"]) == (1, 1)
         gone = accumulate(client, 1, sequence_id="b")
         assert (gone.status_code, gone.json()) == (404, {"error": "sequence 'b' was shut down"})

@@ -45,7 +45,10 @@ def identity_body() -> dict[str, Any]:
 
 
 def add(value: int, **parameters: Any) -> dict[str, Any]:
-    return {"inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}], "parameters": parameters}
+    return {
+        "inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [value]}],
+        "parameters": parameters,
+    }
 
 
 async def known_requests(client: httpx.AsyncClient, grpc_target: str | None) -> None:
@@ -80,7 +83,9 @@ def check_known_values(text: str) -> None:
     s = parse(text)
 
     def requests(model: str, version: str, transport: str, outcome: str) -> float:
-        return value(s, "actorserve_requests_total", model=model, version=version, transport=transport, outcome=outcome)
+        return value(
+            s, "actorserve_requests_total", model=model, version=version, transport=transport, outcome=outcome
+        )
 
     assert requests("identity", "1", "rest", "success") == 3
     assert requests("identity", "1", "grpc", "success") == 2
@@ -89,13 +94,28 @@ def check_known_values(text: str) -> None:
     assert requests("accumulator", "1", "rest", "success") == 2
     assert requests("accumulator", "", "rest", "overloaded") == 1
     assert requests("failing", "", "rest", "failed") == 1
-    assert value(s, "actorserve_request_duration_seconds_count", model="identity", version="1", transport="rest") == 3
-    assert value(s, "actorserve_request_duration_seconds_count", model="identity", version="1", transport="grpc") == 2
+    assert (
+        value(s, "actorserve_request_duration_seconds_count", model="identity", version="1", transport="rest")
+        == 3
+    )
+    assert (
+        value(s, "actorserve_request_duration_seconds_count", model="identity", version="1", transport="grpc")
+        == 2
+    )
     # one stream of 3 responses: one first response, two gaps between responses
     stream = {"model": "counter", "version": "1", "transport": "rest"}
     assert value(s, "actorserve_time_to_first_response_seconds_count", **stream) == 1
     assert value(s, "actorserve_time_between_responses_seconds_count", **stream) == 2
-    assert value(s, "actorserve_time_to_first_response_seconds_count", model="identity", version="1", transport="rest") == 0
+    assert (
+        value(
+            s,
+            "actorserve_time_to_first_response_seconds_count",
+            model="identity",
+            version="1",
+            transport="rest",
+        )
+        == 0
+    )
     # the engine: the counter stepped its one request 3 times, one item a step
     counter = {"model": "counter", "version": "1"}
     assert value(s, "actorserve_batch_size_count", **counter) == 3
@@ -131,14 +151,28 @@ async def test_metric_values_after_known_requests(metrics_server: Server) -> Non
     async with httpx.AsyncClient(base_url=str(metrics_server.http_url), timeout=TIMEOUT) as client:
         before = parse(await scrape(client))
         assert value(before, "actorserve_sequences_open", model="accumulator", version="1") == 0
-        assert value(before, "actorserve_requests_total", model="identity", version="1", transport="rest",
-                     outcome="success") == 0  # fmt: skip
+        assert (
+            value(
+                before,
+                "actorserve_requests_total",
+                model="identity",
+                version="1",
+                transport="rest",
+                outcome="success",
+            )
+            == 0
+        )
         await known_requests(client, target)
         check_known_values(await scrape(client))
         # an open sequence shows, and ends with reason shutdown when the model unloads
         accumulate = "/v2/models/accumulator/infer"
-        assert (await client.post(accumulate, json=add(1, sequence_id="m3", sequence_start=True))).status_code == 200
-        assert value(parse(await scrape(client)), "actorserve_sequences_open", model="accumulator", version="1") == 1
+        assert (
+            await client.post(accumulate, json=add(1, sequence_id="m3", sequence_start=True))
+        ).status_code == 200
+        assert (
+            value(parse(await scrape(client)), "actorserve_sequences_open", model="accumulator", version="1")
+            == 1
+        )
         await metrics_server.engine.unload("accumulator", grace=0)
         after = parse(await scrape(client))
     labels = {"model": "accumulator", "version": "1"}
@@ -187,7 +221,9 @@ async def test_grpc_stream_requests_are_counted_each(metrics_server: Server) -> 
         return errors
 
     errors = await trio.to_thread.run_sync(scenario)
-    assert sorted(str(e.message()) if e is not None else "" for e in errors) == [""] * 8 + ["model 'nope' is not loaded"]
+    assert sorted(str(e.message()) if e is not None else "" for e in errors) == [""] * 8 + [
+        "model 'nope' is not loaded"
+    ]
     async with httpx.AsyncClient(base_url=str(metrics_server.http_url), timeout=TIMEOUT) as client:
         s = parse(await scrape(client))
     grpc = {"model": "counter", "version": "1", "transport": "grpc"}
@@ -195,4 +231,6 @@ async def test_grpc_stream_requests_are_counted_each(metrics_server: Server) -> 
     assert value(s, "actorserve_time_to_first_response_seconds_count", **grpc) == 2
     assert value(s, "actorserve_time_between_responses_seconds_count", **grpc) == 6
     assert value(s, "actorserve_request_duration_seconds_count", **grpc) == 2
-    assert value(s, "actorserve_requests_total", model="", version="", transport="grpc", outcome="invalid") == 1
+    assert (
+        value(s, "actorserve_requests_total", model="", version="", transport="grpc", outcome="invalid") == 1
+    )

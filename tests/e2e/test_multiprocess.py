@@ -67,8 +67,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def accumulate(client: httpx.Client, value: int, **sequence: object) -> httpx.Response:
-    body = {"inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT64", "data": [value]}],
-            "parameters": sequence}  # fmt: skip
+    body = {
+        "inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT64", "data": [value]}],
+        "parameters": sequence,
+    }
     return client.post("/v2/models/accumulator/infer", json=body)
 
 
@@ -103,9 +105,10 @@ def test_fronts_show_declared_parameters_and_the_token_file_is_logged_once(clust
 
 def _stream_tokens(url: str, n_tokens: int, delay: float) -> list[str]:
     body = {"text_input": "x", "parameters": {"n_tokens": n_tokens, "delay": delay}}
-    with httpx.Client(base_url=url, timeout=30) as client, client.stream(
-        "POST", "/v2/models/streamer/generate_stream", json=body
-    ) as response:
+    with (
+        httpx.Client(base_url=url, timeout=30) as client,
+        client.stream("POST", "/v2/models/streamer/generate_stream", json=body) as response,
+    ):
         return [line for line in response.iter_lines() if line.startswith("data:")]
 
 

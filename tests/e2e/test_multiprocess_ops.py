@@ -50,7 +50,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         (tmp_path / name / "model-settings.json").write_text(json.dumps({"name": name, **settings}))
     server = start_server(
         "--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--auth-metrics", str(tmp_path)
-    )  # fmt: skip
+    )
     try:
         server.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
         http_url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
@@ -75,12 +75,18 @@ def test_metrics_are_the_servers_whichever_front_answers(cluster: Cluster) -> No
         with httpx.Client(base_url=cluster.http_url, timeout=10) as client:
             assert client.post("/v2/models/identity/infer", json=body).status_code == 200
     with httpx.Client(base_url=cluster.http_url, timeout=10) as client:
-        stream = client.post("/v2/models/streamer/infer_stream",
-                             json={"inputs": [], "parameters": {"n_tokens": 4}})  # fmt: skip
+        stream = client.post(
+            "/v2/models/streamer/infer_stream", json={"inputs": [], "parameters": {"n_tokens": 4}}
+        )
         assert (stream.status_code, stream.text.count("data: ")) == (200, 4)
         add = {"inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [1]}]}
         url = "/v2/models/accumulator/infer"
-        assert client.post(url, json={**add, "parameters": {"sequence_id": "a", "sequence_start": True}}).status_code == 200
+        assert (
+            client.post(
+                url, json={**add, "parameters": {"sequence_id": "a", "sequence_start": True}}
+            ).status_code
+            == 200
+        )
         refused = client.post(url, json={**add, "parameters": {"sequence_id": "b", "sequence_start": True}})
         assert refused.status_code == 429
     with grpcclient.InferenceServerClient(cluster.grpc_target) as c:
@@ -92,8 +98,17 @@ def test_metrics_are_the_servers_whichever_front_answers(cluster: Cluster) -> No
         rest = {"model": "identity", "version": "1", "transport": "rest"}
         assert value(s, "actorserve_requests_total", outcome="success", **rest) == 20
         assert value(s, "actorserve_request_duration_seconds_count", **rest) == 20
-        assert value(s, "actorserve_requests_total", model="identity", version="1", transport="grpc",
-                     outcome="success") == 1  # fmt: skip
+        assert (
+            value(
+                s,
+                "actorserve_requests_total",
+                model="identity",
+                version="1",
+                transport="grpc",
+                outcome="success",
+            )
+            == 1
+        )
         streamer = {"model": "streamer", "version": "1", "transport": "rest"}
         assert value(s, "actorserve_time_to_first_response_seconds_count", **streamer) == 1
         assert value(s, "actorserve_time_between_responses_seconds_count", **streamer) == 3
@@ -115,18 +130,25 @@ def test_one_generated_token_for_every_front_and_both_transports(cluster: Cluste
     for _ in range(6):  # new connections: both fronts
         with httpx.Client(base_url=cluster.http_url, timeout=10) as client:
             missing = client.post("/v2/repository/models/streamer/load")
-            wrong = client.post("/v2/repository/models/streamer/load", headers={"Authorization": "Bearer nope"})
+            wrong = client.post(
+                "/v2/repository/models/streamer/load", headers={"Authorization": "Bearer nope"}
+            )
             metrics = client.get("/metrics")
             right = client.post("/v2/repository/models/streamer/load", headers=cluster.auth)
         for reply in (missing, wrong, metrics):
             assert (reply.status_code, reply.json(), reply.headers["www-authenticate"]) == (
-                401, {"error": "unauthorized"}, "Bearer",
-            )  # fmt: skip
+                401,
+                {"error": "unauthorized"},
+                "Bearer",
+            )
         assert (right.status_code, right.json()) == (200, {})
     with grpcclient.InferenceServerClient(cluster.grpc_target) as c:
         with pytest.raises(InferenceServerException) as refused:
             c.unload_model("streamer")
-        assert (str(refused.value.status()), refused.value.message()) == ("StatusCode.UNAUTHENTICATED", "unauthorized")
+        assert (str(refused.value.status()), refused.value.message()) == (
+            "StatusCode.UNAUTHENTICATED",
+            "unauthorized",
+        )
         c.unload_model("streamer", headers={"authorization": cluster.auth["Authorization"]})
         assert c.is_model_ready("streamer") is False  # unloaded: false, as Triton answers
 
@@ -134,7 +156,9 @@ def test_one_generated_token_for_every_front_and_both_transports(cluster: Cluste
 def test_the_parent_removes_the_token_file_and_the_metrics_folder(cluster: Cluster) -> None:
     engine_pid = int(cluster.server.wait_for(r"engine process started \(pid (\d+)\)")[1])
     environ = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
-    (folder,) = [Path(v.split(b"=", 1)[1].decode()) for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+    (folder,) = [
+        Path(v.split(b"=", 1)[1].decode()) for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+    ]
     scrape(cluster)
     assert cluster.token_file.exists() and any(folder.glob("*.db"))
     cluster.server.stop()

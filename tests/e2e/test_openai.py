@@ -72,7 +72,9 @@ async def test_a_list_of_prompts_gets_n_choices_each(sync_client: openai.OpenAI)
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
     for p, prompt in enumerate(prompts):
         alone = await in_thread(
-            lambda prompt=prompt: sync_client.completions.create(model="text", prompt=prompt, max_tokens=5, seed=3)
+            lambda prompt=prompt: sync_client.completions.create(
+                model="text", prompt=prompt, max_tokens=5, seed=3
+            )
         )
         assert reply.choices[2 * p].text == alone.choices[0].text
     assert reply.usage is not None
@@ -94,7 +96,9 @@ async def test_stop_strings_end_the_text_before_them(sync_client: openai.OpenAI)
         lambda: sync_client.completions.create(model="streamer", prompt="a", max_tokens=5, stop=":3")
     )
     assert (pieces.choices[0].text, pieces.choices[0].finish_reason) == ("a:0a:1a:2a", "stop")
-    whole = await in_thread(lambda: sync_client.completions.create(model="streamer", prompt="a", max_tokens=2))
+    whole = await in_thread(
+        lambda: sync_client.completions.create(model="streamer", prompt="a", max_tokens=2)
+    )
     assert (whole.choices[0].text, whole.choices[0].finish_reason) == ("a:0a:1", "length")
     assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (1, 2)
 
@@ -102,7 +106,13 @@ async def test_stop_strings_end_the_text_before_them(sync_client: openai.OpenAI)
 async def test_streamed_completion_matches_the_unary_one(async_client: openai.AsyncOpenAI) -> None:
     unary = await async_client.completions.create(model="text", prompt="KING:", max_tokens=30, seed=5, n=2)
     stream = await async_client.completions.create(
-        model="text", prompt="KING:", max_tokens=30, seed=5, n=2, stream=True, stream_options={"include_usage": True}
+        model="text",
+        prompt="KING:",
+        max_tokens=30,
+        seed=5,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     texts = ["", ""]
     finishes: dict[int, str] = {}
@@ -142,7 +152,10 @@ async def test_stream_without_include_usage_has_no_usage(ai_server: Server) -> N
 
 
 async def test_chat_unary_and_streamed(sync_client: openai.OpenAI, async_client: openai.AsyncOpenAI) -> None:
-    messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who art thou?"}]
+    messages: list[Any] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Who art thou?"},
+    ]
     reply = await in_thread(
         lambda: sync_client.chat.completions.create(
             model="text", messages=messages, max_completion_tokens=120, seed=2, temperature=0.5
@@ -167,11 +180,15 @@ async def test_chat_unary_and_streamed(sync_client: openai.OpenAI, async_client:
 
 
 async def test_chat_content_parts_and_roles(sync_client: openai.OpenAI) -> None:
-    parts: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "Good "}, {"type": "text", "text": "morrow"}]}]
+    parts: list[Any] = [
+        {"role": "user", "content": [{"type": "text", "text": "Good "}, {"type": "text", "text": "morrow"}]}
+    ]
     plain: list[Any] = [{"role": "user", "content": "Good morrow"}]
 
     def chat(messages: list[Any]) -> Any:
-        return sync_client.chat.completions.create(model="text", messages=messages, max_tokens=10, temperature=0)
+        return sync_client.chat.completions.create(
+            model="text", messages=messages, max_tokens=10, temperature=0
+        )
 
     assert (await in_thread(lambda: chat(parts))).choices[0].message.content == (
         await in_thread(lambda: chat(plain))

@@ -27,7 +27,13 @@ KEY = "sk-test-not-a-real-key-4711"
 
 
 def proxy_model(name: str, base_url: str, api_type: str = "completions", **extra: Any) -> ModelSettings:
-    settings = {"base_url": base_url, "model": "text", "api_type": api_type, "api_key_env": "AS_PROXY_TEST_KEY", **extra}
+    settings = {
+        "base_url": base_url,
+        "model": "text",
+        "api_type": api_type,
+        "api_key_env": "AS_PROXY_TEST_KEY",
+        **extra,
+    }
     return ModelSettings(name=name, implementation=OpenAIProxyModel, parameters={"extra": settings})
 
 
@@ -43,29 +49,42 @@ async def chain(launch: Launch, monkeypatch: pytest.MonkeyPatch) -> tuple[Server
 
 async def generate(url: str, model: str, prompt: str, **parameters: Any) -> httpx.Response:
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
-        return await client.post(f"/v2/models/{model}/generate", json={"text_input": prompt, "parameters": parameters})
+        return await client.post(
+            f"/v2/models/{model}/generate", json={"text_input": prompt, "parameters": parameters}
+        )
 
 
 async def infer_stream(url: str, model: str, prompt: str, **parameters: Any) -> list[dict[str, Any]]:
-    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}], "parameters": parameters}
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [prompt]}],
+        "parameters": parameters,
+    }
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
         reply = await client.post(f"/v2/models/{model}/infer_stream", json=body)
     assert reply.status_code == 200, reply.text
     return [orjson.loads(line[6:]) for line in reply.text.split("\n\n") if line.startswith("data: ")]
 
 
-async def test_generate_and_streams_go_through_to_the_upstream(chain: tuple[Server, Server], caplog: Any) -> None:
+async def test_generate_and_streams_go_through_to_the_upstream(
+    chain: tuple[Server, Server], caplog: Any
+) -> None:
     upstream, proxy = chain
     assert upstream.http_url is not None and proxy.http_url is not None
     caplog.set_level(logging.DEBUG)
-    direct = (await generate(upstream.http_url, "text", "ROMEO:", max_tokens=20, seed=3)).json()["text_output"]
+    direct = (await generate(upstream.http_url, "text", "ROMEO:", max_tokens=20, seed=3)).json()[
+        "text_output"
+    ]
     through = await generate(proxy.http_url, "gpt", "ROMEO:", max_tokens=20, seed=3)
     assert through.status_code == 200, through.text
     assert through.json()["text_output"] == direct and len(direct) == 20
     events = await infer_stream(proxy.http_url, "gpt", "ROMEO:", max_tokens=20, seed=3, usage=True)
     texts = [e["outputs"][0]["data"][0] for e in events]
     assert "".join(texts) == direct and len(texts) > 2  # piece by piece, as the upstream sent them
-    assert events[-1]["parameters"] == {"finish_reason": "length", "prompt_tokens": 6, "completion_tokens": 20}
+    assert events[-1]["parameters"] == {
+        "finish_reason": "length",
+        "prompt_tokens": 6,
+        "completion_tokens": 20,
+    }
     stop = direct[8:11]
     stopped = await generate(proxy.http_url, "gpt", "ROMEO:", max_tokens=20, seed=3, stop=[stop])
     assert stopped.json()["text_output"] == direct[: direct.find(stop)]
@@ -86,7 +105,9 @@ async def test_the_proxy_serves_the_openai_api_too(chain: tuple[Server, Server])
         for server in (upstream, proxy)
     ]
     direct, through = [
-        await in_thread(lambda c=c, m=m: c.completions.create(model=m, prompt="KING:", max_tokens=12, seed=1, n=2))
+        await in_thread(
+            lambda c=c, m=m: c.completions.create(model=m, prompt="KING:", max_tokens=12, seed=1, n=2)
+        )
         for c, m in zip(clients, ("text", "gpt"), strict=True)
     ]
     assert [c.text for c in through.choices] == [c.text for c in direct.choices]
@@ -94,7 +115,10 @@ async def test_the_proxy_serves_the_openai_api_too(chain: tuple[Server, Server])
     assert through.usage.model_dump() == direct.usage.model_dump()
     streamed = await in_thread(
         lambda: "".join(
-            c.choices[0].text for c in clients[1].completions.create(model="gpt", prompt="KING:", max_tokens=12, seed=1, stream=True)
+            c.choices[0].text
+            for c in clients[1].completions.create(
+                model="gpt", prompt="KING:", max_tokens=12, seed=1, stream=True
+            )
         )
     )
     assert streamed == direct.choices[0].text
@@ -110,7 +134,9 @@ class FailingUpstream:
         self.seen_keys: list[str] = []
         self.disconnected = trio.Event()
 
-    async def __call__(self, scope: Any, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: Any, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
@@ -119,17 +145,38 @@ class FailingUpstream:
         kind = scope["path"].split("/")[1]
         headers = dict(scope["headers"])
         self.seen_keys.append(headers.get(b"authorization", b"").decode())
-        statuses = {"unauthorized": 401, "missing": 404, "limited": 429, "broken": 500, "unavailable": 503, "bad": 400}
+        statuses = {
+            "unauthorized": 401,
+            "missing": 404,
+            "limited": 429,
+            "broken": 500,
+            "unavailable": 503,
+            "bad": 400,
+        }
         if kind in statuses:
             extra = [(b"retry-after", b"7")] if kind == "limited" else []
-            body = orjson.dumps({"error": {"message": f"upstream says {kind}", "type": "x", "param": None, "code": None}})
-            await send({"type": "http.response.start", "status": statuses[kind], "headers": [(b"content-type", b"application/json"), *extra]})
+            body = orjson.dumps(
+                {"error": {"message": f"upstream says {kind}", "type": "x", "param": None, "code": None}}
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": statuses[kind],
+                    "headers": [(b"content-type", b"application/json"), *extra],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         if kind == "slow":
             await trio.sleep(TIMEOUT)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         chunk = b'data: {"choices": [{"index": 0, "text": "ab", "finish_reason": null}]}\n\n'
         if kind == "cut":
             await send({"type": "http.response.body", "body": chunk * 2, "more_body": True})
@@ -151,7 +198,9 @@ class FailingUpstream:
 
 
 @pytest.fixture
-async def failing(nursery: trio.Nursery, launch: Launch, monkeypatch: pytest.MonkeyPatch) -> tuple[FailingUpstream, Server]:
+async def failing(
+    nursery: trio.Nursery, launch: Launch, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FailingUpstream, Server]:
     monkeypatch.setenv("AS_PROXY_TEST_KEY", KEY)
     app = FailingUpstream()
     config = Config()
@@ -171,7 +220,11 @@ async def failing(nursery: trio.Nursery, launch: Launch, monkeypatch: pytest.Mon
 @pytest.mark.parametrize(
     ("model", "status", "words"),
     [
-        ("unauthorized", 500, "answered 401: the upstream refused our credentials (check api_key_env): upstream says unauthorized"),
+        (
+            "unauthorized",
+            500,
+            "answered 401: the upstream refused our credentials (check api_key_env): upstream says unauthorized",
+        ),
         ("missing", 500, "answered 404: no such upstream model or path ('text'): upstream says missing"),
         ("limited", 429, "answered 429 (rate limited): upstream says limited"),
         ("broken", 500, "answered 500: upstream says broken"),
@@ -218,16 +271,22 @@ async def test_a_disconnect_closes_the_upstream_request(failing: tuple[FailingUp
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        ({"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "AS_PROXY_TEST_KEY"},
-         "api_key_env: the environment variable AS_PROXY_TEST_KEY is not set"),
-        ({"base_url": "http://x/v1", "model": "m", "api_type": "edits"},
-         "api_type: expected one of ['chat', 'completions'], got 'edits'"),
+        (
+            {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "AS_PROXY_TEST_KEY"},
+            "api_key_env: the environment variable AS_PROXY_TEST_KEY is not set",
+        ),
+        (
+            {"base_url": "http://x/v1", "model": "m", "api_type": "edits"},
+            "api_type: expected one of ['chat', 'completions'], got 'edits'",
+        ),
         ({"base_url": "x", "model": "m"}, "base_url: expected an http(s) URL"),
         ({"base_url": "http://x/v1"}, "model: expected the upstream model's name"),
         ({"base_url": "http://x/v1", "model": "m", "key": "sk-inline"}, "unknown key(s) key"),
     ],
 )
-def test_settings_are_checked_at_load(extra: dict[str, Any], words: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_are_checked_at_load(
+    extra: dict[str, Any], words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("AS_PROXY_TEST_KEY", raising=False)
     with pytest.raises(SettingsError) as caught:
         UpstreamConfig.from_parameters("gpt", {"extra": extra})
@@ -236,6 +295,8 @@ def test_settings_are_checked_at_load(extra: dict[str, Any], words: str, monkeyp
 
 def test_the_api_key_stays_out_of_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AS_PROXY_TEST_KEY", KEY)
-    config = UpstreamConfig.from_parameters("gpt", {"extra": {"base_url": "http://x/v1", "model": "m", "api_key_env": "AS_PROXY_TEST_KEY"}})
+    config = UpstreamConfig.from_parameters(
+        "gpt", {"extra": {"base_url": "http://x/v1", "model": "m", "api_key_env": "AS_PROXY_TEST_KEY"}}
+    )
     assert config.request_headers()["Authorization"] == f"Bearer {KEY}"
     assert KEY not in repr(config)

@@ -33,14 +33,18 @@ def turn(client: openai.OpenAI, content: str, **extra: Any) -> Any:
 
 
 async def test_a_sequence_continues_a_chat_without_its_history(sync_client: openai.OpenAI) -> None:
-    first_raw = await in_thread(lambda: turn(sync_client, "Speak, friend.", extra_body={"sequence_start": True}))
+    first_raw = await in_thread(
+        lambda: turn(sync_client, "Speak, friend.", extra_body={"sequence_start": True})
+    )
     first = first_raw.parse()
     sequence_id = first_raw.headers["sequence-id"]
     assert first.model_extra["sequence_id"] == sequence_id
     assert first.choices[0].finish_reason == "stop"  # the turn ended at a blank line
     reply = first.choices[0].message.content
     # the next turn sends only the new message: the sequence holds the rest (header form)
-    second = (await in_thread(lambda: turn(sync_client, "Whither?", extra_headers={"sequence-id": sequence_id}))).parse()
+    second = (
+        await in_thread(lambda: turn(sync_client, "Whither?", extra_headers={"sequence-id": sequence_id}))
+    ).parse()
     # the same conversation sent whole, without a sequence, gives the same reply
     history: list[Any] = [
         {"role": "user", "content": "Speak, friend."},
@@ -53,7 +57,9 @@ async def test_a_sequence_continues_a_chat_without_its_history(sync_client: open
     assert second.choices[0].message.content == whole.choices[0].message.content
     assert second.usage is not None and second.usage.prompt_tokens == len("USER:\nWhither?\n\nASSISTANT:\n")
     # end it; then it is gone, with the OIP's error
-    await in_thread(lambda: turn(sync_client, "Farewell.", extra_body={"sequence_id": sequence_id, "sequence_end": True}))
+    await in_thread(
+        lambda: turn(sync_client, "Farewell.", extra_body={"sequence_id": sequence_id, "sequence_end": True})
+    )
     with pytest.raises(openai.NotFoundError) as gone:
         await in_thread(lambda: turn(sync_client, "Hello?", extra_body={"sequence_id": sequence_id}))
     assert gone.value.body["code"] == "sequence_not_found"  # type: ignore[index]
@@ -61,27 +67,39 @@ async def test_a_sequence_continues_a_chat_without_its_history(sync_client: open
 
 
 async def test_sequence_errors_are_those_of_the_oip(sync_client: openai.OpenAI) -> None:
-    await in_thread(lambda: turn(sync_client, "One.", extra_body={"sequence_id": "chat-7", "sequence_start": True}))
+    await in_thread(
+        lambda: turn(sync_client, "One.", extra_body={"sequence_id": "chat-7", "sequence_start": True})
+    )
     with pytest.raises(openai.ConflictError) as conflict:
-        await in_thread(lambda: turn(sync_client, "Two.", extra_body={"sequence_id": "chat-7", "sequence_start": True}))
+        await in_thread(
+            lambda: turn(sync_client, "Two.", extra_body={"sequence_id": "chat-7", "sequence_start": True})
+        )
     assert conflict.value.body["code"] == "sequence_conflict"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         await in_thread(lambda: turn(sync_client, "Who?", extra_body={"sequence_id": "never-started"}))
     with pytest.raises(openai.NotFoundError) as streamed:  # known before the stream starts: a status
-        await in_thread(lambda: turn(sync_client, "Who?", stream=True, extra_body={"sequence_id": "never-started"}))
+        await in_thread(
+            lambda: turn(sync_client, "Who?", stream=True, extra_body={"sequence_id": "never-started"})
+        )
     assert streamed.value.body["code"] == "sequence_not_held"  # type: ignore[index]  # never opened here
     with pytest.raises(openai.BadRequestError) as many:
         await in_thread(lambda: turn(sync_client, "Two.", n=2, extra_body={"sequence_id": "chat-7"}))
     assert many.value.body["param"] == "n"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as disagree:
         await in_thread(
-            lambda: turn(sync_client, "x", extra_body={"sequence_id": "chat-7"}, extra_headers={"sequence-id": "other"})
+            lambda: turn(
+                sync_client, "x", extra_body={"sequence_id": "chat-7"}, extra_headers={"sequence-id": "other"}
+            )
         )
     assert disagree.value.body["param"] == "sequence_id"  # type: ignore[index]
     # a sequence in a stream: its id comes in the header and in every chunk
     stream = await in_thread(
         lambda: sync_client.completions.with_raw_response.create(
-            model="text", prompt="more", max_tokens=3, stream=True, extra_body={"sequence_id": "chat-7", "sequence_end": True}
+            model="text",
+            prompt="more",
+            max_tokens=3,
+            stream=True,
+            extra_body={"sequence_id": "chat-7", "sequence_end": True},
         )
     )
     assert stream.headers["sequence-id"] == "chat-7"
@@ -113,7 +131,9 @@ class BreakingText(Model):
 
     text_generation = TextGeneration()
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             for piece in ("tw", "o"):
                 yield self.response(request, [text_tensor("text_output", piece)])
@@ -156,12 +176,16 @@ def test_both_process_shapes_serve_the_openai_api(standalone: str) -> None:
             model="text", messages=[{"role": "user", "content": "Hi"}], max_tokens=20, seed=4, stream=True
         )
     )
-    unary = client.chat.completions.create(model="text", messages=[{"role": "user", "content": "Hi"}], max_tokens=20, seed=4)
+    unary = client.chat.completions.create(
+        model="text", messages=[{"role": "user", "content": "Hi"}], max_tokens=20, seed=4
+    )
     assert streamed == unary.choices[0].message.content
     started = turn(client, "Hail.", extra_body={"sequence_start": True})
     sequence_id = started.headers["sequence-id"]
     for _ in range(3):  # new connections: any front serves the sequence
         fresh = openai.OpenAI(base_url=standalone + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-        assert turn(fresh, "And?", extra_body={"sequence_id": sequence_id}).headers["sequence-id"] == sequence_id
+        assert (
+            turn(fresh, "And?", extra_body={"sequence_id": sequence_id}).headers["sequence-id"] == sequence_id
+        )
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x")

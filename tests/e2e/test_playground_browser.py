@@ -24,8 +24,14 @@ from actorserve.server import Server
 from actorserve.transport.playground import FILES
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]  # fmt: skip
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 BROWSER_TIMEOUT = 120.0
 
 
@@ -58,7 +64,10 @@ async def test_playground_files_are_served(client: httpx.AsyncClient) -> None:
     assert '<script src="/playground/playground.js" defer></script>' in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from elsewhere
     missing = await client.get("/playground/missing.js")
-    assert (missing.status_code, missing.json()) == (404, {"error": "no such endpoint: GET /playground/missing.js"})
+    assert (missing.status_code, missing.json()) == (
+        404,
+        {"error": "no such endpoint: GET /playground/missing.js"},
+    )
 
 
 async def test_get_stream_events_carry_the_sequence_id(client: httpx.AsyncClient, server: Server) -> None:
@@ -84,7 +93,9 @@ async def test_get_stream_events_carry_the_sequence_id(client: httpx.AsyncClient
 # -- the page in Chromium ----------------------------------------------------------------------
 
 
-def drive_playground(base_url: str, screenshot: Path, open_sequences: Callable[[], list[str]]) -> dict[str, Any]:
+def drive_playground(
+    base_url: str, screenshot: Path, open_sequences: Callable[[], list[str]]
+) -> dict[str, Any]:
     """Runs in a worker thread; ``open_sequences()`` is called on the trio thread (through
     ``trio.from_thread``) between the two prompts and after the sequence was ended."""
 
@@ -101,7 +112,11 @@ def drive_playground(base_url: str, screenshot: Path, open_sequences: Callable[[
 
 
 def _drive(
-    base_url: str, screenshot: Path, open_sequences: Callable[[], list[str]], expect: Any, sync_playwright: Any
+    base_url: str,
+    screenshot: Path,
+    open_sequences: Callable[[], list[str]],
+    expect: Any,
+    sync_playwright: Any,
 ) -> dict[str, Any]:
     async def settled_sequences() -> list[str]:
         await trio.testing.wait_all_tasks_blocked()  # the ended sequence's actor finishes
@@ -164,7 +179,9 @@ async def test_playground_streams_and_continues_a_sequence(server: Server, tmp_p
         return sorted(model.sequences)
 
     with trio.fail_after(BROWSER_TIMEOUT):
-        got = await trio.to_thread.run_sync(drive_playground, str(server.http_url), screenshot, open_sequences)
+        got = await trio.to_thread.run_sync(
+            drive_playground, str(server.http_url), screenshot, open_sequences
+        )
 
     first = generate(model.core, "ROMEO:\n", 60, temperature=0)
     second = generate(model.core, "ROMEO:\n" + first + "JULIET:\n", 60, temperature=0)

@@ -42,7 +42,9 @@ def drive_chat(base_url: str) -> dict[str, Any]:
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
                 bodies: list[str] = []
-                page.on("request", lambda r: bodies.append(r.post_data or "") if "/v1/chat" in r.url else None)
+                page.on(
+                    "request", lambda r: bodies.append(r.post_data or "") if "/v1/chat" in r.url else None
+                )
                 page.goto(f"{base_url}/")
                 expect(page.locator("#model")).to_have_attribute("data-ready", "true")
                 page.select_option("#mode", "chat")
@@ -105,7 +107,10 @@ async def test_playground_chat_mode(server: Server) -> None:
     assert got["plain_first"] == plain == got["first"]
     history = [speak, {"role": "assistant", "content": plain[:-1]}, whither]
     assert got["plain_second"] == content(await reply(history))
-    assert got["transcript"] == f"user: Speak, friend.\nassistant: {plain}user: Whither?\nassistant: {got['plain_second']}"
+    assert (
+        got["transcript"]
+        == f"user: Speak, friend.\nassistant: {plain}user: Whither?\nassistant: {got['plain_second']}"
+    )
     sent = [json.loads(b) for b in got["bodies"]]
     assert [len(b["messages"]) for b in sent] == [1, 1, 1, 3]
     assert sent[0]["sequence_start"] is True and sent[1]["sequence_id"] == got["sequence"]

@@ -60,14 +60,22 @@ async def test_load_unload_and_index_through_tritonclient(both: Server, protocol
         c = http_client(both) if protocol == "http" else grpc_client(both)
         seen: dict[str, Any] = {}
         c.unload_model("streamer", unload_dependents=True)  # ignored (a note in the log)
-        index = c.get_model_repository_index() if protocol == "http" else c.get_model_repository_index(as_json=True)["models"]
+        index = (
+            c.get_model_repository_index()
+            if protocol == "http"
+            else c.get_model_repository_index(as_json=True)["models"]
+        )
         seen["after_unload"] = [m for m in index if m["name"] == "streamer"]
         seen["ready_after_unload"] = c.is_model_ready("streamer")  # False over both, as Triton
         seen["ready_unknown"] = c.is_model_ready("no_such_model")
         c.load_model("streamer")
         seen["ready_after_load"] = c.is_model_ready("streamer")
         c.load_model("counter", config=json.dumps({"workers": 3, "max_batch_time": 0.002}))
-        seen["config"] = c.get_model_config("counter") if protocol == "http" else c.get_model_config("counter", as_json=True)["config"]
+        seen["config"] = (
+            c.get_model_config("counter")
+            if protocol == "http"
+            else c.get_model_config("counter", as_json=True)["config"]
+        )
         try:
             c.load_model("counter", config="{not json")
         except InferenceServerException as exc:
@@ -87,7 +95,9 @@ async def test_load_unload_and_index_through_tritonclient(both: Server, protocol
     assert config["instance_group"] == [{"name": "counter", "kind": "KIND_CPU", "count": 3}]
     assert config["dynamic_batching"] == {"max_queue_delay_microseconds": "2000" if grpc else 2000}
     assert seen["bad_config"].startswith("parameters.config is not valid JSON: ")
-    assert seen["bad_field"].startswith("model 'counter': parameters.config: cannot set implementation (settable: ")
+    assert seen["bad_field"].startswith(
+        "model 'counter': parameters.config: cannot set implementation (settable: "
+    )
     description = await both.engine.describe("counter")
     assert (description.workers, len(description.replicas)) == (3, 3)
 
@@ -96,23 +106,43 @@ async def test_repository_routes_over_raw_http(launch: Launch) -> None:
     both = await launch(grpc_port=0, allow_load_overrides=("note",))  # the operator lets 'note' be set
     async with httpx.AsyncClient(base_url=str(both.http_url), timeout=TIMEOUT) as client:
         index = (await client.post("/v2/repository/index", json={"ready": True})).json()
-        assert [m["name"] for m in index] == ["accumulator", "counter", "failing", "gate", "identity", "streamer"]
+        assert [m["name"] for m in index] == [
+            "accumulator",
+            "counter",
+            "failing",
+            "gate",
+            "identity",
+            "streamer",
+        ]
         before = (await client.get("/v2/repository/models/accumulator")).json()
         body = {"parameters": {"config": {"sequence": {"max_queue": 3}, "parameters": {"note": "x"}}}}
         assert (await client.post("/v2/repository/models/accumulator/load", json=body)).json() == {}
         described = (await client.get("/v2/repository/models/accumulator")).json()
         assert before["max_queue"] != 3
-        assert (described["max_queue"], described["idle_timeout_ms"]) == (3, before["idle_timeout_ms"])  # merged
+        assert (described["max_queue"], described["idle_timeout_ms"]) == (
+            3,
+            before["idle_timeout_ms"],
+        )  # merged
         files = {"parameters": {"file:1/model.py": "eA=="}}
         refused = await client.post("/v2/repository/models/accumulator/load", json=files)
         assert (refused.status_code, refused.json()) == (
-            400, {"error": "loading model files from the request (file:1/model.py) is not supported"},
+            400,
+            {"error": "loading model files from the request (file:1/model.py) is not supported"},
         )
-        not_object = await client.post("/v2/repository/models/accumulator/load", json={"parameters": {"config": [1]}})
-        assert not_object.json() == {"error": "parameters.config must be a JSON object of model-settings.json fields"}
-        unload = await client.post("/v2/repository/models/gate/unload", json={"parameters": {"unload_dependents": True}})
+        not_object = await client.post(
+            "/v2/repository/models/accumulator/load", json={"parameters": {"config": [1]}}
+        )
+        assert not_object.json() == {
+            "error": "parameters.config must be a JSON object of model-settings.json fields"
+        }
+        unload = await client.post(
+            "/v2/repository/models/gate/unload", json={"parameters": {"unload_dependents": True}}
+        )
         assert (unload.status_code, unload.json()) == (200, {})
-        assert row("gate", "UNAVAILABLE", "unloaded") in (await client.post("/v2/repository/index", json={})).json()
+        assert (
+            row("gate", "UNAVAILABLE", "unloaded")
+            in (await client.post("/v2/repository/index", json={})).json()
+        )
         assert (await client.get("/v2/models/identity/ready")).status_code == 200  # the others still serve
 
 
@@ -127,7 +157,11 @@ async def test_config_and_statistics_through_tritonclient(both: Server, protocol
     def scenario() -> tuple[Any, Any, Any]:
         c = http_client(both) if protocol == "http" else grpc_client(both)
         if protocol == "http":
-            return c.get_model_config("accumulator"), c.get_inference_statistics("counter"), c.get_inference_statistics()
+            return (
+                c.get_model_config("accumulator"),
+                c.get_inference_statistics("counter"),
+                c.get_inference_statistics(),
+            )
         return (
             c.get_model_config("accumulator", as_json=True)["config"],
             c.get_inference_statistics("counter", as_json=True),
@@ -142,9 +176,14 @@ async def test_config_and_statistics_through_tritonclient(both: Server, protocol
 
     assert config["name"] == "accumulator"
     assert config["backend"] == "actorserve"
-    assert config["input"] == [{"name": "INPUT", "data_type": "TYPE_INT64", "dims": [num(1)] if grpc else [1]}]
+    assert config["input"] == [
+        {"name": "INPUT", "data_type": "TYPE_INT64", "dims": [num(1)] if grpc else [1]}
+    ]
     assert config["instance_group"] == [{"name": "accumulator", "kind": "KIND_CPU", "count": 1}]
-    assert config["sequence_batching"] == {"max_sequence_idle_microseconds": num(600_000_000), "iterative_sequence": True}
+    assert config["sequence_batching"] == {
+        "max_sequence_idle_microseconds": num(600_000_000),
+        "iterative_sequence": True,
+    }
     (model,) = stats["model_stats"]
     assert (model["name"], model["version"]) == ("counter", "1")
     inference = model["inference_stats"]
@@ -156,17 +195,28 @@ async def test_config_and_statistics_through_tritonclient(both: Server, protocol
     sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in model["batch_stats"]}
     assert sum(size * count for size, count in sizes.items()) == 6
     assert int(model["last_inference"]) > 1_700_000_000_000
-    assert [m["name"] for m in every["model_stats"]] == ["accumulator", "counter", "failing", "gate", "identity", "streamer"]
+    assert [m["name"] for m in every["model_stats"]] == [
+        "accumulator",
+        "counter",
+        "failing",
+        "gate",
+        "identity",
+        "streamer",
+    ]
 
 
 async def test_config_and_stats_over_raw_http(both: Server) -> None:
     async with httpx.AsyncClient(base_url=str(both.http_url), timeout=TIMEOUT) as client:
         config = (await client.get("/v2/models/identity/versions/1/config")).json()
         assert config == {
-            "name": "identity", "platform": config["platform"], "backend": "actorserve", "max_batch_size": 0,
-            "input": config["input"], "output": config["output"],
+            "name": "identity",
+            "platform": config["platform"],
+            "backend": "actorserve",
+            "max_batch_size": 0,
+            "input": config["input"],
+            "output": config["output"],
             "instance_group": [{"name": "identity", "kind": "KIND_CPU", "count": 1}],
-        }  # fmt: skip
+        }
         stats = (await client.get("/v2/models/identity/versions/1/stats")).json()
         assert stats["model_stats"][0]["inference_stats"]["success"] == {"count": 0, "ns": 0}
         missing = await client.get("/v2/models/nope/config")

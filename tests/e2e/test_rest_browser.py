@@ -15,8 +15,14 @@ import trio
 from actorserve.server import Server
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]  # fmt: skip
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 
@@ -51,9 +57,13 @@ def in_browser(base_url: str) -> dict[str, Any]:
         try:
             page = browser.new_page()
             page.goto(f"{base_url}/v2/health/live")  # same origin as the streams
-            events = page.evaluate(EVENT_SOURCE, "/v2/models/streamer/generate_stream?text_input=web&n_tokens=3")
-            body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["f"]}],
-                    "parameters": {"n_tokens": 2}}  # fmt: skip
+            events = page.evaluate(
+                EVENT_SOURCE, "/v2/models/streamer/generate_stream?text_input=web&n_tokens=3"
+            )
+            body = {
+                "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["f"]}],
+                "parameters": {"n_tokens": 2},
+            }
             fetched = page.evaluate(FETCH_STREAM, ["/v2/models/streamer/infer_stream", body])
         finally:
             browser.close()
@@ -68,8 +78,9 @@ async def test_browser_event_source_and_fetch(server: Server) -> None:
         f"from test_rest_browser import in_browser; print(json.dumps(in_browser({str(server.http_url)!r})))"
     )
     with trio.fail_after(120):
-        done = await trio.run_process([sys.executable, "-c", code], capture_stdout=True, capture_stderr=True,
-                                      check=False)  # fmt: skip
+        done = await trio.run_process(
+            [sys.executable, "-c", code], capture_stdout=True, capture_stderr=True, check=False
+        )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     got = json.loads(done.stdout)
     assert got["events"] == ["web:0", "web:1", "web:2"]

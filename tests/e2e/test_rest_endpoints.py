@@ -34,7 +34,14 @@ async def test_server_metadata(client: httpx.AsyncClient, path: str) -> None:
     assert reply.json() == {
         "name": "actorserve",
         "version": actorserve.__version__,
-        "extensions": ["binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming"],
+        "extensions": [
+            "binary_tensor_data",
+            "generate",
+            "model_repository",
+            "parameters",
+            "sequence",
+            "streaming",
+        ],
     }
 
 
@@ -52,7 +59,9 @@ async def test_model_metadata(client: httpx.AsyncClient, path: str) -> None:
     }
 
 
-async def test_model_metadata_declares_request_parameters_and_text_generation(client: httpx.AsyncClient) -> None:
+async def test_model_metadata_declares_request_parameters_and_text_generation(
+    client: httpx.AsyncClient,
+) -> None:
     """What a generic client (the playground) needs to offer exactly what a model takes."""
     streamer = (await client.get("/v2/models/streamer")).json()
     assert streamer["parameters"] == {
@@ -97,7 +106,9 @@ async def test_model_not_ready_is_503(client: httpx.AsyncClient, server: Server)
             await loaded.wait()
 
     async with trio.open_nursery() as nursery:  # a model whose load() still runs
-        nursery.start_soon(server.engine.load, actorserve.ModelSettings(name="slow", implementation=SlowToLoad))
+        nursery.start_soon(
+            server.engine.load, actorserve.ModelSettings(name="slow", implementation=SlowToLoad)
+        )
         await trio.testing.wait_all_tasks_blocked()
         assert (await server.engine.model_info("slow")).state == "LOADING"
         try:
@@ -116,11 +127,20 @@ async def test_model_not_ready_is_503(client: httpx.AsyncClient, server: Server)
     ("method", "path", "status", "error"),
     [
         ("GET", "/nope", 404, "no such endpoint: GET /nope"),
-        ("GET", "/v2/models/identity/infer/extra", 404, "no such endpoint: GET /v2/models/identity/infer/extra"),
+        (
+            "GET",
+            "/v2/models/identity/infer/extra",
+            404,
+            "no such endpoint: GET /v2/models/identity/infer/extra",
+        ),
         ("GET", "/v2/models/identity/infer", 405, "method GET is not allowed on /v2/models/identity/infer"),
         ("DELETE", "/v2/health/live", 405, "method DELETE is not allowed on /v2/health/live"),
-        ("PUT", "/v2/models/streamer/generate_stream", 405,
-         "method PUT is not allowed on /v2/models/streamer/generate_stream"),
+        (
+            "PUT",
+            "/v2/models/streamer/generate_stream",
+            405,
+            "method PUT is not allowed on /v2/models/streamer/generate_stream",
+        ),
     ],
 )
 async def test_unknown_routes_and_methods_answer_json(
@@ -143,7 +163,10 @@ async def test_repository_index(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v2/repository/index", json={})).json() == everything
     assert (await client.post("/v2/repository/index", json={"ready": True})).json() == everything
     bad = await client.post("/v2/repository/index", json=[1])
-    assert (bad.status_code, bad.json()) == (400, {"error": "the repository index request must be a JSON object"})
+    assert (bad.status_code, bad.json()) == (
+        400,
+        {"error": "the repository index request must be a JSON object"},
+    )
 
 
 async def test_unload_then_load_a_builtin(client: httpx.AsyncClient, server: Server) -> None:
@@ -154,7 +177,11 @@ async def test_unload_then_load_a_builtin(client: httpx.AsyncClient, server: Ser
     index = (await client.get("/v2/repository/index")).json()
     assert {"name": "identity", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index
     assert [m["name"] for m in (await client.post("/v2/repository/index", json={"ready": True})).json()] == [
-        "accumulator", "counter", "failing", "gate", "streamer",
+        "accumulator",
+        "counter",
+        "failing",
+        "gate",
+        "streamer",
     ]
     loaded = await client.post("/v2/repository/models/identity/load", json={})
     assert (loaded.status_code, loaded.json()) == (200, {})
@@ -177,24 +204,32 @@ def write_model(folder: Path, name: str, settings: dict[str, Any] | str) -> None
 
 
 async def test_load_finds_models_added_to_the_model_folders(tmp_path: Path, nursery: trio.Nursery) -> None:
-    write_model(tmp_path, "echo", {"name": "echo", "implementation": "actorserve.models.identity.IdentityModel"})
+    write_model(
+        tmp_path, "echo", {"name": "echo", "implementation": "actorserve.models.identity.IdentityModel"}
+    )
     repository = ModelRepository((tmp_path,))
     settings = Settings(models=tuple(repository.discover()), http_port=0, grpc_port=None, no_auth=True)
     server: Server = await nursery.start(partial(serve, settings, repository=repository))
     async with httpx.AsyncClient(base_url=str(server.http_url)) as client:
         assert [m["name"] for m in (await client.get("/v2/repository/index")).json()] == ["echo"]
-        write_model(tmp_path, "late", {"name": "late", "implementation": "actorserve.models.identity.IdentityModel"})
+        write_model(
+            tmp_path, "late", {"name": "late", "implementation": "actorserve.models.identity.IdentityModel"}
+        )
         write_model(tmp_path, "broken", "{not json")
         index = (await client.get("/v2/repository/index")).json()
         assert [(m["name"], m["state"], m["reason"][:10]) for m in index] == [
-            ("broken", "UNAVAILABLE", str(tmp_path)[:10]), ("echo", "READY", ""), ("late", "UNAVAILABLE", "not loaded"),
+            ("broken", "UNAVAILABLE", str(tmp_path)[:10]),
+            ("echo", "READY", ""),
+            ("late", "UNAVAILABLE", "not loaded"),
         ]
         assert (await client.post("/v2/repository/models/late/load")).status_code == 200
         ready = (await client.post("/v2/repository/index", json={"ready": True})).json()
         assert [m["name"] for m in ready] == ["echo", "late"]
         broken = await client.post("/v2/repository/models/broken/load")
         assert broken.status_code == 400
-        assert broken.json()["error"].startswith(f"{tmp_path / 'broken' / 'model-settings.json'}: invalid JSON")
+        assert broken.json()["error"].startswith(
+            f"{tmp_path / 'broken' / 'model-settings.json'}: invalid JSON"
+        )
         write_model(tmp_path, "ghost", {"name": "ghost", "implementation": "no_such_module.Model"})
         ghost = await client.post("/v2/repository/models/ghost/load")
         why = "model 'ghost': cannot import 'no_such_module.Model': No module named 'no_such_module'"

@@ -29,7 +29,9 @@ async def test_generate_triton_shape(client: httpx.AsyncClient) -> None:
         "text_output": ["hello:0", "hello:1", "hello:2"],
         "index": [0, 1, 2],
     }
-    one = await client.post("/v2/models/streamer/versions/1/generate", json={"text_input": "x", "parameters": {"n_tokens": 1}})
+    one = await client.post(
+        "/v2/models/streamer/versions/1/generate", json={"text_input": "x", "parameters": {"n_tokens": 1}}
+    )
     assert one.json() == {"model_name": "streamer", "model_version": "1", "text_output": "x:0", "index": 0}
 
 
@@ -52,18 +54,24 @@ async def test_generate_oip_shape_is_infer(client: httpx.AsyncClient) -> None:
         (["a", "b"], ["a", "b"]),
     ],
 )
-async def test_generate_top_level_keys_become_tensors(client: httpx.AsyncClient, value: Any, output: Any) -> None:
+async def test_generate_top_level_keys_become_tensors(
+    client: httpx.AsyncClient, value: Any, output: Any
+) -> None:
     reply = await client.post("/v2/models/identity/generate", json={"INPUT0": value})
     assert reply.json() == {"model_name": "identity", "model_version": "1", "OUTPUT0": output}
 
 
 async def test_generate_uses_the_datatypes_of_the_model_metadata(client: httpx.AsyncClient) -> None:
     """accumulator declares INPUT as INT64: a JSON number becomes an INT64 [1] tensor."""
-    first = await client.post("/v2/models/accumulator/generate", json={"INPUT": 5, "parameters": {"sequence_start": True}})
+    first = await client.post(
+        "/v2/models/accumulator/generate", json={"INPUT": 5, "parameters": {"sequence_start": True}}
+    )
     sequence_id = first.headers["sequence-id"]
     assert first.json() == {"model_name": "accumulator", "model_version": "1", "OUTPUT": 5}
     second = await client.post(
-        "/v2/models/accumulator/generate", json={"INPUT": 6}, headers={"sequence-id": sequence_id, "sequence-end": "1"}
+        "/v2/models/accumulator/generate",
+        json={"INPUT": 6},
+        headers={"sequence-id": sequence_id, "sequence-end": "1"},
     )
     assert second.json()["OUTPUT"] == 11
 
@@ -72,7 +80,11 @@ async def test_generate_uses_the_datatypes_of_the_model_metadata(client: httpx.A
     ("body", "status", "error"),
     [
         ([1], 400, "the request body must be a JSON object, got a JSON array"),
-        ({"text_input": None}, 400, "input 'text_input': expected a string, a number, a boolean or a list of them"),
+        (
+            {"text_input": None},
+            400,
+            "input 'text_input': expected a string, a number, a boolean or a list of them",
+        ),
         ({"text_input": [1, "a"]}, 400, "input 'text_input': BYTES elements must be strings, got int 1"),
         ({"INPUT0": [1, "a"]}, 400, "input 'INPUT0': expected strings, booleans or numbers, got [1, 'a']"),
         ({"INPUT0": [[1], [2, 3]]}, 400, "input 'INPUT0': data is a ragged nested list"),
@@ -92,7 +104,10 @@ async def test_generate_unknown_model_and_model_failure(client: httpx.AsyncClien
     missing = await client.post("/v2/models/nope/generate", json={"text_input": "x"})
     assert (missing.status_code, missing.json()) == (404, {"error": "model 'nope' is not loaded"})
     failing = await client.post("/v2/models/failing/generate", json={"text_input": "x"})
-    assert (failing.status_code, failing.json()) == (500, {"error": "model 'failing' failed: RuntimeError: the model broke"})
+    assert (failing.status_code, failing.json()) == (
+        500,
+        {"error": "model 'failing' failed: RuntimeError: the model broke"},
+    )
 
 
 async def test_generate_stream_triton_shape(client: httpx.AsyncClient) -> None:
@@ -106,8 +121,10 @@ async def test_generate_stream_triton_shape(client: httpx.AsyncClient) -> None:
 
 
 async def test_generate_stream_oip_shape(client: httpx.AsyncClient) -> None:
-    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["t"]}],
-            "parameters": {"n_tokens": 2}}
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["t"]}],
+        "parameters": {"n_tokens": 2},
+    }
     events = await events_of(client, "POST", "/v2/models/streamer/generate_stream", json=body)
     assert [json.loads(e.data)["outputs"][0]["data"] for e in events] == [["t:0"], ["t:1"]]
 
@@ -126,16 +143,27 @@ async def test_get_generate_stream_for_event_source(client: httpx.AsyncClient) -
 async def test_get_generate_stream_ends_with_end_after_an_error(client: httpx.AsyncClient) -> None:
     events = await events_of(client, "GET", "/v2/models/failing/generate_stream", params={"ok": "1"})
     assert [e.event for e in events] == ["message", "error", "end"]
-    assert json.loads(events[1].data) == {"error": "model 'failing' failed: RuntimeError: the model broke", "status": 500}
+    assert json.loads(events[1].data) == {
+        "error": "model 'failing' failed: RuntimeError: the model broke",
+        "status": 500,
+    }
 
 
 @pytest.mark.parametrize(
     ("path", "params", "status", "error"),
     [
-        ("/v2/models/streamer/generate_stream", {"n_tokens": "many"}, 400,
-         "parameter 'n_tokens': expected an integer, got 'many'"),
-        ("/v2/models/streamer/generate_stream", {"n_tokens": "true"}, 400,
-         "parameter 'n_tokens': expected an integer, got True"),
+        (
+            "/v2/models/streamer/generate_stream",
+            {"n_tokens": "many"},
+            400,
+            "parameter 'n_tokens': expected an integer, got 'many'",
+        ),
+        (
+            "/v2/models/streamer/generate_stream",
+            {"n_tokens": "true"},
+            400,
+            "parameter 'n_tokens': expected an integer, got True",
+        ),
         ("/v2/models/nope/generate_stream", {"text_input": "x"}, 404, "model 'nope' is not loaded"),
     ],
 )
@@ -160,6 +188,10 @@ async def test_get_generate_stream_in_a_sequence(client: httpx.AsyncClient) -> N
 async def test_get_generate_stream_declared_inputs_without_a_datatype(client: httpx.AsyncClient) -> None:
     """identity declares INPUT0 with any datatype: the query value is typed like JSON."""
     events = await events_of(client, "GET", "/v2/models/identity/generate_stream", params={"INPUT0": "12"})
-    assert [json.loads(e.data) for e in events[:-1]] == [{"model_name": "identity", "model_version": "1", "OUTPUT0": 12}]
-    events = await events_of(client, "GET", "/v2/models/identity/generate_stream", params=[("INPUT0", "a"), ("INPUT0", "b")])
+    assert [json.loads(e.data) for e in events[:-1]] == [
+        {"model_name": "identity", "model_version": "1", "OUTPUT0": 12}
+    ]
+    events = await events_of(
+        client, "GET", "/v2/models/identity/generate_stream", params=[("INPUT0", "a"), ("INPUT0", "b")]
+    )
     assert [json.loads(e.data)["OUTPUT0"] for e in events[:-1]] == [["a", "b"]]

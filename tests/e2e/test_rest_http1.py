@@ -132,7 +132,9 @@ async def test_keep_alive_serves_requests_on_one_connection(server: Server) -> N
 async def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
     wire = await connect(server)
     await wire.send(
-        get("/v2/models/identity") + post("/v2/models/identity/infer", INFER_BODY) + get("/v2/models/streamer")
+        get("/v2/models/identity")
+        + post("/v2/models/identity/infer", INFER_BODY)
+        + get("/v2/models/streamer")
     )
     first, second, third = [await wire.reply() for _ in range(3)]
     assert first.json()["name"] == "identity"
@@ -143,7 +145,12 @@ async def test_pipelined_requests_are_answered_in_order(server: Server) -> None:
 async def test_chunked_request_body(server: Server) -> None:
     wire = await connect(server)
     half = len(INFER_BODY) // 2
-    body = b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (half, INFER_BODY[:half], len(INFER_BODY) - half, INFER_BODY[half:])
+    body = b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (
+        half,
+        INFER_BODY[:half],
+        len(INFER_BODY) - half,
+        INFER_BODY[half:],
+    )
     await wire.send(post("/v2/models/identity/infer", body, "Transfer-Encoding: chunked"))
     reply = await wire.reply()
     assert reply.status == 200
@@ -166,7 +173,9 @@ async def test_streamed_response_is_chunked_one_event_per_chunk_or_more(server: 
 
 async def test_expect_100_continue(server: Server) -> None:
     wire = await connect(server)
-    head, _, body = post("/v2/models/identity/infer", INFER_BODY, "Expect: 100-continue").partition(b"\r\n\r\n")
+    head, _, body = post("/v2/models/identity/infer", INFER_BODY, "Expect: 100-continue").partition(
+        b"\r\n\r\n"
+    )
     await wire.send(head + b"\r\n\r\n")
     interim = await wire.reply()
     assert interim.status == 100
@@ -246,7 +255,14 @@ async def test_length_and_chunked_together_are_refused(launch: Launch) -> None:
     """Both framings in one request (a request-smuggling vector): llhttp refuses it, as
     RFC 9112 allows; h11 would take the chunked framing."""
     wire = await connect(await launch(http_parser="httptools"))
-    await wire.send(post("/v2/models/identity/infer", b"3\r\nabc\r\n0\r\n\r\n", "Content-Length: 3", "Transfer-Encoding: chunked"))
+    await wire.send(
+        post(
+            "/v2/models/identity/infer",
+            b"3\r\nabc\r\n0\r\n\r\n",
+            "Content-Length: 3",
+            "Transfer-Encoding: chunked",
+        )
+    )
     reply = await wire.reply()
     assert reply.status == 400
     assert await wire.closed()
@@ -269,7 +285,9 @@ async def test_oversize_request_head_gets_431(server: Server) -> None:
 
 
 async def test_http2_prior_knowledge_on_the_same_port(server: Server) -> None:
-    async with httpx.AsyncClient(http1=False, http2=True, base_url=server.http_url or "", timeout=TIMEOUT) as client:
+    async with httpx.AsyncClient(
+        http1=False, http2=True, base_url=server.http_url or "", timeout=TIMEOUT
+    ) as client:
         reply = await client.post("/v2/models/identity/infer", content=INFER_BODY)
         assert reply.http_version == "HTTP/2"
         assert reply.json()["outputs"][0]["data"] == [1, 2, 3]

@@ -70,9 +70,18 @@ async def test_binary_inputs_and_outputs(client: httpx.AsyncClient) -> None:
         {
             "id": "bin",
             "inputs": [
-                {"name": "INPUT0", "datatype": "INT16", "shape": [2, 3], "parameters": {"binary_data_size": 12}},
-                {"name": "INPUT1", "datatype": "BYTES", "shape": [3],
-                 "parameters": {"binary_data_size": len(raw_words)}},
+                {
+                    "name": "INPUT0",
+                    "datatype": "INT16",
+                    "shape": [2, 3],
+                    "parameters": {"binary_data_size": 12},
+                },
+                {
+                    "name": "INPUT1",
+                    "datatype": "BYTES",
+                    "shape": [3],
+                    "parameters": {"binary_data_size": len(raw_words)},
+                },
             ],
             "parameters": {"binary_data_output": True, "keep": 1},
         }
@@ -80,7 +89,10 @@ async def test_binary_inputs_and_outputs(client: httpx.AsyncClient) -> None:
     reply = await client.post(
         "/v2/models/identity/infer",
         content=head + ints.tobytes() + raw_words,
-        headers={"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))},
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(head)),
+        },
     )
     assert reply.status_code == 200, reply.text
     assert reply.headers["content-type"] == "application/octet-stream"
@@ -93,8 +105,12 @@ async def test_binary_inputs_and_outputs(client: httpx.AsyncClient) -> None:
         "parameters": {"keep": 1},  # transport parameters never reach the model
         "outputs": [
             {"name": "OUTPUT0", "shape": [2, 3], "datatype": "INT16", "parameters": {"binary_data_size": 12}},
-            {"name": "OUTPUT1", "shape": [3], "datatype": "BYTES",
-             "parameters": {"binary_data_size": len(raw_words)}},
+            {
+                "name": "OUTPUT1",
+                "shape": [3],
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": len(raw_words)},
+            },
         ],
     }
     assert reply.content[length:] == ints.tobytes() + raw_words
@@ -103,8 +119,10 @@ async def test_binary_inputs_and_outputs(client: httpx.AsyncClient) -> None:
 async def test_binary_data_per_requested_output_wins(client: httpx.AsyncClient) -> None:
     body = {
         "inputs": [tensor("INPUT0", "UINT8", [2], [1, 2]), tensor("INPUT1", "BOOL", [2], [True, False])],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
-                    {"name": "OUTPUT1", "parameters": {"binary_data": False}}],
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"binary_data": True}},
+            {"name": "OUTPUT1", "parameters": {"binary_data": False}},
+        ],
         "parameters": {"binary_data_output": True},
     }
     reply = await client.post("/v2/models/identity/infer", json=body)
@@ -120,7 +138,11 @@ async def test_binary_data_per_requested_output_wins(client: httpx.AsyncClient) 
 
 async def test_binary_input_with_json_output(client: httpx.AsyncClient) -> None:
     head = json.dumps(
-        {"inputs": [{"name": "INPUT0", "datatype": "FP64", "shape": [2], "parameters": {"binary_data_size": 16}}]}
+        {
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP64", "shape": [2], "parameters": {"binary_data_size": 16}}
+            ]
+        }
     ).encode()
     reply = await client.post(
         "/v2/models/identity/infer",
@@ -139,11 +161,15 @@ async def test_gzip_large_response_and_not_small_ones(client: httpx.AsyncClient)
     assert int(big.headers["content-length"]) < len(json.dumps(values)) // 2
     assert big.json()["outputs"][0]["data"] == values  # httpx inflates it
     small_body = {"inputs": [tensor("INPUT0", "INT64", [1], [1])]}
-    small = await client.post("/v2/models/identity/infer", json=small_body, headers={"Accept-Encoding": "gzip"})
+    small = await client.post(
+        "/v2/models/identity/infer", json=small_body, headers={"Accept-Encoding": "gzip"}
+    )
     assert "content-encoding" not in small.headers
     plain = await client.post("/v2/models/identity/infer", json=body, headers={"Accept-Encoding": "identity"})
     assert "content-encoding" not in plain.headers
-    refused = await client.post("/v2/models/identity/infer", json=body, headers={"Accept-Encoding": "gzip;q=0"})
+    refused = await client.post(
+        "/v2/models/identity/infer", json=body, headers={"Accept-Encoding": "gzip;q=0"}
+    )
     assert "content-encoding" not in refused.headers
 
 
@@ -151,7 +177,9 @@ async def test_gzip_large_response_and_not_small_ones(client: httpx.AsyncClient)
 async def test_compressed_request_bodies(client: httpx.AsyncClient, encoding: str) -> None:
     raw = json.dumps({"inputs": [tensor("INPUT0", "INT32", [3], [1, 2, 3])]}).encode()
     packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
-    reply = await client.post("/v2/models/identity/infer", content=packed, headers={"Content-Encoding": encoding})
+    reply = await client.post(
+        "/v2/models/identity/infer", content=packed, headers={"Content-Encoding": encoding}
+    )
     assert reply.json()["outputs"] == [tensor("OUTPUT0", "INT32", [3], [1, 2, 3])]
 
 

@@ -67,7 +67,9 @@ async def test_chunked_body_under_the_limit_is_served(small_client: httpx.AsyncC
 async def test_gzip_body_inflating_over_the_limit_is_413(small_client: httpx.AsyncClient) -> None:
     bomb = gzip.compress(padded(LIMIT * 4))
     assert len(bomb) < LIMIT
-    reply = await small_client.post("/v2/models/identity/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+    reply = await small_client.post(
+        "/v2/models/identity/infer", content=bomb, headers={"Content-Encoding": "gzip"}
+    )
     assert (reply.status_code, reply.json()) == (413, TOO_LARGE)
 
 

@@ -47,7 +47,10 @@ async def test_interleaved_sequences_over_headers(client: httpx.AsyncClient) -> 
     assert (total(last), last.headers["sequence-id"]) == (6, a_id)
     ended = await client.post(url, json=add(4), headers={"sequence-id": a_id})
     assert (ended.status_code, ended.json()) == (404, {"error": f"sequence {a_id!r} has ended"})
-    assert total(await client.post(url, json=add(30), headers={"sequence-id": b_id, "sequence-end": "true"})) == 60
+    assert (
+        total(await client.post(url, json=add(30), headers={"sequence-id": b_id, "sequence-end": "true"}))
+        == 60
+    )
 
 
 async def test_interleaved_sequences_over_parameters(client: httpx.AsyncClient) -> None:
@@ -68,20 +71,27 @@ async def test_interleaved_sequences_over_parameters(client: httpx.AsyncClient) 
 async def test_unknown_sequence_is_404(client: httpx.AsyncClient) -> None:
     reply = await client.post("/v2/models/accumulator/infer", json=add(1, sequence_id=777))
     assert (reply.status_code, reply.json()) == (
-        404, {"error": not_held_message("777"), "reason": "sequence_not_held"}
+        404,
+        {"error": not_held_message("777"), "reason": "sequence_not_held"},
     )
     no_id = await client.post("/v2/models/accumulator/infer", json=add(1))
     assert (no_id.status_code, no_id.json()) == (
-        400, {"error": "model 'accumulator' is stateful: send a sequence_id (and sequence_start)"}
+        400,
+        {"error": "model 'accumulator' is stateful: send a sequence_id (and sequence_start)"},
     )
 
 
 async def test_second_start_is_409(client: httpx.AsyncClient) -> None:
     url = "/v2/models/accumulator/infer"
-    assert total(await client.post(url, json=add(1), headers={"sequence-id": "s5", "sequence-start": "true"})) == 1
+    assert (
+        total(await client.post(url, json=add(1), headers={"sequence-id": "s5", "sequence-start": "true"}))
+        == 1
+    )
     again = await client.post(url, json=add(1), headers={"sequence-id": "s5", "sequence-start": "true"})
     assert (again.status_code, again.json()) == (409, {"error": "sequence 's5' is already open"})
-    assert total(await client.post(url, json=add(1), headers={"sequence-id": "s5", "sequence-end": "true"})) == 2
+    assert (
+        total(await client.post(url, json=add(1), headers={"sequence-id": "s5", "sequence-end": "true"})) == 2
+    )
 
 
 async def test_cancel_over_a_header(client: httpx.AsyncClient) -> None:
@@ -118,7 +128,9 @@ async def test_full_mailbox_is_429(client: httpx.AsyncClient, server: Server, ga
         assert replies["third"].headers["retry-after"] == "1"
         gate.gates["q"].set()
     assert [replies[r].status_code for r in ("first", "second")] == [200, 200]
-    ended = await client.post(url, json={"inputs": [], "parameters": {"sequence_id": "q", "sequence_end": True}})
+    ended = await client.post(
+        url, json={"inputs": [], "parameters": {"sequence_id": "q", "sequence_end": True}}
+    )
     assert ended.status_code == 200
 
 
@@ -127,7 +139,9 @@ async def test_stream_in_a_sequence_and_disconnect_keeps_it_open(
 ) -> None:
     body = {"id": "k1", "inputs": [], "parameters": {"n_tokens": 5, "gate": "k", "free": 1}}
     headers = {"sequence-start": "true"}
-    async with aconnect_sse(client, "POST", "/v2/models/gate/infer_stream", json=body, headers=headers) as source:
+    async with aconnect_sse(
+        client, "POST", "/v2/models/gate/infer_stream", json=body, headers=headers
+    ) as source:
         sequence_id = source.response.headers["sequence-id"]
         first = json.loads((await source.aiter_sse().__anext__()).data)
         assert first["parameters"] == {"sequence_id": sequence_id}
@@ -138,7 +152,9 @@ async def test_stream_in_a_sequence_and_disconnect_keeps_it_open(
     assert (await server.engine.statistics("gate")).open_sequences == 1  # still open
     again = {"id": "k2", "inputs": [], "parameters": {"n_tokens": 2}}
     headers = {"sequence-id": sequence_id, "sequence-end": "true"}
-    async with aconnect_sse(client, "POST", "/v2/models/gate/infer_stream", json=again, headers=headers) as source:
+    async with aconnect_sse(
+        client, "POST", "/v2/models/gate/infer_stream", json=again, headers=headers
+    ) as source:
         events = [json.loads(e.data) async for e in source.aiter_sse()]
     assert [e["outputs"][0]["data"] for e in events] == [[0], [1]]
     assert {e["parameters"]["sequence_id"] for e in events} == {sequence_id}

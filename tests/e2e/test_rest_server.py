@@ -80,7 +80,9 @@ async def test_graceful_shutdown_finishes_in_flight_requests(make_settings: Call
     assert replies[0].json()["outputs"][0]["data"] == [0]
 
 
-async def test_shutdown_cancels_what_outlives_the_grace_period(make_settings: Callable[..., Settings]) -> None:
+async def test_shutdown_cancels_what_outlives_the_grace_period(
+    make_settings: Callable[..., Settings],
+) -> None:
     replies: list[httpx.Response] = []
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -89,7 +91,9 @@ async def test_shutdown_cancels_what_outlives_the_grace_period(make_settings: Ca
 
             async def stuck() -> None:
                 async with httpx.AsyncClient(base_url=str(server.http_url)) as client:
-                    replies.append(await client.post("/v2/models/gate/infer", json=gate_body("stuck", "never")))
+                    replies.append(
+                        await client.post("/v2/models/gate/infer", json=gate_body("stuck", "never"))
+                    )
 
             nursery.start_soon(stuck)
             await gate.started["stuck"].wait()
@@ -100,7 +104,9 @@ async def test_shutdown_cancels_what_outlives_the_grace_period(make_settings: Ca
     assert [(r.status_code, r.json()) for r in replies] == [(503, {"error": "the server is shutting down"})]
 
 
-async def test_cancelling_the_surrounding_scope_stops_everything(make_settings: Callable[..., Settings]) -> None:
+async def test_cancelling_the_surrounding_scope_stops_everything(
+    make_settings: Callable[..., Settings],
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             server: Server = await nursery.start(serve, make_settings())
@@ -157,17 +163,26 @@ def cli_env(**extra: str) -> dict[str, str]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "actorserve", *args],
-        capture_output=True, text=True, timeout=60, env=env or cli_env(), cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env or cli_env(),
+        cwd=ROOT,
+    )
 
 
 @asynccontextmanager
-async def cli_server(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[tuple[trio.Process, str, list[str]]]:
+async def cli_server(
+    *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[trio.Process, str, list[str]]]:
     """Run the CLI; yield (process, REST URL from its log, the log lines so far)."""
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "actorserve", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or cli_env(), cwd=ROOT,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env or cli_env(),
+        cwd=ROOT,
+    )
     assert process.stderr is not None
     log = b""
     try:
@@ -185,10 +200,17 @@ async def cli_server(*args: str, env: dict[str, str] | None = None) -> AsyncIter
 
 
 async def test_cli_serves_builtins_and_stops_on_sigint() -> None:
-    async with cli_server("--http-port", "0", "--grpc-port", "off", "--workers", "2") as (process, url, lines):
+    async with cli_server("--http-port", "0", "--grpc-port", "off", "--workers", "2") as (
+        process,
+        url,
+        lines,
+    ):
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url) and not url.endswith(":0")
-        for name, cls in (("identity", "IdentityModel"), ("streamer", "StreamerModel"),
-                          ("accumulator", "AccumulatorModel")):  # fmt: skip
+        for name, cls in (
+            ("identity", "IdentityModel"),
+            ("streamer", "StreamerModel"),
+            ("accumulator", "AccumulatorModel"),
+        ):
             assert any(f"loaded model {name} version 1 ({cls}, workers=2" in line for line in lines), lines
         async with httpx.AsyncClient(base_url=url) as client:
             body = {"inputs": [{"name": "INPUT0", "datatype": "INT8", "shape": [1], "data": [1]}]}
@@ -199,13 +221,18 @@ async def test_cli_serves_builtins_and_stops_on_sigint() -> None:
 
 
 async def test_cli_environment_variables_and_sigterm() -> None:
-    env = cli_env(ACTORSERVE_HTTP_PORT="0", ACTORSERVE_GRPC_PORT="off", ACTORSERVE_MAX_BODY_BYTES="100",
-                  ACTORSERVE_LOG_LEVEL="info")  # fmt: skip
+    env = cli_env(
+        ACTORSERVE_HTTP_PORT="0",
+        ACTORSERVE_GRPC_PORT="off",
+        ACTORSERVE_MAX_BODY_BYTES="100",
+        ACTORSERVE_LOG_LEVEL="info",
+    )
     async with cli_server(env=env) as (process, url, _):
         async with httpx.AsyncClient(base_url=url) as client:
             reply = await client.post("/v2/models/identity/infer", content=b"x" * 101)
             assert (reply.status_code, reply.json()) == (
-                413, {"error": "the request body is larger than 100 bytes (max_body_bytes)"}
+                413,
+                {"error": "the request body is larger than 100 bytes (max_body_bytes)"},
             )
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(TIMEOUT):
@@ -215,9 +242,20 @@ async def test_cli_environment_variables_and_sigterm() -> None:
 def test_cli_help_explains_every_flag() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    for word in ("MODELS_DIR", "--host", "--http-port", "--grpc-port", "--workers", "--max-body-bytes",
-                 "--grace-period", "--log-level", "--grpc-stream-dialect", "ACTORSERVE_HTTP_PORT",
-                 "ACTORSERVE_MODEL_FOLDERS", "SIGTERM"):  # fmt: skip
+    for word in (
+        "MODELS_DIR",
+        "--host",
+        "--http-port",
+        "--grpc-port",
+        "--workers",
+        "--max-body-bytes",
+        "--grace-period",
+        "--log-level",
+        "--grpc-stream-dialect",
+        "ACTORSERVE_HTTP_PORT",
+        "ACTORSERVE_MODEL_FOLDERS",
+        "SIGTERM",
+    ):
         assert word in result.stdout
 
 
@@ -234,8 +272,10 @@ def write(folder: Path, text: str) -> Path:
         ("{not json", "invalid JSON: "),
         (json.dumps({"name": "m", "implementation": "x.Y", "colour": 1}), "unknown setting(s) colour"),
         (json.dumps({"name": "m"}), "missing 'implementation'"),
-        (json.dumps({"name": "m", "implementation": "no_such_module.Model"}),
-         "model 'm': cannot import 'no_such_module.Model': No module named 'no_such_module'"),
+        (
+            json.dumps({"name": "m", "implementation": "no_such_module.Model"}),
+            "model 'm': cannot import 'no_such_module.Model': No module named 'no_such_module'",
+        ),
     ],
 )
 def test_cli_bad_model_folder_is_one_line_and_exit_2(tmp_path: Path, text: str, problem: str) -> None:
@@ -254,10 +294,16 @@ def test_cli_bad_arguments_exit_2() -> None:
     assert run_cli("--workers", "0").returncode == 2
     assert run_cli("--grpc-stream-dialect", "kserve").returncode == 2
     result = run_cli("/no/such/folder", "--http-port", "0")
-    assert (result.returncode, result.stderr.strip()) == (2, "actorserve: error: /no/such/folder: not a folder")
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "actorserve: error: /no/such/folder: not a folder",
+    )
     bad_env = run_cli(env=cli_env(ACTORSERVE_HTTP_PORT="eighty"))
     assert bad_env.returncode == 2
-    assert "Error: Invalid value for ACTORSERVE_HTTP_PORT: 'eighty' is not a port number or 'off'" in bad_env.stderr
+    assert (
+        "Error: Invalid value for ACTORSERVE_HTTP_PORT: 'eighty' is not a port number or 'off'"
+        in bad_env.stderr
+    )
 
 
 def test_cli_port_in_use_exits_1() -> None:
@@ -267,5 +313,8 @@ def test_cli_port_in_use_exits_1() -> None:
         port = taken.getsockname()[1]
         result = run_cli("--http-port", str(port), "--grpc-port", "off")
     assert result.returncode == 1
-    assert f"actorserve: error: cannot listen on 127.0.0.1:{port} (REST): address already in use" in result.stderr
+    assert (
+        f"actorserve: error: cannot listen on 127.0.0.1:{port} (REST): address already in use"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr

@@ -26,7 +26,9 @@ TIMEOUT = 20.0
 
 
 def prompt(text: str, **parameters: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [text]}]
+    }
     if parameters:
         body["parameters"] = parameters
     return body
@@ -96,10 +98,14 @@ async def test_stream_headers(client: httpx.AsyncClient) -> None:
     )
 
 
-async def test_gzip_accepting_client_still_gets_events_one_by_one(client: httpx.AsyncClient, gate: GateModel) -> None:
+async def test_gzip_accepting_client_still_gets_events_one_by_one(
+    client: httpx.AsyncClient, gate: GateModel
+) -> None:
     body = {"id": "z1", "inputs": [], "parameters": {"n_tokens": 2, "gate": "z1", "free": 1}}
     headers = {"Accept-Encoding": "gzip"}
-    async with aconnect_sse(client, "POST", "/v2/models/gate/infer_stream", json=body, headers=headers) as source:
+    async with aconnect_sse(
+        client, "POST", "/v2/models/gate/infer_stream", json=body, headers=headers
+    ) as source:
         assert "content-encoding" not in source.response.headers
         events = source.aiter_sse()
         assert json.loads((await events.__anext__()).data)["outputs"][0]["data"] == [0]
@@ -111,13 +117,31 @@ async def test_gzip_accepting_client_still_gets_events_one_by_one(client: httpx.
 @pytest.mark.parametrize(
     ("path", "body", "status", "error"),
     [
-        ("/v2/models/streamer/infer_stream", prompt("x", n_tokens=-1), 400,
-         "parameter 'n_tokens': expected an integer in [0, 10000], got -1"),
+        (
+            "/v2/models/streamer/infer_stream",
+            prompt("x", n_tokens=-1),
+            400,
+            "parameter 'n_tokens': expected an integer in [0, 10000], got -1",
+        ),
         ("/v2/models/nope/infer_stream", prompt("x"), 404, "model 'nope' is not loaded"),
-        ("/v2/models/failing/infer_stream", {"inputs": []}, 500, "model 'failing' failed: RuntimeError: the model broke"),
-        ("/v2/models/streamer/infer_stream", {"inputs": 3}, 400, "'inputs' must be a list, got a JSON number"),
-        ("/v2/models/streamer/generate_stream", {"text_input": {"a": 1}}, 400,
-         "input 'text_input': expected a string, a number, a boolean or a list of them"),
+        (
+            "/v2/models/failing/infer_stream",
+            {"inputs": []},
+            500,
+            "model 'failing' failed: RuntimeError: the model broke",
+        ),
+        (
+            "/v2/models/streamer/infer_stream",
+            {"inputs": 3},
+            400,
+            "'inputs' must be a list, got a JSON number",
+        ),
+        (
+            "/v2/models/streamer/generate_stream",
+            {"text_input": {"a": 1}},
+            400,
+            "input 'text_input': expected a string, a number, a boolean or a list of them",
+        ),
     ],
 )
 async def test_errors_before_the_first_event_use_the_status(
@@ -129,13 +153,18 @@ async def test_errors_before_the_first_event_use_the_status(
     assert reply.json() == {"error": error}
 
 
-async def test_error_after_the_stream_started_is_an_error_event(client: httpx.AsyncClient, settle: Settle) -> None:
+async def test_error_after_the_stream_started_is_an_error_event(
+    client: httpx.AsyncClient, settle: Settle
+) -> None:
     body = {"inputs": [], "parameters": {"ok": 2}}
     async with aconnect_sse(client, "POST", "/v2/models/failing/infer_stream", json=body) as source:
         assert source.response.status_code == 200
         events = await collect(source.aiter_sse())
     assert [e.event for e in events] == ["message", "message", "error"]
-    assert json.loads(events[2].data) == {"error": "model 'failing' failed: RuntimeError: the model broke", "status": 500}
+    assert json.loads(events[2].data) == {
+        "error": "model 'failing' failed: RuntimeError: the model broke",
+        "status": 500,
+    }
     await settle()
 
 
@@ -145,7 +174,10 @@ async def test_disconnect_cancels_the_request(
     body = {"id": "d1", "inputs": [], "parameters": {"n_tokens": 10, "gate": "d1", "free": 2}}
     async with aconnect_sse(client, "POST", "/v2/models/gate/infer_stream", json=body) as source:
         events = source.aiter_sse()
-        assert [json.loads((await events.__anext__()).data)["outputs"][0]["data"] for _ in range(2)] == [[0], [1]]
+        assert [json.loads((await events.__anext__()).data)["outputs"][0]["data"] for _ in range(2)] == [
+            [0],
+            [1],
+        ]
     with trio.fail_after(TIMEOUT):
         await gate.left["d1"].wait()
     assert gate.outcome["d1"] == "cancelled"
@@ -153,14 +185,18 @@ async def test_disconnect_cancels_the_request(
     assert (await client.get("/v2/health/ready")).status_code == 200
 
 
-async def test_disconnect_mid_stream_leaves_no_work(client: httpx.AsyncClient, server: Server, settle: Settle) -> None:
+async def test_disconnect_mid_stream_leaves_no_work(
+    client: httpx.AsyncClient, server: Server, settle: Settle
+) -> None:
     body = prompt("d", n_tokens=10_000, delay=0.01)
     async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=body) as source:
         events = source.aiter_sse()
         assert [token(await events.__anext__()) for _ in range(2)] == [("d:0", 0), ("d:1", 1)]
         assert (await server.engine.statistics("streamer")).inflight == 1
     await settle()
-    async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=prompt("e", n_tokens=2)) as source:
+    async with aconnect_sse(
+        client, "POST", "/v2/models/streamer/infer_stream", json=prompt("e", n_tokens=2)
+    ) as source:
         assert [token(e) for e in await collect(source.aiter_sse())] == [("e:0", 0), ("e:1", 1)]
 
 
@@ -169,7 +205,9 @@ def counts(events: list[ServerSentEvent]) -> tuple[list[int], set[int]]:
     return [d["k"] for d in docs], {d["replica"] for d in docs}
 
 
-async def test_batch_model_with_two_replicas_streams(client: httpx.AsyncClient, server: Server, settle: Settle) -> None:
+async def test_batch_model_with_two_replicas_streams(
+    client: httpx.AsyncClient, server: Server, settle: Settle
+) -> None:
     """Two streams on a BatchModel with workers=2: one per replica, every event exact."""
     assert (await server.engine.model_info("counter")).workers == 2
     url = "/v2/models/counter/infer_stream"
@@ -190,7 +228,9 @@ async def test_batch_model_with_two_replicas_streams(client: httpx.AsyncClient, 
     await settle()
 
 
-async def test_disconnect_from_a_batch_model_stream(client: httpx.AsyncClient, server: Server, settle: Settle) -> None:
+async def test_disconnect_from_a_batch_model_stream(
+    client: httpx.AsyncClient, server: Server, settle: Settle
+) -> None:
     url = "/v2/models/counter/infer_stream"
     async with aconnect_sse(client, "POST", url, json={"inputs": [], "parameters": {"n": 100_000}}) as source:
         events = source.aiter_sse()
@@ -220,15 +260,23 @@ async def test_mlserver_client_flow(server: Server) -> None:
     an InferenceRequest, each ``sse.data`` parsed into an InferenceResponse."""
     url = f"{server.http_url}/v2/models/streamer/infer_stream"
     inference_request = {
-        "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["What is the capital of France?"]}],
+        "inputs": [
+            {
+                "name": "text_input",
+                "shape": [1],
+                "datatype": "BYTES",
+                "data": ["What is the capital of France?"],
+            }
+        ],
         "parameters": {"n_tokens": 4},
     }
 
     def mlserver_style() -> list[str]:
         tokens = []
-        with httpx.Client() as http_client, httpx_sse.connect_sse(
-            http_client, "POST", url, json=inference_request
-        ) as event_source:
+        with (
+            httpx.Client() as http_client,
+            httpx_sse.connect_sse(http_client, "POST", url, json=inference_request) as event_source,
+        ):
             for sse in event_source.iter_sse():
                 response = response_from_json(json.loads(sse.data))
                 tokens.append(response.outputs[0].data[0].decode())
@@ -254,7 +302,8 @@ async def open_raw_stream(server: Server, path: str, body: dict[str, Any]) -> tr
     content = json.dumps(body).encode()
     await stream.send_all(
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(content)}\r\n\r\n".encode() + content
+        f"Content-Length: {len(content)}\r\n\r\n".encode()
+        + content
     )
     return stream
 
@@ -291,7 +340,9 @@ async def steps_settle(server: Server, model: str) -> None:
 async def test_a_slow_reader_gets_the_events_that_waited_in_one_chunk(server: Server, settle: Settle) -> None:
     n = 2_000
     with trio.fail_after(TIMEOUT):
-        stream = await open_raw_stream(server, "/v2/models/counter/infer_stream", {"inputs": [], "parameters": {"n": n}})
+        stream = await open_raw_stream(
+            server, "/v2/models/counter/infer_stream", {"inputs": [], "parameters": {"n": n}}
+        )
         async with stream:
             await steps_settle(server, "counter")
             assert (await server.engine.statistics("counter")).items_stepped < n  # the writes blocked
@@ -299,8 +350,12 @@ async def test_a_slow_reader_gets_the_events_that_waited_in_one_chunk(server: Se
     assert head.startswith(b"HTTP/1.1 200 ")
     per_chunk = [chunk.count(b"data: ") for chunk in chunks]
     assert max(per_chunk) > 1, per_chunk[:50]
-    ks = [json.loads(part.removeprefix(b"data: "))["outputs"][0]["data"][0]
-          for chunk in chunks for part in chunk.split(b"\n\n") if part]  # fmt: skip
+    ks = [
+        json.loads(part.removeprefix(b"data: "))["outputs"][0]["data"][0]
+        for chunk in chunks
+        for part in chunk.split(b"\n\n")
+        if part
+    ]
     assert ks == list(range(n))
     await settle()
 

@@ -46,7 +46,9 @@ def sample(datatype: str, shape: tuple[int, ...], binary: bool) -> np.ndarray:
         return out.reshape(shape)
     if datatype == "BOOL":
         return np.array([True, False, True, True, False, False][:count]).reshape(shape)
-    dtype = np.dtype({"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(datatype, datatype.lower()))
+    dtype = np.dtype(
+        {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(datatype, datatype.lower())
+    )
     if dtype.kind == "f":
         info = np.finfo(dtype)
         values = [0.5, -1.25, float(info.max), float(info.min), float(info.tiny), 3.0][:count]
@@ -56,8 +58,21 @@ def sample(datatype: str, shape: tuple[int, ...], binary: bool) -> np.ndarray:
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BYTES"]  # fmt: skip
+DATATYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -71,7 +86,9 @@ async def test_identity_round_trip(server: Server, datatype: str, binary: bool) 
                 tensor = httpclient.InferInput("INPUT0", list(shape), datatype)
                 tensor.set_data_from_numpy(data, binary_data=binary)
                 outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
-                result = client.infer("identity", [tensor], outputs=outputs, request_id=f"{datatype}-{binary}")
+                result = client.infer(
+                    "identity", [tensor], outputs=outputs, request_id=f"{datatype}-{binary}"
+                )
                 results.append((data, result.as_numpy("OUTPUT0"), result.get_response()))
         return results
 
@@ -114,7 +131,10 @@ async def test_gzip_response_compression(server: Server) -> None:
             tensor = httpclient.InferInput("INPUT0", [3000], "INT64")
             tensor.set_data_from_numpy(data)
             result = client.infer(
-                "identity", [tensor], request_compression_algorithm="gzip", response_compression_algorithm="gzip"
+                "identity",
+                [tensor],
+                request_compression_algorithm="gzip",
+                response_compression_algorithm="gzip",
             )
             return result.as_numpy("OUTPUT0")
 
@@ -155,8 +175,11 @@ async def test_load_unload_and_errors(server: Server) -> None:
             tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
             with pytest.raises(InferenceServerException) as bad:
                 client.infer("identity", [tensor], outputs=[httpclient.InferRequestedOutput("NOPE")])
-            return after_unload, after_load, f"{missing.value.status()} {missing.value.message()}", (
-                f"{bad.value.status()} {bad.value.message()}"
+            return (
+                after_unload,
+                after_load,
+                f"{missing.value.status()} {missing.value.message()}",
+                (f"{bad.value.status()} {bad.value.message()}"),
             )
 
     after_unload, after_load, missing, bad = await in_thread(scenario)

@@ -25,7 +25,9 @@ async def text_client(launch: Launch) -> Any:
         yield client
 
 
-def body(name: str = "text_input", datatype: str = "BYTES", data: list[Any] | None = None, **parameters: Any) -> dict[str, Any]:
+def body(
+    name: str = "text_input", datatype: str = "BYTES", data: list[Any] | None = None, **parameters: Any
+) -> dict[str, Any]:
     return {
         "inputs": [{"name": name, "datatype": datatype, "shape": [1], "data": data or ["ROMEO:"]}],
         "parameters": {"max_tokens": 2, "seed": 1, **parameters},
@@ -55,7 +57,9 @@ async def test_a_misspelt_parameter_is_refused_naming_the_known_ones(text_client
     for path in ("/v2/models/text/infer", "/v2/models/text/generate_stream"):
         reply = await text_client.post(path, json=body(max_tokenz=5))
         assert (reply.status_code, reply.json()) == (400, expected), path
-    generate = await text_client.post("/v2/models/text/generate", json={"text_input": "a", "parameters": {"max_tokenz": 5}})
+    generate = await text_client.post(
+        "/v2/models/text/generate", json={"text_input": "a", "parameters": {"max_tokenz": 5}}
+    )
     assert (generate.status_code, generate.json()) == (400, expected)
 
 
@@ -67,7 +71,9 @@ async def test_what_the_text_model_declares_still_works(text_client: httpx.Async
         headers={"sequence-start": "true", "sequence-id": "7", "sequence-end": "true"},
     )
     assert reply.status_code == 200, reply.text
-    no_prompt = await text_client.post("/v2/models/text/infer", json={"inputs": [], "parameters": {"max_tokens": 1}})
+    no_prompt = await text_client.post(
+        "/v2/models/text/infer", json={"inputs": [], "parameters": {"max_tokens": 1}}
+    )
     assert no_prompt.status_code == 200, no_prompt.text
 
 
@@ -82,7 +88,9 @@ class Echo(Model):
 """
 
 
-async def test_a_load_request_after_an_edit_serves_the_new_code(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_a_load_request_after_an_edit_serves_the_new_code(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     folder = tmp_path / "echo"
     folder.mkdir()
     (folder / "model-settings.json").write_text(json.dumps({"name": "echo", "implementation": "echo.Echo"}))
@@ -103,7 +111,9 @@ async def test_a_load_request_after_an_edit_serves_the_new_code(tmp_path: Path, 
         broken = await client.post("/v2/repository/models/echo/load")
         assert (broken.status_code, broken.json()) == (
             400,
-            {"error": "model 'echo': cannot import 'echo.Echo': SyntaxError: invalid syntax (echo/echo.py, line 1)"},
+            {
+                "error": "model 'echo': cannot import 'echo.Echo': SyntaxError: invalid syntax (echo/echo.py, line 1)"
+            },
         )
         still = await client.post("/v2/models/echo/infer", json=request)
         assert still.json()["outputs"][0]["data"] == [2]

@@ -46,7 +46,9 @@ def socket_path() -> Iterator[str]:
 
 
 @asynccontextmanager
-async def served(engine: Engine, path: str, *, limits: LinkLimits = DEFAULT_LIMITS) -> AsyncIterator[trio.CancelScope]:
+async def served(
+    engine: Engine, path: str, *, limits: LinkLimits = DEFAULT_LIMITS
+) -> AsyncIterator[trio.CancelScope]:
     """serve_fronts for ``engine`` at ``path``; cancel the yielded scope to stop it (its
     connections close)."""
     async with trio.open_nursery() as nursery:
@@ -57,7 +59,9 @@ async def served(engine: Engine, path: str, *, limits: LinkLimits = DEFAULT_LIMI
 
 
 @asynccontextmanager
-async def engine_and_path(*, limits: LinkLimits = DEFAULT_LIMITS, **rec: object) -> AsyncIterator[tuple[Engine, str]]:
+async def engine_and_path(
+    *, limits: LinkLimits = DEFAULT_LIMITS, **rec: object
+) -> AsyncIterator[tuple[Engine, str]]:
     with socket_path() as path:
         async with actorserve.open_engine(link_models(**rec)) as engine, served(engine, path, limits=limits):
             yield engine, path
@@ -66,10 +70,14 @@ async def engine_and_path(*, limits: LinkLimits = DEFAULT_LIMITS, **rec: object)
 def prompt(text: str, **parameters: object) -> InferenceRequest:
     data = np.empty(1, dtype=object)
     data[0] = text.encode()
-    return InferenceRequest([tensor_from_numpy("text_input", data, "BYTES")], id=text, parameters=dict(parameters))
+    return InferenceRequest(
+        [tensor_from_numpy("text_input", data, "BYTES")], id=text, parameters=dict(parameters)
+    )
 
 
 def add(value: int, request_id: str = "", **parameters: object) -> InferenceRequest:
     return InferenceRequest(
-        [tensor_from_numpy("INPUT", np.array([value], dtype=np.int64))], id=request_id or None, parameters=dict(parameters)
+        [tensor_from_numpy("INPUT", np.array([value], dtype=np.int64))],
+        id=request_id or None,
+        parameters=dict(parameters),
     )

@@ -40,7 +40,10 @@ async def test_cancel_leaves_within_one_step(autojump_clock: trio.testing.MockCl
     """While a front holds a stream open the engine keeps stepping it; once the front
     leaves, the request is in no step after the cancel arrives."""
     limits = LinkLimits(window=2)
-    async with engine_and_path(limits=limits, reply_buffer=2) as (engine, path), open_engine_client(path, limits=limits) as client:
+    async with (
+        engine_and_path(limits=limits, reply_buffer=2) as (engine, path),
+        open_engine_client(path, limits=limits) as client,
+    ):
         model = engine.model("rec")
         assert isinstance(model, RecordingModel)
         async with client.infer_stream(request("held", 1000), model="rec") as responses:
@@ -55,7 +58,10 @@ async def test_cancel_leaves_within_one_step(autojump_clock: trio.testing.MockCl
 
 async def test_a_slow_front_bounds_what_the_engine_buffers(autojump_clock: trio.testing.MockClock) -> None:
     limits = LinkLimits(window=4)
-    async with engine_and_path(limits=limits, reply_buffer=3) as (engine, path), open_engine_client(path, limits=limits) as client:
+    async with (
+        engine_and_path(limits=limits, reply_buffer=3) as (engine, path),
+        open_engine_client(path, limits=limits) as client,
+    ):
         model = engine.model("rec")
         assert isinstance(model, RecordingModel)
         async with client.infer_stream(request("slow", 500), model="rec") as responses:
@@ -133,7 +139,9 @@ async def test_unary_cancel_and_front_disconnect_cancel_in_the_engine() -> None:
         assert isinstance(gate, GateModel)
         async with open_engine_client(path) as client:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(client.infer, prompt("u", gate="g", n_tokens=3), model="gate"))
+                nursery.start_soon(
+                    functools.partial(client.infer, prompt("u", gate="g", n_tokens=3), model="gate")
+                )
                 await gate.started["u"].wait()
                 nursery.cancel_scope.cancel()
             await gate.left["u"].wait()

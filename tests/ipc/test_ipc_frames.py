@@ -80,21 +80,36 @@ def bytes_tensor(name: str, *values: bytes) -> Tensor:
 
 
 # JSON-ish parameter values: what REST, gRPC and models put in parameters
-leaves = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text() | st.binary()
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary()
+)
 parameter_values = st.recursive(
-    leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8
+    leaves,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
 )
 parameters = st.dictionaries(st.text(max_size=10), parameter_values, max_size=4)
 
 
 @given(arrays(), parameters)
-def test_every_datatype_and_parameters_survive(pair: tuple[str, np.ndarray[Any, Any]], params: dict[str, Any]) -> None:
+def test_every_datatype_and_parameters_survive(
+    pair: tuple[str, np.ndarray[Any, Any]], params: dict[str, Any]
+) -> None:
     datatype, array = pair
     tensor = Tensor("x", tuple(array.shape), datatype, array, params)
     request = InferenceRequest(
-        [tensor], id="r1", parameters=params, outputs=[RequestedOutput("y", {"binary_data": True})],
-        model_name="m", model_version="2",
-    )  # fmt: skip
+        [tensor],
+        id="r1",
+        parameters=params,
+        outputs=[RequestedOutput("y", {"binary_data": True})],
+        model_name="m",
+        model_version="2",
+    )
     response = InferenceResponse("m", [tensor], model_version="2", id="r1", parameters=params)
     (got_infer, got_responses) = round_trip(Infer(7, request, "m", None), Responses(7, (response, response)))
     assert isinstance(got_infer, Infer) and isinstance(got_responses, Responses)
@@ -156,13 +171,35 @@ def test_frames_split_anywhere_and_many_messages() -> None:
 def test_records_and_results_round_trip() -> None:
     values: dict[str, Any] = {
         "ready": True,
-        "models": [ModelInfo("m", "1", ModelState.READY, True, False, 2, 64), ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x"),
-                   ModelInfo("t", "1", ModelState.READY, True, False, 1, 8, text_generation=TextGeneration(
-                       sampling=("seed",), stop=True, chat_template="{{ x }}", chat_stop=("\n",)))],
+        "models": [
+            ModelInfo("m", "1", ModelState.READY, True, False, 2, 64),
+            ModelInfo("n", "3", ModelState.LOADING, False, True, 1, reason="x"),
+            ModelInfo(
+                "t",
+                "1",
+                ModelState.READY,
+                True,
+                False,
+                1,
+                8,
+                text_generation=TextGeneration(
+                    sampling=("seed",), stop=True, chat_template="{{ x }}", chat_stop=("\n",)
+                ),
+            ),
+        ],
         "model_info": ModelInfo("m", "1", ModelState.UNAVAILABLE, False, False, 1),
-        "metadata": ModelMetadata("m", ("1", "2"), "p", (TensorMetadata("a", "FP32", (-1, 3)),), (TensorMetadata("b", "BYTES", (1,)),),
-                                  {"request_parameters": "n", "text_generation.chat": True}),
-        "repository_index": [RepositoryEntry("m", "1", ModelState.READY), RepositoryEntry("n", "2", ModelState.UNAVAILABLE, "broken")],
+        "metadata": ModelMetadata(
+            "m",
+            ("1", "2"),
+            "p",
+            (TensorMetadata("a", "FP32", (-1, 3)),),
+            (TensorMetadata("b", "BYTES", (1,)),),
+            {"request_parameters": "n", "text_generation.chat": True},
+        ),
+        "repository_index": [
+            RepositoryEntry("m", "1", ModelState.READY),
+            RepositoryEntry("n", "2", ModelState.UNAVAILABLE, "broken"),
+        ],
         "statistics": ModelStatistics("m", "1", 3, 1, 2, 10, 40, 5, 9, {"ended": 3, "expired": 1}),
         "load_from_repository": None,
         "unload": None,
@@ -171,12 +208,40 @@ def test_records_and_results_round_trip() -> None:
         "wait_idle": None,
         "set_workers": None,
         "describe": ModelDescription(
-            "m", "2", "READY", "", "2", ("1", "2"), "pkg.M", "p", True, 3, 8, 0.5, 16, 100, 0, 4, 9, True, 2, 5, 1,
+            "m",
+            "2",
+            "READY",
+            "",
+            "2",
+            ("1", "2"),
+            "pkg.M",
+            "p",
+            True,
+            3,
+            8,
+            0.5,
+            16,
+            100,
+            0,
+            4,
+            9,
+            True,
+            2,
+            5,
+            1,
             (ReplicaDescription(0, 1, 2, 1), ReplicaDescription(1, 0, 3, 1)),
         ),
         "inference_statistics": [
             InferenceStatistics(
-                "m", "1", 1700000000000, 12, 5, Duration(4, 400), Duration(1, 10), Duration(4, 40), Duration(5, 500),
+                "m",
+                "1",
+                1700000000000,
+                12,
+                5,
+                Duration(4, 400),
+                Duration(1, 10),
+                Duration(4, 40),
+                Duration(5, 500),
                 (BatchStatistics(1, Duration(2, 100)), BatchStatistics(3, Duration(3, 400))),
             ),
             InferenceStatistics("n", "1"),
@@ -252,7 +317,9 @@ def frame_of(plain: Any) -> bytes:
         frame_of([[8, 1, "extra"]]),  # Cancel has no fields
         frame_of([[8, "one"]]),  # the id is not an integer
         frame_of([[7, 1, -1]]),  # a negative count
-        frame_of([[22, 1, [["m", None, None, {}, [["t", "FP32", [2], b"\x00" * 4, {}]]]]]]),  # 4 bytes for 2 floats
+        frame_of(
+            [[22, 1, [["m", None, None, {}, [["t", "FP32", [2], b"\x00" * 4, {}]]]]]]
+        ),  # 4 bytes for 2 floats
         struct.pack(">I", 3) + b"\xc1\xc1\xc1",  # not msgpack
         struct.pack(">I", LIMIT + 1),  # too large, refused before its body arrives
     ],

@@ -43,14 +43,18 @@ async def test_infer_keeps_tensors_ids_and_parameters() -> None:
         x = tensor_from_numpy("INPUT0", np.arange(6, dtype=np.int32).reshape(2, 3))
         y = tensor_from_numpy("INPUT1", np.array([b"a", b""], dtype=object), "BYTES")
         out = await client.infer(
-            InferenceRequest([x, y], id="q", parameters={"p": 1, "f": 0.5, "s": "x", "b": True, "l": [1, "a"]}),
+            InferenceRequest(
+                [x, y], id="q", parameters={"p": 1, "f": 0.5, "s": "x", "b": True, "l": [1, "a"]}
+            ),
             model="identity",
         )
         assert (out.model_name, out.model_version, out.id) == ("identity", "1", "q")
         assert out.parameters == {"p": 1, "f": 0.5, "s": "x", "b": True, "l": [1, "a"]}
         assert out.outputs[0].data.tolist() == [[0, 1, 2], [3, 4, 5]] and out.outputs[0].datatype == "INT32"
         assert out.outputs[1].data.tolist() == [b"a", b""]
-        only = await client.infer(InferenceRequest([x, y], outputs=[RequestedOutput("OUTPUT1")]), model="identity")
+        only = await client.infer(
+            InferenceRequest([x, y], outputs=[RequestedOutput("OUTPUT1")]), model="identity"
+        )
         assert [t.name for t in only.outputs] == ["OUTPUT1"]
         unary = await client.infer(prompt("hi", n_tokens=3), model="streamer")
         assert unary.outputs[0].data.tolist() == [b"hi:0", b"hi:1", b"hi:2"]
@@ -59,7 +63,10 @@ async def test_infer_keeps_tensors_ids_and_parameters() -> None:
 async def test_infer_stream_of_the_streamer() -> None:
     async with engine_and_path() as (_, path), open_engine_client(path) as client:
         async with client.infer_stream(prompt("hi", n_tokens=5), model="streamer") as responses:
-            got = [(r.id, r.output("text_output").data.tolist(), r.output("index").data.tolist()) async for r in responses]
+            got = [
+                (r.id, r.output("text_output").data.tolist(), r.output("index").data.tolist())
+                async for r in responses
+            ]
         assert got == [("hi", [f"hi:{k}".encode()], [k]) for k in range(5)]
         # a batched model, several streams at once, every response exactly once and in order
         results: dict[str, list[int]] = {}
@@ -76,7 +83,11 @@ async def test_infer_stream_of_the_streamer() -> None:
 
 
 async def test_accumulator_sequences_over_two_connections() -> None:
-    async with engine_and_path() as (engine, path), open_engine_client(path) as a, open_engine_client(path) as b:
+    async with (
+        engine_and_path() as (engine, path),
+        open_engine_client(path) as a,
+        open_engine_client(path) as b,
+    ):
         first = await a.infer(add(1, sequence_id="s1", sequence_start=True), model="accumulator")
         assert first.parameters["sequence_id"] == "s1" and first.outputs[0].data.tolist() == [1]
         assert (await b.infer(add(2, sequence_id="s1"), model="accumulator")).outputs[0].data.tolist() == [3]
@@ -86,9 +97,11 @@ async def test_accumulator_sequences_over_two_connections() -> None:
             streams: list[ResponseIterator] = []
             for k in range(8):
                 client = (a, b)[k % 2]
-                streams.append(await stack.enter_async_context(
-                    client.infer_stream(add(10 + k, sequence_id="s1"), model="accumulator")
-                ))  # fmt: skip
+                streams.append(
+                    await stack.enter_async_context(
+                        client.infer_stream(add(10 + k, sequence_id="s1"), model="accumulator")
+                    )
+                )
             sums = [int((await s.next_batch())[0].outputs[0].data[0]) for s in streams]
         expected, total = [], 6
         for k in range(8):

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_engine_process_serves_and_stops_on_sigterm() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
     with socket_path() as path:
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "actorserve.ipc.engine_main", path], stdout=subprocess.PIPE, env=env

@@ -132,7 +132,9 @@ def test_sample_rows_is_the_single_row_sampler_row_by_row() -> None:
     assert sample_rows(logits, temperatures, top_ks, draws, top_ps) == nucleus
     assert nucleus != single  # top_p changed some choices
     argmax = logits.argmax(dim=1).tolist()
-    assert [nucleus[i] for i in range(n) if top_ps[i] == 0.0] == [argmax[i] for i in range(n) if top_ps[i] == 0.0]
+    assert [nucleus[i] for i in range(n) if top_ps[i] == 0.0] == [
+        argmax[i] for i in range(n) if top_ps[i] == 0.0
+    ]
 
 
 def test_draws_ahead_are_the_generator_sequence() -> None:
@@ -468,8 +470,10 @@ async def test_generate_extension_over_rest(http: tuple[httpx.AsyncClient, TextM
         ]
 
     # OIP tensors on infer: one text_output
-    oip = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["ROMEO:\n"]}],
-           "parameters": {"max_tokens": 50, "seed": 1234}}  # fmt: skip
+    oip = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["ROMEO:\n"]}],
+        "parameters": {"max_tokens": 50, "seed": 1234},
+    }
     outputs = (await client.post("/v2/models/text/infer", json=oip)).json()["outputs"]
     assert outputs == [{"name": "text_output", "datatype": "BYTES", "shape": [1], "data": [expected]}]
 

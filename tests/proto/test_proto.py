@@ -42,10 +42,14 @@ _PB_TYPE_NAMES = {
 _PARTIAL = frozenset(
     f"inference.{name}"
     for name in (
-        "ModelConfig", "ModelInput", "ModelOutput", "ModelInstanceGroup", "ModelDynamicBatching",
+        "ModelConfig",
+        "ModelInput",
+        "ModelOutput",
+        "ModelInstanceGroup",
+        "ModelDynamicBatching",
         "ModelSequenceBatching",
     )
-)  # fmt: skip
+)
 
 
 def _generated_messages() -> dict[str, type[betterproto2.Message]]:
@@ -82,7 +86,9 @@ def test_check_reports_drift(tmp_path: Any) -> None:
     assert problems[1].startswith("actorserve/v1/__init__.py: missing")
     assert problems[2].startswith("message_pool.py: missing")
     # TorchServe's tree is checked too
-    assert [p.partition(":")[0] for p in problems[3:-1]] == [f"torchserve/{f}" for f in regenerate.TORCHSERVE[2]]
+    assert [p.partition(":")[0] for p in problems[3:-1]] == [
+        f"torchserve/{f}" for f in regenerate.TORCHSERVE[2]
+    ]
     assert all(p.endswith("missing (run python -m actorserve.proto.regenerate)") for p in problems[3:])
     # and the descriptor the upb codec of the hot messages is built from
     assert problems[-1].startswith(f"{regenerate.UPB_DESCRIPTOR}: missing")
@@ -465,11 +471,18 @@ def test_management_service_serves_every_rpc_of_its_proto() -> None:
 
     generated = v1.ManagementBase().__mapping__()
     ours = ManagementService(None, NoCalls()).__mapping__()  # type: ignore[arg-type]
-    assert sorted(ours) == sorted(generated) == [
-        "/actorserve.v1.Management/DescribeModel",
-        "/actorserve.v1.Management/SetDefaultVersion",
-        "/actorserve.v1.Management/SetWorkers",
-    ]
+    assert (
+        sorted(ours)
+        == sorted(generated)
+        == [
+            "/actorserve.v1.Management/DescribeModel",
+            "/actorserve.v1.Management/SetDefaultVersion",
+            "/actorserve.v1.Management/SetWorkers",
+        ]
+    )
     for route, handler in ours.items():
         assert handler.cardinality == generated[route].cardinality == grpclib.const.Cardinality.UNARY_UNARY
-        assert (handler.request_type, handler.reply_type) == (generated[route].request_type, generated[route].reply_type)
+        assert (handler.request_type, handler.reply_type) == (
+            generated[route].request_type,
+            generated[route].reply_type,
+        )

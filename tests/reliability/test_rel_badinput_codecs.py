@@ -40,9 +40,12 @@ from actorserve.types import InferenceRequest, InferenceResponse, Tensor
 #: (``benchmarks/reliability/fuzz.py``) sets ACTORSERVE_FUZZ_EXAMPLES and random seeds.
 EXAMPLES = int(os.environ.get("ACTORSERVE_FUZZ_EXAMPLES", "150"))
 CI = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize="ACTORSERVE_FUZZ_EXAMPLES" not in os.environ,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], database=None,
-)  # fmt: skip
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize="ACTORSERVE_FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
 
 LIMIT = 1 << 20
 
@@ -85,7 +88,9 @@ def test_any_json_body_is_a_request_or_a_bad_input(obj: Any) -> None:
 @CI
 @given(st.data(), st.lists(arrays(), min_size=1, max_size=3))
 def test_nearly_valid_json_bodies(data: st.DataObject, pairs: list[tuple[str, np.ndarray[Any, Any]]]) -> None:
-    valid = orjson.loads(orjson.dumps(request_to_json(valid_request(*pairs)), option=orjson.OPT_SERIALIZE_NUMPY))
+    valid = orjson.loads(
+        orjson.dumps(request_to_json(valid_request(*pairs)), option=orjson.OPT_SERIALIZE_NUMPY)
+    )
     if json_safe(pairs):  # the round trip
         request, _ = decode_infer_request(orjson.dumps(valid), RequestHeaders())
         assert same_tensors(request.inputs, valid_request(*pairs).inputs)
@@ -140,7 +145,9 @@ def test_binary_extension_round_trip(pairs: list[tuple[str, np.ndarray[Any, Any]
 
 @CI
 @given(st.data(), st.lists(arrays(), min_size=1, max_size=2))
-def test_garbage_in_the_binary_extension(data: st.DataObject, pairs: list[tuple[str, np.ndarray[Any, Any]]]) -> None:
+def test_garbage_in_the_binary_extension(
+    data: st.DataObject, pairs: list[tuple[str, np.ndarray[Any, Any]]]
+) -> None:
     body, head_length = binary_body(valid_request(*pairs))
     head = orjson.loads(body[:head_length])
     kind = data.draw(st.sampled_from(["head", "length", "cut", "bytes"]))
@@ -154,7 +161,9 @@ def test_garbage_in_the_binary_extension(data: st.DataObject, pairs: list[tuple[
         body = body[: data.draw(st.integers(0, len(body)))] + data.draw(st.binary(max_size=9))
     elif kind == "bytes":
         body = data.draw(st.binary(max_size=64))
-    length = data.draw(st.one_of(st.just(str(head_length)), st.integers(-5, len(body) + 5).map(str), st.text(max_size=4)))
+    length = data.draw(
+        st.one_of(st.just(str(head_length)), st.integers(-5, len(body) + 5).map(str), st.text(max_size=4))
+    )
     try:
         decode_infer_request(body, RequestHeaders(inference_header_length=length))
     except BadInput:
@@ -182,7 +191,10 @@ def test_sse_frames_read_back_as_sent(texts: list[str], event: str | None) -> No
     one event whose data reads back with its line breaks as ``\\n``."""
     stream = b"".join(sse.frame(t.encode(), event=event) for t in texts)
     stream += sse.data_frames(texts, str.encode)
-    expected = [(event or "message", "\n".join(t.replace("\r\n", "\n").replace("\r", "\n").split("\n"))) for t in texts]
+    expected = [
+        (event or "message", "\n".join(t.replace("\r\n", "\n").replace("\r", "\n").split("\n")))
+        for t in texts
+    ]
     assert sse_events(stream) == [*expected, *(("message", e[1]) for e in expected)]
 
 
@@ -200,11 +212,21 @@ def valid_messages(pairs: list[tuple[str, np.ndarray[Any, Any]]]) -> list[Any]:
     request = valid_request(*pairs)
     response = InferenceResponse(model_name="m", outputs=request.inputs, id="r1", parameters={"a": True})
     return [
-        ipc.Call(1, "statistics", {"name": "m", "version": None}), ipc.Infer(2, request, "m", None),
-        ipc.OpenStream(3, request, "m", "1", 4), ipc.OpenStreamIn(4, "m", None, 2), ipc.StreamRequest(4, request),
-        ipc.StreamInputEnd(4), ipc.Ack(3, 1), ipc.Cancel(3), ipc.Reply(1, [1, 2]), ipc.Opened(3),
-        ipc.Responses(3, (response,)), ipc.End(3), ipc.Failed(2, "BadInput", "no"), ipc.Credit(4, 1),
-    ]  # fmt: skip
+        ipc.Call(1, "statistics", {"name": "m", "version": None}),
+        ipc.Infer(2, request, "m", None),
+        ipc.OpenStream(3, request, "m", "1", 4),
+        ipc.OpenStreamIn(4, "m", None, 2),
+        ipc.StreamRequest(4, request),
+        ipc.StreamInputEnd(4),
+        ipc.Ack(3, 1),
+        ipc.Cancel(3),
+        ipc.Reply(1, [1, 2]),
+        ipc.Opened(3),
+        ipc.Responses(3, (response,)),
+        ipc.End(3),
+        ipc.Failed(2, "BadInput", "no"),
+        ipc.Credit(4, 1),
+    ]
 
 
 def frame_of(plain: Any) -> bytes:
@@ -277,9 +299,17 @@ def test_protobuf_round_trip(pairs: list[tuple[str, np.ndarray[Any, Any]]], raw:
 
 
 _FIELDS = st.sampled_from(
-    ["bool_contents", "int_contents", "int64_contents", "uint_contents", "uint64_contents", "fp32_contents",
-     "fp64_contents", "bytes_contents"]
-)  # fmt: skip
+    [
+        "bool_contents",
+        "int_contents",
+        "int64_contents",
+        "uint_contents",
+        "uint64_contents",
+        "fp32_contents",
+        "fp64_contents",
+        "bytes_contents",
+    ]
+)
 
 
 @st.composite
@@ -290,17 +320,22 @@ def nearly_valid_pb(draw: st.DrawFn) -> pb.ModelInferRequest:
         target = draw(st.sampled_from(message.inputs))
         change = draw(st.sampled_from(["datatype", "shape", "contents", "raw", "params", "drop raw"]))
         if change == "datatype":
-            target.datatype = draw(st.one_of(st.text(max_size=5), st.sampled_from(["INT8", "FP16", "BYTES", "BOOL"])))
+            target.datatype = draw(
+                st.one_of(st.text(max_size=5), st.sampled_from(["INT8", "FP16", "BYTES", "BOOL"]))
+            )
         elif change == "shape":
             target.shape = draw(st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-2, 5), max_size=3))
         elif change == "contents":
             field = draw(_FIELDS)
             values: Any = draw(
-                st.lists(st.binary(max_size=4), max_size=5) if field == "bytes_contents"
-                else st.lists(st.booleans(), max_size=5) if field == "bool_contents"
-                else st.lists(st.floats(width=32), max_size=5) if field.startswith("fp")
+                st.lists(st.binary(max_size=4), max_size=5)
+                if field == "bytes_contents"
+                else st.lists(st.booleans(), max_size=5)
+                if field == "bool_contents"
+                else st.lists(st.floats(width=32), max_size=5)
+                if field.startswith("fp")
                 else st.lists(st.integers(0, 2**32 - 1), max_size=5)
-            )  # fmt: skip
+            )
             target.contents = pb.InferTensorContents(**{field: values})
         elif change == "raw":
             message.raw_input_contents = draw(st.lists(st.binary(max_size=24), max_size=3))
@@ -339,12 +374,18 @@ def test_protobuf_garbage_that_parses_is_a_request_or_bad_input(raw: bytes) -> N
         (b"+", "input 0 is malformed (not a tensor message)"),  # a group where an input belongs
         (b"0\x00", "requested output 0 is malformed (not a tensor message)"),  # a varint there
         (b'"\x00', "request: parameter '' has no value"),  # a map entry without its value
-        (b'"\x05\n\x01k\x10\x05', "request: parameter 'k' has no value"),  # a varint as its value (found by the fuzz soak)
+        (
+            b'"\x05\n\x01k\x10\x05',
+            "request: parameter 'k' has no value",
+        ),  # a varint as its value (found by the fuzz soak)
         (b"*\x02\x08\x01", "input 0: name is not a string"),  # a varint where a string belongs
         (b"\x08\x01", "model_name is not a string"),
         (b"*\x02(\x00", "input 0: contents is malformed (not an InferTensorContents message)"),
         # input x, BYTES [1], contents.bytes_contents = [a varint 7]
-        (b"*\x11\n\x01x\x12\x05BYTES\x1a\x01\x01*\x02@\x07", "input 'x': an element of contents.bytes_contents is not bytes"),
+        (
+            b"*\x11\n\x01x\x12\x05BYTES\x1a\x01\x01*\x02@\x07",
+            "input 'x': an element of contents.bytes_contents is not bytes",
+        ),
     ],
 )
 def test_protobuf_wire_type_confusions_are_bad_input(raw: bytes, message: str) -> None:

@@ -26,7 +26,9 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = "0", "3", "8", "12", "13"
 
 
-def call(port: int, body: bytes, *, headers: list[tuple[str, str]] | None = None) -> h2.connection.H2Connection:
+def call(
+    port: int, body: bytes, *, headers: list[tuple[str, str]] | None = None
+) -> h2.connection.H2Connection:
     """A client connection with one call queued: ``headers`` (default: ModelInfer's) and
     ``body`` as its DATA, ending the stream."""
     conn = h2_client()
@@ -66,11 +68,17 @@ async def test_malformed_messages_get_a_clear_grpc_status(nursery: trio.Nursery)
         "short prefix": (INTERNAL, "the request ended inside a message prefix"),
         "truncated message": (INTERNAL, f"the request ended inside a message of {len(good)} bytes"),
         "length over the data": (INTERNAL, f"the request ended inside a message of {len(good) + 50} bytes"),
-        "compressed flag, no grpc-encoding": (INTERNAL, "a compressed message on a call without grpc-encoding"),
+        "compressed flag, no grpc-encoding": (
+            INTERNAL,
+            "a compressed message on a call without grpc-encoding",
+        ),
         "invalid protobuf": (INVALID_ARGUMENT, seen["invalid protobuf"][1]),
         "invalid UTF-8 in a string": (INVALID_ARGUMENT, seen["invalid UTF-8 in a string"][1]),
         "no message": (INVALID_ARGUMENT, "the call carried no request message"),
-        "huge declared length": (RESOURCE_EXHAUSTED, f"message of {0xFFFFFFFF} bytes is larger than {1 << 20}"),
+        "huge declared length": (
+            RESOURCE_EXHAUSTED,
+            f"message of {0xFFFFFFFF} bytes is larger than {1 << 20}",
+        ),
     }
     for case in ("invalid protobuf", "invalid UTF-8 in a string"):
         assert seen[case][1].startswith(f"the request is not a valid {name} message ("), seen[case]
@@ -88,30 +96,45 @@ async def test_bad_calls_and_bad_http2_frames_leave_other_clients_served(nursery
 
     outcomes: dict[str, H2Outcome] = {}
     # wrong content-type, unknown method, unknown encoding: answered with a status
-    outcomes["text/plain"] = await h2_exchange(port, call(port, good, headers=grpc_headers(port, content_type="text/plain")))
-    outcomes["no such method"] = await h2_exchange(port, call(port, good, headers=grpc_headers(port, "/inference.GRPCInferenceService/Nope")))
-    outcomes["snappy"] = await h2_exchange(port, call(port, good, headers=grpc_headers(port, extra=(("grpc-encoding", "snappy"),))))
+    outcomes["text/plain"] = await h2_exchange(
+        port, call(port, good, headers=grpc_headers(port, content_type="text/plain"))
+    )
+    outcomes["no such method"] = await h2_exchange(
+        port, call(port, good, headers=grpc_headers(port, "/inference.GRPCInferenceService/Nope"))
+    )
+    outcomes["snappy"] = await h2_exchange(
+        port, call(port, good, headers=grpc_headers(port, extra=(("grpc-encoding", "snappy"),)))
+    )
     # frames that break HTTP/2 itself: the connection is ended with a GOAWAY saying why
     # (an invalid preface is simply closed, which RFC 9113 section 3.4 allows)
-    settings_bad = (5).to_bytes(3, "big") + b"\x04\x00" + (0).to_bytes(4, "big") + b"\x01" * 5  # not n*6 bytes
+    settings_bad = (
+        (5).to_bytes(3, "big") + b"\x04\x00" + (0).to_bytes(4, "big") + b"\x01" * 5
+    )  # not n*6 bytes
     outcomes["SETTINGS of a bad length"] = await h2_exchange(port, h2_client(), settings_bad)
-    outcomes["garbage instead of the preface"] = await h2_exchange(port, h2.connection.H2Connection(), b"GET / HTTP/1.1\r\n\r\n" + b"\xff" * 64)
+    outcomes["garbage instead of the preface"] = await h2_exchange(
+        port, h2.connection.H2Connection(), b"GET / HTTP/1.1\r\n\r\n" + b"\xff" * 64
+    )
     data_idle = (5).to_bytes(3, "big") + b"\x00\x01" + (1).to_bytes(4, "big") + b"\x00\x00\x00\x00\x05"
     outcomes["DATA on an idle stream"] = await h2_exchange(port, h2_client(), data_idle)
     # a frame announcing 16 MiB, of which 100 bytes come: refused from its header
     huge_frame = (0xFFFFFF).to_bytes(3, "big") + b"\x00\x00" + (1).to_bytes(4, "big") + b"\x00" * 100
     outcomes["frame over the max frame size"] = await h2_exchange(port, h2_client(), huge_frame)
-    headers_garbage = (16).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big") + b"\xff" * 16  # HPACK garbage
+    headers_garbage = (
+        (16).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big") + b"\xff" * 16
+    )  # HPACK garbage
     outcomes["HPACK garbage"] = await h2_exchange(port, h2_client(), headers_garbage)
 
     text = outcomes["text/plain"]
     assert (text.headers[":status"], *status_of(text)) == ("415", "2", "Unacceptable content-type header")
     assert status_of(outcomes["no such method"]) == (UNIMPLEMENTED, "Method not found")
     assert status_of(outcomes["snappy"]) == (
-        UNIMPLEMENTED, "message encoding 'snappy' is not supported (supported: identity, gzip, deflate)"
+        UNIMPLEMENTED,
+        "message encoding 'snappy' is not supported (supported: identity, gzip, deflate)",
     )
     calls = ("text/plain", "no such method", "snappy")
-    ends = {name: (out.goaway, out.closed, out.grpc_status) for name, out in outcomes.items() if name not in calls}
+    ends = {
+        name: (out.goaway, out.closed, out.grpc_status) for name, out in outcomes.items() if name not in calls
+    }
     assert ends == {
         "SETTINGS of a bad length": (ErrorCodes.FRAME_SIZE_ERROR, False, None),
         "garbage instead of the preface": (None, True, None),

@@ -71,10 +71,15 @@ def error_message(body: bytes, style: str) -> str:
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
-async def test_a_gibibyte_announced_is_refused_unread_on_every_route(nursery: trio.Nursery, parser: str) -> None:
+async def test_a_gibibyte_announced_is_refused_unread_on_every_route(
+    nursery: trio.Nursery, parser: str
+) -> None:
     server = await launch(nursery, http_parser=parser)
     assert server.http_address is not None
-    ports = [(server.http_address[1], MAIN_PORT), (server.extra_addresses["ts_management_http"][1], MANAGEMENT_PORT)]
+    ports = [
+        (server.http_address[1], MAIN_PORT),
+        (server.extra_addresses["ts_management_http"][1], MANAGEMENT_PORT),
+    ]
     seen = []
     for port, cases in ports:
         for method, path, style in cases:
@@ -87,7 +92,9 @@ async def test_a_gibibyte_announced_is_refused_unread_on_every_route(nursery: tr
         stats = await server.engine.statistics(name, "")
         assert (stats.inflight, stats.waiting, stats.running) == (0, 0, 0)
     # and the server still serves
-    answer = await send_head(server.http_address[1], b"GET /v2/health/ready HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+    answer = await send_head(
+        server.http_address[1], b"GET /v2/health/ready HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+    )
     assert (answer.status, json.loads(answer.body)) == (200, {"ready": True})
 
 
@@ -103,7 +110,9 @@ async def test_a_small_limit_holds_on_the_torchserve_prediction_path(nursery: tr
 
 
 @pytest.mark.parametrize("encoding", [None, "gzip"])
-async def test_grpc_message_over_the_limit_is_resource_exhausted(nursery: trio.Nursery, encoding: str | None) -> None:
+async def test_grpc_message_over_the_limit_is_resource_exhausted(
+    nursery: trio.Nursery, encoding: str | None
+) -> None:
     """A message whose prefix announces more than ``max_body_bytes`` is refused from the
     prefix alone (the client sends 5 bytes and keeps its stream open). Regression: without
     ``grpc-encoding`` grpclib read and buffered the whole announced message first (up

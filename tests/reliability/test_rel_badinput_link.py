@@ -34,7 +34,9 @@ GARBAGE = {
     "unknown tag": framed(msgpack.packb([[99, 1]])),
     "an infer with a garbage request": framed(msgpack.packb([[2, 1, [1, 2, 3], None, None]])),
     "a tensor shorter than its shape": framed(
-        msgpack.packb([[2, 1, [None, None, None, {}, [["t", "FP32", [2], b"\x00" * 4, {}]], []], "identity", None]])
+        msgpack.packb(
+            [[2, 1, [None, None, None, {}, [["t", "FP32", [2], b"\x00" * 4, {}]], []], "identity", None]]
+        )
     ),
     "a frame over the limit": struct.pack(">I", DEFAULT_LIMITS.max_frame_bytes + 1),
     "a call id reused": framed(msgpack.packb([[1, 5, "ready", {}], [1, 5, "ready", {}]])),
@@ -64,7 +66,9 @@ async def test_garbage_frames_close_that_front_only(caplog: pytest.LogCaptureFix
                 for name, data in GARBAGE.items():
                     await closed_by_the_engine(path, data)  # fails the test on a hang
                     value = len(name)
-                    request = InferenceRequest([tensor_from_numpy("INPUT0", np.array([value], dtype=np.int64))], id=name)
+                    request = InferenceRequest(
+                        [tensor_from_numpy("INPUT0", np.array([value], dtype=np.int64))], id=name
+                    )
                     with trio.fail_after(TIMEOUT):
                         response = await client.infer(request, model="identity")
                     assert response.output("OUTPUT0").data.tolist() == [value], name
@@ -73,7 +77,9 @@ async def test_garbage_frames_close_that_front_only(caplog: pytest.LogCaptureFix
                 await stream.send_all(framed(msgpack.packb([[1, 9, "ready", {}]]))[:7])
                 await stream.aclose()
                 assert await client.ready() is True
-            closed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("front connection closed")]
+            closed = [
+                r.getMessage() for r in caplog.records if r.getMessage().startswith("front connection closed")
+            ]
             assert len(closed) == len(GARBAGE), closed  # each said why (not silently)
             assert "a frame is not valid msgpack" in closed[0]
             stats = await engine.statistics("identity")

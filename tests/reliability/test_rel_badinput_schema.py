@@ -25,7 +25,10 @@ async def test_generated_requests_get_no_5xx_and_json_errors(nursery: trio.Nurse
         document = (await client.get(DOCUMENT_PATH)).json()  # the served document, as a client gets it
     tally = await trio.to_thread.run_sync(
         lambda: run_schema(
-            document, server.http_url or "", examples=EXAMPLES, management_url=f"http://127.0.0.1:{management[1]}"
+            document,
+            server.http_url or "",
+            examples=EXAMPLES,
+            management_url=f"http://127.0.0.1:{management[1]}",
         )
     )
     assert tally.operations >= len(document["paths"])

@@ -24,7 +24,10 @@ TRICKLE_FOR = 3.0
 BOUND = 5.0
 
 INFER_BODY = json.dumps(
-    {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}], "parameters": {"n_tokens": 2}}
+    {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["hi"]}],
+        "parameters": {"n_tokens": 2},
+    }
 ).encode()
 COMPLETION_BODY = json.dumps({"model": "streamer", "prompt": "hello", "max_tokens": 2}).encode()
 
@@ -34,11 +37,13 @@ ROUTES = (
     ("/v2/models/streamer/generate_stream", INFER_BODY, "oip"),
     ("/v1/completions", COMPLETION_BODY, "openai"),
     ("/predictions/streamer", b"hello there, slowly", "torchserve"),
-    ("/v2/repository/index", b"{\"ready\": true}", "quart"),
+    ("/v2/repository/index", b'{"ready": true}', "quart"),
 )
 
 
-async def trickle(port: int, data: bytes, *, head_bytes: int = 0, every: float = 0.05) -> tuple[Answer, float]:
+async def trickle(
+    port: int, data: bytes, *, head_bytes: int = 0, every: float = 0.05
+) -> tuple[Answer, float]:
     """Send the first ``head_bytes`` at once, then the rest one byte every ``every`` s
     (for at most :data:`TRICKLE_FOR`); return what the server answered and when (s) it
     closed the connection."""

@@ -82,7 +82,9 @@ async def hold(port: int, data: bytes = b"", trickle: bytes = b"", every: float 
     return Ending(goaway, reason, trio.current_time() - start)
 
 
-async def pump(sock: trio.SocketStream, conn: h2.connection.H2Connection, events: list[h2.events.Event]) -> bool:
+async def pump(
+    sock: trio.SocketStream, conn: h2.connection.H2Connection, events: list[h2.events.Event]
+) -> bool:
     """Read one chunk into ``events`` (answering settings and pings); False at EOF."""
     chunk = await sock.receive_some()
     if not chunk:
@@ -127,11 +129,15 @@ def preface() -> bytes:
     return h2_client().data_to_send()
 
 
-async def test_idle_and_half_sent_grpc_connections_are_closed_and_quiet_streams_kept(nursery: trio.Nursery) -> None:
+async def test_idle_and_half_sent_grpc_connections_are_closed_and_quiet_streams_kept(
+    nursery: trio.Nursery,
+) -> None:
     server = await launch(nursery, grpc_idle_timeout=IDLE, read_timeout=READ)
     assert server.grpc_address is not None
     port = server.grpc_address[1]
-    headers_start = (100).to_bytes(3, "big") + b"\x01\x04" + (1).to_bytes(4, "big")  # HEADERS, 100 bytes announced
+    headers_start = (
+        (100).to_bytes(3, "big") + b"\x01\x04" + (1).to_bytes(4, "big")
+    )  # HEADERS, 100 bytes announced
     cases = {
         "silent": (b"", b""),
         "the preface, no stream": (preface(), b""),
@@ -215,7 +221,9 @@ async def test_idle_tritonclient_and_grpclib_channels_reconnect_after_the_goaway
             async with Channel("127.0.0.1", port) as channel:
                 stub = pb.GrpcInferenceServiceStub(channel)
                 for value in (3, 4):
-                    reply = await stub.model_infer(pb.ModelInferRequest.FromString(infer_message(str(value), value)))
+                    reply = await stub.model_infer(
+                        pb.ModelInferRequest.FromString(infer_message(str(value), value))
+                    )
                     out.append(int(response_from_pb(reply).output("OUTPUT0").data[0]))
                     await asyncio.sleep(3 * timeout)  # idle past the timeout: GOAWAY
             return out

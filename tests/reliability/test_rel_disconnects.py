@@ -70,8 +70,16 @@ def live_work(text: str) -> dict[str, float]:
     samples = parse(text)
     busy = {}
     for (name, labels), value in samples.items():
-        if name in ("actorserve_requests_in_flight", "actorserve_model_requests_in_flight",
-                    "actorserve_batch_waiting", "actorserve_batch_running") and value:  # fmt: skip
+        if (
+            name
+            in (
+                "actorserve_requests_in_flight",
+                "actorserve_model_requests_in_flight",
+                "actorserve_batch_waiting",
+                "actorserve_batch_running",
+            )
+            and value
+        ):
             busy[f"{name}{dict(labels)}"] = value
     busy["tasks"] = sum(value for (name, _), value in samples.items() if name == "actorserve_tasks")
     return busy
@@ -105,7 +113,9 @@ async def baseline(client: httpx.AsyncClient) -> float:
     return max(counts)
 
 
-async def storm_and_check(http_url: str, grpc_host: str, grpc_port: int, streams: int, sequences: int) -> None:
+async def storm_and_check(
+    http_url: str, grpc_host: str, grpc_port: int, streams: int, sequences: int
+) -> None:
     host, port = http_url.removeprefix("http://").rsplit(":", 1)
     async with httpx.AsyncClient(base_url=http_url, timeout=30) as client:  # one kept-alive scraper
         # warm every path once, so lazily made series and caches are in the baseline
@@ -131,9 +141,13 @@ async def storm_and_check(http_url: str, grpc_host: str, grpc_port: int, streams
             assert {"body", "first", "mid"} <= set(counts), (name, counts)
 
         reading = await settled(client, base)
-        assert set(reading) == {"tasks"} and reading["tasks"] <= base, f"leftovers after the storm: {reading} (baseline {base} tasks), cuts {cuts}"
+        assert set(reading) == {"tasks"} and reading["tasks"] <= base, (
+            f"leftovers after the storm: {reading} (baseline {base} tasks), cuts {cuts}"
+        )
         # the streams' models still serve
-        done = await client.post("/v2/models/streamer/infer", json={"inputs": [], "parameters": {"n_tokens": 3}})
+        done = await client.post(
+            "/v2/models/streamer/infer", json={"inputs": [], "parameters": {"n_tokens": 3}}
+        )
         assert done.status_code == 200, done.text
 
 
@@ -164,9 +178,11 @@ async def test_a_storm_of_cut_streams_leaves_no_task_slot_or_request_behind(nurs
 def two_fronts(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
     models = {
         "streamer": {"implementation": "actorserve.models.streamer.StreamerModel"},
-        "accumulator": {"implementation": "actorserve.models.accumulator.AccumulatorModel",
-                        "sequence": {"idle_timeout_ms": 600000}},
-    }  # fmt: skip
+        "accumulator": {
+            "implementation": "actorserve.models.accumulator.AccumulatorModel",
+            "sequence": {"idle_timeout_ms": 600000},
+        },
+    }
     for name, settings in models.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "model-settings.json").write_text(json.dumps({"name": name, **settings}))
@@ -180,7 +196,9 @@ def two_fronts(tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
         server.stop()
 
 
-async def test_a_storm_through_two_api_workers_leaves_nothing_behind(two_fronts: tuple[ServerProcess, str, str]) -> None:
+async def test_a_storm_through_two_api_workers_leaves_nothing_behind(
+    two_fronts: tuple[ServerProcess, str, str],
+) -> None:
     _, http_url, grpc_target = two_fronts
     grpc_host, grpc_port = grpc_target.rsplit(":", 1)
     await storm_and_check(http_url, grpc_host, int(grpc_port), streams=60, sequences=12)
@@ -192,8 +210,14 @@ async def test_a_connection_the_client_closed_ends_at_once_not_after_the_keep_al
     """hypercorn kept the connection task (and socket) of a client that hung up until its
     keep-alive timeout: after a storm the task count stayed up for that long, and a
     server scraped on new connections never got back to its baseline."""
-    settings = Settings(http_port=0, grpc_port=None, host="127.0.0.1", models=storm_models()[:1], no_auth=True,
-                        keep_alive_timeout=30)  # fmt: skip
+    settings = Settings(
+        http_port=0,
+        grpc_port=None,
+        host="127.0.0.1",
+        models=storm_models()[:1],
+        no_auth=True,
+        keep_alive_timeout=30,
+    )
     server: Server = await nursery.start(serve, settings)
     assert server.http_address is not None
     await trio.sleep(0.1)

@@ -55,7 +55,10 @@ async def drive(host: str, port: int, requests: int, sequences: int, prefix: str
 
 async def test_rss_stays_flat_over_thousands_of_requests_and_sequences(nursery: trio.Nursery) -> None:
     builtin = {m.name: m for m in builtin_settings()}
-    models = (builtin["streamer"], attrs.evolve(builtin["accumulator"], sequence=SequenceSettings(max_sequences=64)))
+    models = (
+        builtin["streamer"],
+        attrs.evolve(builtin["accumulator"], sequence=SequenceSettings(max_sequences=64)),
+    )
     settings = Settings(http_port=0, grpc_port=None, host="127.0.0.1", models=models, no_auth=True)
     server: Server = await nursery.start(serve, settings)
     assert server.http_address is not None
@@ -69,16 +72,28 @@ async def test_rss_stays_flat_over_thousands_of_requests_and_sequences(nursery: 
     after = tree_rss(os.getpid())
 
     for tally in (warm, measured):
-        assert tally.ok == tally.offered and not tally.lost and not tally.errors and tally.duplicated == 0, tally
+        assert tally.ok == tally.offered and not tally.lost and not tally.errors and tally.duplicated == 0, (
+            tally
+        )
     assert after < before * (1 + GROWTH), f"RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB"
     async with httpx.AsyncClient(base_url=server.http_url) as client:
         samples = parse((await client.get("/metrics")).text)
-    assert samples[("actorserve_sequences_open", frozenset({("model", "accumulator"), ("version", "1")}))] == 0
-    ended = samples[("actorserve_sequences_ended_total",
-                     frozenset({("model", "accumulator"), ("version", "1"), ("reason", "ended")}))]  # fmt: skip
+    assert (
+        samples[("actorserve_sequences_open", frozenset({("model", "accumulator"), ("version", "1")}))] == 0
+    )
+    ended = samples[
+        (
+            "actorserve_sequences_ended_total",
+            frozenset({("model", "accumulator"), ("version", "1"), ("reason", "ended")}),
+        )
+    ]
     assert ended == WARMUP[1] + MEASURED[1]
-    live = ("actorserve_requests_in_flight", "actorserve_model_requests_in_flight",
-            "actorserve_batch_waiting", "actorserve_batch_running")  # fmt: skip
+    live = (
+        "actorserve_requests_in_flight",
+        "actorserve_model_requests_in_flight",
+        "actorserve_batch_waiting",
+        "actorserve_batch_running",
+    )
     assert {n: v for (n, _), v in samples.items() if n in live and v} == {}
 
 
@@ -91,9 +106,13 @@ async def test_ended_sequences_are_freed_before_their_idle_deadline() -> None:
     assert accumulator.sequence.idle_timeout_ms >= 600_000
     async with open_engine([accumulator]) as engine:
         for k in range(2_000):
-            request = InferenceRequest([tensor_from_numpy("INPUT", np.array([k], dtype=np.int64))],
-                                       parameters={"sequence_id": f"s{k}", "sequence_start": True, "sequence_end": True})  # fmt: skip
+            request = InferenceRequest(
+                [tensor_from_numpy("INPUT", np.array([k], dtype=np.int64))],
+                parameters={"sequence_id": f"s{k}", "sequence_start": True, "sequence_end": True},
+            )
             assert (await engine.infer(request, model="accumulator")).outputs[0].data[0] == k
         gc.collect()
-        alive = sum(type(o) is SequenceActor for o in gc.get_objects())  # type(): no __getattr__ of lazy modules
+        alive = sum(
+            type(o) is SequenceActor for o in gc.get_objects()
+        )  # type(): no __getattr__ of lazy modules
     assert alive <= 128, f"{alive} ended sequences still held"  # the sweep's slack (64) and a margin

@@ -73,6 +73,8 @@ async def test_hung_and_recycled_replicas_are_counted_in_metrics(client: httpx.A
 
     # leaky is recycled every 5 admitted requests: the 6th request starts the recycling
     for k in range(6):
-        reply = await client.post("/v2/models/leaky/infer", json={"id": f"r{k}", "inputs": [], "parameters": {"n": 1}})
+        reply = await client.post(
+            "/v2/models/leaky/infer", json={"id": f"r{k}", "inputs": [], "parameters": {"n": 1}}
+        )
         assert reply.status_code == 200, reply.text
     await until(client, {**zero, ("faulty", "hung"): 1.0, ("leaky", "recycled"): 1.0})

@@ -133,7 +133,9 @@ def test_grpc_stream_fails_only_the_faulty_requests_and_replaces_a_hung_replica(
     with httpx.Client(base_url=cluster.http_url, timeout=TIMEOUT) as client:
         samples = scrape.parse(client.get("/metrics").text)
     replaced = {
-        reason: scrape.value(samples, "actorserve_replica_replacements_total", model="faulty", version="1", reason=reason)
+        reason: scrape.value(
+            samples, "actorserve_replica_replacements_total", model="faulty", version="1", reason=reason
+        )
         for reason in ("hung", "recycled")
     }
     assert replaced == {"hung": 1.0, "recycled": 0.0}
@@ -142,9 +144,15 @@ def test_grpc_stream_fails_only_the_faulty_requests_and_replaces_a_hung_replica(
 
 def test_sse_through_a_front_ends_with_one_error_event_naming_the_model(cluster: Cluster) -> None:
     cases = {
-        "faulty": ({"fault": "raise", "at": 3, "n": 5}, "model 'faulty' failed: RuntimeError: step broke on s-faulty"),
-        "faulty_plain": ({"fault": "raise", "n": 2}, "model 'faulty_plain' failed: RuntimeError: predict broke on s-faulty_plain"),
-    }  # fmt: skip
+        "faulty": (
+            {"fault": "raise", "at": 3, "n": 5},
+            "model 'faulty' failed: RuntimeError: step broke on s-faulty",
+        ),
+        "faulty_plain": (
+            {"fault": "raise", "n": 2},
+            "model 'faulty_plain' failed: RuntimeError: predict broke on s-faulty_plain",
+        ),
+    }
     with httpx.Client(base_url=cluster.http_url, timeout=TIMEOUT) as client:
         for model, (parameters, message) in cases.items():
             body = {"id": f"s-{model}", "inputs": [], "parameters": parameters}

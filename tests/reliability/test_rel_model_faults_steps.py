@@ -91,7 +91,10 @@ def test_the_wrong_number_of_outputs_fails_the_batch_naming_the_model() -> None:
         ("dtype", "output 'y': FP32 data has numpy dtype object (expected float32)"),
         ("shape", "output 'y': shape [3] but its data has shape [2]"),
         ("bytes", "output 'y': a BYTES element is a NoneType, expected bytes"),
-        ("params", "response parameter 'bad': a set is not a parameter value (bool, int, float, str, lists and dicts of them)"),
+        (
+            "params",
+            "response parameter 'bad': a set is not a parameter value (bool, int, float, str, lists and dicts of them)",
+        ),
     ],
 )
 def test_a_malformed_output_fails_only_its_item(fault: str, problem: str) -> None:
@@ -124,7 +127,10 @@ def test_response_problem_accepts_every_good_tensor_and_names_what_is_wrong() ->
     fine = {"a": [1, 2.5, None, "x", {"b": True}], "n": np.int32(3), "u": 2**64 - 1}
     assert response_problem(InferenceResponse(model_name="m", outputs=[], parameters=fine)) is None
     huge = InferenceResponse(model_name="m", outputs=[], parameters={"n": [2**64]})
-    assert response_problem(huge) == "response parameter 'n': the integer 18446744073709551616 does not fit in 64 bits"
+    assert (
+        response_problem(huge)
+        == "response parameter 'n': the integer 18446744073709551616 does not fit in 64 bits"
+    )
     keyed = InferenceResponse(model_name="m", outputs=[], parameters={"d": {1: "x"}})
     assert response_problem(keyed) == "response parameter 'd': a dict key is not a str"
     tensor = Tensor("t", (1,), "INT8", np.zeros(1, np.int8), {"p": object()})

@@ -52,9 +52,12 @@ def bounded_models() -> tuple[object, ...]:
     builtin = {m.name: m for m in builtin_settings()}
     return (
         attrs.evolve(builtin["streamer"], max_pending=MAX_PENDING),
-        attrs.evolve(builtin["accumulator"], max_pending=MAX_PENDING,
-                     sequence=SequenceSettings(max_sequences=MAX_SEQUENCES, idle_timeout_ms=IDLE_MS)),
-    )  # fmt: skip
+        attrs.evolve(
+            builtin["accumulator"],
+            max_pending=MAX_PENDING,
+            sequence=SequenceSettings(max_sequences=MAX_SEQUENCES, idle_timeout_ms=IDLE_MS),
+        ),
+    )
 
 
 def cases() -> list[tuple[str, Case]]:
@@ -63,7 +66,9 @@ def cases() -> list[tuple[str, Case]]:
     return [("streamer", streamer_case(4, delay=0.02)), ("accumulator", accumulator_case("open", end=False))]
 
 
-async def offer(transport: str, case: Case, http: tuple[str, int], grpc: tuple[str, int], rate: float = RATE) -> Tally:
+async def offer(
+    transport: str, case: Case, http: tuple[str, int], grpc: tuple[str, int], rate: float = RATE
+) -> Tally:
     """``rate`` requests a second of ``case`` over ``transport`` for SECONDS (open loop)."""
     if transport in ("rest", "sse"):
         call: Callable[[int], Awaitable[Outcome]] = partial(rest_call, *http, case, stream=transport == "sse")
@@ -74,15 +79,19 @@ async def offer(transport: str, case: Case, http: tuple[str, int], grpc: tuple[s
             channels = [Channel(*grpc) for _ in range(4)]
             try:
                 return await open_loop_asyncio(
-                    rate, SECONDS, LIMIT,
+                    rate,
+                    SECONDS,
+                    LIMIT,
                     lambda k: grpc_call(channels[k % 4], case, k, stream=transport == "grpc-stream"),
-                )  # fmt: skip
+                )
             finally:
                 for channel in channels:
                     channel.close()
 
         tally, skipped = await in_asyncio_thread(run)
-    assert skipped == 0, f"{transport}: the client bound ({LIMIT}) was reached ({skipped} not sent, {tally}, p99 {tally.p99():.3f} s)"
+    assert skipped == 0, (
+        f"{transport}: the client bound ({LIMIT}) was reached ({skipped} not sent, {tally}, p99 {tally.p99():.3f} s)"
+    )
     return tally
 
 
@@ -109,8 +118,12 @@ def _prefixed(case: Case, prefix: str) -> Callable[[int], dict[str, object]]:
 
 
 def in_flight(text: str) -> dict[str, float]:
-    names = ("actorserve_requests_in_flight", "actorserve_model_requests_in_flight",
-             "actorserve_batch_waiting", "actorserve_batch_running")  # fmt: skip
+    names = (
+        "actorserve_requests_in_flight",
+        "actorserve_model_requests_in_flight",
+        "actorserve_batch_waiting",
+        "actorserve_batch_running",
+    )
     return {f"{n}{dict(labels)}": v for (n, labels), v in parse(text).items() if n in names and v}
 
 
@@ -121,7 +134,10 @@ async def test_overload_in_one_process_every_request_gets_one_final_answer(nurse
     for model, case in cases():
         for transport in TRANSPORTS:
             case = attrs.evolve(case, parameters=_prefixed(case, transport))  # fresh sequence ids
-            check(f"{model} over {transport}", await offer(transport, case, server.http_address, server.grpc_address))
+            check(
+                f"{model} over {transport}",
+                await offer(transport, case, server.http_address, server.grpc_address),
+            )
             await trio.sleep(2 * IDLE_MS / 1000)  # the open sequences expire
     with trio.fail_after(20):
         await server.engine.wait_idle()  # type: ignore[attr-defined]
@@ -129,14 +145,21 @@ async def test_overload_in_one_process_every_request_gets_one_final_answer(nurse
         assert in_flight((await client.get("/metrics")).text) == {}
         rejected = parse((await client.get("/metrics")).text)
     refused = sum(v for (n, _), v in rejected.items() if n == "actorserve_rejected_requests_total")
-    overloaded = sum(v for (n, labels), v in rejected.items()
-                     if n == "actorserve_requests_total" and ("outcome", "overloaded") in labels)  # fmt: skip
+    overloaded = sum(
+        v
+        for (n, labels), v in rejected.items()
+        if n == "actorserve_requests_total" and ("outcome", "overloaded") in labels
+    )
     assert refused == overloaded > 0
 
 
 @pytest.fixture
 def two_fronts(tmp_path: Path) -> Iterator[tuple[ServerProcess, tuple[str, int], tuple[str, int]]]:
-    settings = {"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "max_pending": MAX_PENDING}
+    settings = {
+        "name": "streamer",
+        "implementation": "actorserve.models.streamer.StreamerModel",
+        "max_pending": MAX_PENDING,
+    }
     (tmp_path / "streamer").mkdir()
     (tmp_path / "streamer" / "model-settings.json").write_text(json.dumps(settings))
     server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", str(tmp_path))
@@ -187,13 +210,21 @@ async def test_a_request_sent_in_time_is_answered_when_the_server_reaches_it_aft
     the socket after hypercorn's keep-alive timeout (armed at accept) had passed, and
     closed them unanswered: the soak lost 545 of 25,177 REST requests that way."""
     builtin = {m.name: m for m in builtin_settings()}
-    settings = Settings(http_port=0, grpc_port=None, host="127.0.0.1", models=(builtin["streamer"],),
-                        no_auth=True, keep_alive_timeout=0.3)  # fmt: skip
+    settings = Settings(
+        http_port=0,
+        grpc_port=None,
+        host="127.0.0.1",
+        models=(builtin["streamer"],),
+        no_auth=True,
+        keep_alive_timeout=0.3,
+    )
     server: Server = await nursery.start(serve, settings)
     assert server.http_address is not None
     body = b'{"inputs": [], "parameters": {"n_tokens": 1}}'
-    request = (b"POST /v2/models/streamer/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    request = (
+        b"POST /v2/models/streamer/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     socks = [socket.create_connection(server.http_address) for _ in range(10)]
     await trio.sleep(0.1)  # accepted: each connection's idle timer runs
     for sock in socks:

@@ -37,9 +37,13 @@ ENGINE_DEATH_EXIT_BOUND = 5.0
 def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, int, int]]:
     (tmp_path / "streamer").mkdir()
     (tmp_path / "streamer" / "model-settings.json").write_text(
-        json.dumps({"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "workers": 1})
+        json.dumps(
+            {"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "workers": 1}
+        )
     )
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(tmp_path))
+    server = start_server(
+        "--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth", str(tmp_path)
+    )
     try:
         server.wait_for(r"serving with 2 front process", 60)
         http = int(server.wait_for(r"processes: REST listening on http://127\.0\.0\.1:(\d+)")[1])
@@ -50,7 +54,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, int, int]]:
 
 
 def _fronts(server: ServerProcess) -> dict[int, int]:
-    return {int(i): int(pid) for i, pid in re.findall(r"front (\d+) process started \(pid (\d+)\)", server.text())}
+    return {
+        int(i): int(pid) for i, pid in re.findall(r"front (\d+) process started \(pid (\d+)\)", server.text())
+    }
 
 
 def _engine_work(url: str) -> list[tuple[int, int]]:
@@ -98,7 +104,9 @@ def test_a_killed_front_loses_only_its_streams_then_a_killed_engine_stops_the_se
             assert client.get("/v2/health/ready").status_code == 200
             metrics = client.get("/metrics")
             assert metrics.status_code == 200 and "actorserve_requests_total" in metrics.text
-            generated = client.post("/v2/models/streamer/generate", json={"text_input": "r", "parameters": {"n_tokens": 2}})
+            generated = client.post(
+                "/v2/models/streamer/generate", json={"text_input": "r", "parameters": {"n_tokens": 2}}
+            )
             assert generated.json()["text_output"] == ["r:0", "r:1"]
     finally:
         os.kill(fronts[survivor], signal.SIGCONT)

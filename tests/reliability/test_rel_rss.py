@@ -36,7 +36,9 @@ def test_the_policy_trims_once_after_each_busy_period_and_never_under_load() -> 
     assert trims == [4, 10, 12]  # after the first busy period; once 0.2 + 0.3 add up; after the last
 
 
-async def test_the_watcher_trims_in_a_thread_when_the_process_falls_idle(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_watcher_trims_in_a_thread_when_the_process_falls_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     if malloc_trim() is None:
         pytest.skip("no glibc malloc_trim here: the watcher returns at once (tested below)")
     # the process's CPU time at each reading (one per interval, one more after a trim):
@@ -92,12 +94,16 @@ def test_trim_now_gives_back_memory_freed_in_the_middle_of_the_heap() -> None:
 
 @pytest.fixture
 def one_process(tmp_path: Path) -> Iterator[tuple[ServerProcess, tuple[str, int]]]:
-    settings = {"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel", "max_pending": 4096}
+    settings = {
+        "name": "streamer",
+        "implementation": "actorserve.models.streamer.StreamerModel",
+        "max_pending": 4096,
+    }
     (tmp_path / "streamer").mkdir()
     (tmp_path / "streamer" / "model-settings.json").write_text(json.dumps(settings))
     server = start_server(
         "--http-port", "0", "--grpc-port", "0", "--api-workers", "0", "--log-level", "DEBUG", str(tmp_path)
-    )  # fmt: skip
+    )
     try:
         host, port = server.wait_for(r"REST listening on http://(\S+):(\d+)", 60).groups()
         yield server, (host, int(port))
@@ -143,5 +149,7 @@ def test_a_ready_process_freezes_its_startup_objects_and_raises_the_gc_threshold
         "import gc; from actorserve.heaptrim import GC_THRESHOLDS, freeze_startup_objects; "
         "freeze_startup_objects(); print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert done.stdout.split() == ["True", "True"]

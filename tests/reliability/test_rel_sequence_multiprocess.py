@@ -36,8 +36,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     settings["sequence"] = {"idle_timeout_ms": 1000, "max_sequences": 4, "evict_idle": True, "max_queue": 4}
     (repo / "seqcount" / "model-settings.json").write_text(json.dumps(settings))
     server: ServerProcess = start_server(
-        "--http-port", "0", "--grpc-port", "off", "--api-workers", "2", "--no-auth", "--grace-period", "0.3", str(repo)
-    )  # fmt: skip
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "off",
+        "--api-workers",
+        "2",
+        "--no-auth",
+        "--grace-period",
+        "0.3",
+        str(repo),
+    )
     try:
         server.wait_for(r"serving with 2 front process", 60)
         yield server.wait_for(r"processes: REST listening on (http://\S+)")[1]

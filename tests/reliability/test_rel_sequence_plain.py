@@ -29,7 +29,9 @@ TIMEOUT = 10.0
 class Silent(Model):
     """``predict_stream`` answers nothing."""
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for _ in requests:
             continue
         return
@@ -43,17 +45,28 @@ class Empty(Model):
         return self.response(request, [])
 
 
-MODELS = (ModelSettings(name="silent", implementation=Silent), ModelSettings(name="empty", implementation=Empty))
+MODELS = (
+    ModelSettings(name="silent", implementation=Silent),
+    ModelSettings(name="empty", implementation=Empty),
+)
 
 
-async def rest(client: httpx.AsyncClient, model: str, rid: str, **parameters: Any) -> tuple[int, dict[str, Any], str | None]:
-    reply = await client.post(f"/v2/models/{model}/infer", json={"id": rid, "inputs": [], "parameters": parameters})
+async def rest(
+    client: httpx.AsyncClient, model: str, rid: str, **parameters: Any
+) -> tuple[int, dict[str, Any], str | None]:
+    reply = await client.post(
+        f"/v2/models/{model}/infer", json={"id": rid, "inputs": [], "parameters": parameters}
+    )
     return reply.status_code, reply.json(), reply.headers.get("sequence-id")
 
 
-async def grpc(port: int, model: str, rid: str, **parameters: Any) -> tuple[str | None, InferenceResponse | None, str]:
+async def grpc(
+    port: int, model: str, rid: str, **parameters: Any
+) -> tuple[str | None, InferenceResponse | None, str]:
     """One ModelInfer on a raw HTTP/2 connection: (grpc-status, response, grpc-message)."""
-    message = bytes(request_to_pb(InferenceRequest(inputs=[], id=rid, parameters=parameters), model_name=model))
+    message = bytes(
+        request_to_pb(InferenceRequest(inputs=[], id=rid, parameters=parameters), model_name=model)
+    )
     conn = h2_client()
     sid = conn.get_next_available_stream_id()
     conn.send_headers(sid, grpc_headers(port))

@@ -36,7 +36,9 @@ def _last_events(lines: list[str], count: int) -> list[str]:
     return [line for line in lines if line][-count:]
 
 
-async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_stream(nursery: trio.Nursery) -> None:
+async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_stream(
+    nursery: trio.Nursery,
+) -> None:
     running = await start(nursery, shutdown_settings(grace_period=GRACE))
     server = running.server
     assert server.http_url is not None and server.grpc_address is not None
@@ -46,29 +48,60 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
     unary: dict[str, httpx.Response] = {}
     ts_chunks: list[bytes] = []
     grpc = GrpcStream("{}:{}".format(*server.grpc_address))
-    async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client, trio.open_nursery() as clients:
-        first = await client.post("/predictions/ts_stateful", content=b"1",
-                                  headers={"ts_request_sequence_id": "s", "ts_request_sequence_start": "true"})  # fmt: skip
+    async with (
+        httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client,
+        trio.open_nursery() as clients,
+    ):
+        first = await client.post(
+            "/predictions/ts_stateful",
+            content=b"1",
+            headers={"ts_request_sequence_id": "s", "ts_request_sequence_start": "true"},
+        )
         assert first.status_code == 200
 
         async def torchserve() -> None:  # an odd input streams until the sequence ends
-            async with client.stream("POST", "/predictions/ts_stateful", content=b"3",
-                                     headers={"ts_request_sequence_id": "s"}) as response:  # fmt: skip
+            async with client.stream(
+                "POST", "/predictions/ts_stateful", content=b"3", headers={"ts_request_sequence_id": "s"}
+            ) as response:
                 async for chunk in response.aiter_raw():  # a cut raises here
                     ts_chunks.append(chunk)
 
         async def short() -> None:  # 5 tokens x 20 ms: finishes within the grace period
-            reply = await client.post("/v2/models/slow/generate", json={"text_input": "u", "parameters": {"n_tokens": 5}})
+            reply = await client.post(
+                "/v2/models/slow/generate", json={"text_input": "u", "parameters": {"n_tokens": 5}}
+            )
             unary["reply"] = reply
 
-        clients.start_soon(partial(_sse, client, "POST", "/v2/models/slow/generate_stream", post,
-                                   json={"text_input": "p", "parameters": {"n_tokens": 10_000}}))  # fmt: skip
-        clients.start_soon(_sse, client, "GET", "/v2/models/slow/generate_stream?text_input=g&n_tokens=10000", get)
-        clients.start_soon(partial(_sse, client, "POST", "/v1/completions", openai,
-                                   json={"model": "slow", "prompt": "o", "max_tokens": 10_000, "stream": True}))  # fmt: skip
+        clients.start_soon(
+            partial(
+                _sse,
+                client,
+                "POST",
+                "/v2/models/slow/generate_stream",
+                post,
+                json={"text_input": "p", "parameters": {"n_tokens": 10_000}},
+            )
+        )
+        clients.start_soon(
+            _sse, client, "GET", "/v2/models/slow/generate_stream?text_input=g&n_tokens=10000", get
+        )
+        clients.start_soon(
+            partial(
+                _sse,
+                client,
+                "POST",
+                "/v1/completions",
+                openai,
+                json={"model": "slow", "prompt": "o", "max_tokens": 10_000, "stream": True},
+            )
+        )
         clients.start_soon(torchserve)
         await trio.to_thread.run_sync(grpc.open)
-        await wait_until(lambda: len(post) > 2 and len(get) > 2 and len(openai) > 2 and bool(ts_chunks) and grpc.results > 0)
+        await wait_until(
+            lambda: (
+                len(post) > 2 and len(get) > 2 and len(openai) > 2 and bool(ts_chunks) and grpc.results > 0
+            )
+        )
         clients.start_soon(short)
         await trio.sleep(0.02)  # the short request is in flight
         server.shutdown()
@@ -79,21 +112,31 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
             oip = await fresh.post("/v2/models/streamer/generate", json={"text_input": "x"})
             oai = await fresh.post("/v1/completions", json={"model": "streamer", "prompt": "x"})
             ts = await fresh.post("/predictions/streamer", content=b"x")
-        assert (oip.status_code, oip.headers["retry-after"], oip.json()) == (503, "1", {"error": SHUTTING_DOWN})
+        assert (oip.status_code, oip.headers["retry-after"], oip.json()) == (
+            503,
+            "1",
+            {"error": SHUTTING_DOWN},
+        )
         assert (oai.status_code, oai.json()["error"]["message"]) == (503, SHUTTING_DOWN)
-        assert (ts.status_code, ts.json()["type"], ts.json()["message"]) == (503, "ServiceUnavailableException", SHUTTING_DOWN)
+        assert (ts.status_code, ts.json()["type"], ts.json()["message"]) == (
+            503,
+            "ServiceUnavailableException",
+            SHUTTING_DOWN,
+        )
         with trio.fail_after(GRACE + END_MARGIN + 2):
             await running.returned.wait()
         elapsed = trio.current_time() - stopped_at
         await trio.to_thread.run_sync(lambda: grpc.ended.wait(TIMEOUT))
         grpc.close()
-    assert GRACE <= elapsed < GRACE + END_MARGIN + 1.0  # right after the grace period (slack: a busy CI machine)
+    assert (
+        GRACE <= elapsed < GRACE + END_MARGIN + 1.0
+    )  # right after the grace period (slack: a busy CI machine)
     assert unary["reply"].status_code == 200
     assert len(unary["reply"].json()["text_output"]) == 5
     shutting_down = f'data: {{"error":"{SHUTTING_DOWN}","status":503}}'
     assert _last_events(post, 2) == ["event: error", shutting_down]
     assert _last_events(get, 4) == ["event: error", shutting_down, "event: end", "data: {}"]
-    assert json.loads(_last_events(openai, 2)[0][len("data: "):])["error"]["message"] == SHUTTING_DOWN
+    assert json.loads(_last_events(openai, 2)[0][len("data: ") :])["error"]["message"] == SHUTTING_DOWN
     assert _last_events(openai, 1) == ["data: [DONE]"]
     assert ts_chunks  # and the body ended with its terminating chunk: no exception above
     assert grpc.error.status() == "StatusCode.UNAVAILABLE"

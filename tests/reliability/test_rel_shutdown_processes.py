@@ -31,8 +31,18 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ser
     (tmp_path / "streamer" / "model-settings.json").write_text(
         json.dumps({"name": "streamer", "implementation": "actorserve.models.streamer.StreamerModel"})
     )
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", str(request.param),
-                          "--grace-period", str(GRACE), "--no-auth", str(tmp_path))  # fmt: skip
+    server = start_server(
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        str(request.param),
+        "--grace-period",
+        str(GRACE),
+        "--no-auth",
+        str(tmp_path),
+    )
     try:
         server.wait_for(r"serving with 2 front process" if request.param else r"REST listening on", 60)
         http = server.wait_for(r"REST listening on (http://\S+)")[1]
@@ -44,16 +54,19 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ser
 
 def _sse(url: str, box: list[str], started: threading.Event) -> None:
     body = {"text_input": "p", "parameters": {"n_tokens": 10_000, "delay": 0.02}}
-    with httpx.Client(base_url=url, timeout=30) as client, client.stream(
-        "POST", "/v2/models/streamer/generate_stream", json=body
-    ) as response:
+    with (
+        httpx.Client(base_url=url, timeout=30) as client,
+        client.stream("POST", "/v2/models/streamer/generate_stream", json=body) as response,
+    ):
         for line in response.iter_lines():
             box.append(line)
             started.set()
 
 
 @pytest.mark.parametrize("served", [2], indirect=True, ids=["api-workers-2"])  # 0: test_rel_shutdown.py
-def test_sigterm_ends_running_streams_with_a_last_message_then_exits_0(served: tuple[ServerProcess, str, str]) -> None:
+def test_sigterm_ends_running_streams_with_a_last_message_then_exits_0(
+    served: tuple[ServerProcess, str, str],
+) -> None:
     server, http, grpc_url = served
     lines: list[str] = []
     started = threading.Event()
@@ -72,7 +85,10 @@ def test_sigterm_ends_running_streams_with_a_last_message_then_exits_0(served: t
     reader.join(10)
     assert grpc.ended.wait(10)
     grpc.close()
-    assert [line for line in lines if line][-2:] == ["event: error", f'data: {{"error":"{SHUTTING_DOWN}","status":503}}']
+    assert [line for line in lines if line][-2:] == [
+        "event: error",
+        f'data: {{"error":"{SHUTTING_DOWN}","status":503}}',
+    ]
     assert (grpc.error.status(), SHUTTING_DOWN in grpc.error.message()) == ("StatusCode.UNAVAILABLE", True)
     assert GRACE <= took < GRACE + END_MARGIN + IDLE_EXIT_BOUND, took
 

@@ -40,9 +40,15 @@ WINDOW = 0.5
 def _settings(**changes: object) -> Settings:
     light = tuple(m for m in builtin_settings() if m.name == "streamer")
     values: dict[str, object] = {
-        "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "ts_inference_grpc_port": 0,
-        "ts_management_grpc_port": 0, "ts_management_http_port": 0, "models": light, "no_auth": True,
-    }  # fmt: skip
+        "host": "127.0.0.1",
+        "http_port": 0,
+        "grpc_port": 0,
+        "ts_inference_grpc_port": 0,
+        "ts_management_grpc_port": 0,
+        "ts_management_http_port": 0,
+        "models": light,
+        "no_auth": True,
+    }
     values.update(changes)
     return Settings(**values)  # type: ignore[arg-type]
 
@@ -75,7 +81,11 @@ async def test_every_port_of_one_process_queues_a_surge(nursery: trio.Nursery) -
 
 
 def _open_files_limits(pid: int) -> tuple[int, int]:
-    (line,) = [line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max open files")]
+    (line,) = [
+        line
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines()
+        if line.startswith("Max open files")
+    ]
     soft, hard = line.split()[3:5]
     return int(soft), int(hard)
 
@@ -96,7 +106,9 @@ def two_fronts() -> Iterator[ServerProcess]:
         server.stop()
 
 
-async def test_two_fronts_queue_a_surge_on_rest_and_grpc_and_answer_every_client(two_fronts: ServerProcess) -> None:
+async def test_two_fronts_queue_a_surge_on_rest_and_grpc_and_answer_every_client(
+    two_fronts: ServerProcess,
+) -> None:
     """grpclib listens again on the socket a front inherits (its default backlog 100
     shrank the shared socket's queue): the fronts are stopped, the ports must still
     queue the whole surge."""

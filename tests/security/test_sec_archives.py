@@ -114,9 +114,13 @@ def test_an_unchanged_archive_is_extracted_once(tmp_path: Path) -> None:
 
 async def _served(nursery: trio.Nursery, store: Path, **changes: Any) -> Server:
     values: dict[str, Any] = {
-        "http_port": 0, "grpc_port": None, "host": "127.0.0.1", "no_auth": True, "api_workers": 0,
+        "http_port": 0,
+        "grpc_port": None,
+        "host": "127.0.0.1",
+        "no_auth": True,
+        "api_workers": 0,
         "models": tuple(m for m in builtin_settings() if m.name == "identity"),
-    }  # fmt: skip
+    }
     values.update(changes)
     server: Server = await nursery.start(
         partial(serve, Settings(**values), repository=ModelRepository((store,)))

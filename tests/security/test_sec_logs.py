@@ -39,9 +39,18 @@ class Debugged:
 def debugged(request: pytest.FixtureRequest) -> Iterator[Debugged]:
     workers, parser = request.param
     server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--api-workers", workers, "--http-parser", parser,
-        "--log-level", "DEBUG", "--access-log",
-    )  # fmt: skip
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        workers,
+        "--http-parser",
+        parser,
+        "--log-level",
+        "DEBUG",
+        "--access-log",
+    )
     try:
         if workers != "0":
             server.wait_for(rf"serving with {workers} front process", STARTUP)

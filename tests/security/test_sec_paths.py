@@ -166,8 +166,12 @@ async def test_the_openai_trailing_slash_needs_the_inference_token(secured: Serv
 
 def raw_h2() -> h2.connection.H2Connection:
     """A client that sends headers as given (h2 would refuse a ``:path`` without ``/``)."""
-    config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8", validate_outbound_headers=False,
-                                       normalize_outbound_headers=False)  # fmt: skip
+    config = h2.config.H2Configuration(
+        client_side=True,
+        header_encoding="utf-8",
+        validate_outbound_headers=False,
+        normalize_outbound_headers=False,
+    )
     conn = h2.connection.H2Connection(config)
     conn.initiate_connection()
     return conn
@@ -199,9 +203,12 @@ async def test_h2c_targets_get_the_same_single_reading(secured: Server) -> None:
         outcome = await h2_request(secured, "POST", path)
         status = outcome.headers.get(":status")
         # refused by the server (400), or by the HTTP/2 layer (reset / GOAWAY) before the app
-        assert status == "400" or (status is None and (outcome.reset or outcome.goaway is not None or outcome.closed)), (
-            path, outcome,
-        )  # fmt: skip
+        assert status == "400" or (
+            status is None and (outcome.reset or outcome.goaway is not None or outcome.closed)
+        ), (
+            path,
+            outcome,
+        )
     canonical = await h2_request(secured, "POST", "/v1/completions/")
     assert canonical.headers.get(":status") == "401"
     ok = await h2_request(secured, "GET", "/v2/repository/models/identity", token=True)

@@ -131,7 +131,9 @@ class GateModel(Model):
         self.left: defaultdict[str, trio.Event] = defaultdict(trio.Event)
         self.outcome: dict[str, str] = {}
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             rid = str(request.id)
             n_tokens = int_parameter(request, "n_tokens", self.default_tokens, minimum=0)

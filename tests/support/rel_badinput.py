@@ -34,10 +34,14 @@ async def launch(nursery: trio.Nursery, **changes: Any) -> Server:
     """A server in ``nursery`` (in-process, ``--api-workers 0``) on 127.0.0.1 port 0:
     REST, gRPC and TorchServe's management REST port, the identity and streamer models."""
     values: dict[str, Any] = {
-        "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "ts_management_http_port": 0,
+        "host": "127.0.0.1",
+        "http_port": 0,
+        "grpc_port": 0,
+        "ts_management_http_port": 0,
         "models": tuple(m for m in builtin_settings() if m.name in ("identity", "streamer")),
-        "no_auth": True, "api_workers": 0,
-    }  # fmt: skip
+        "no_auth": True,
+        "api_workers": 0,
+    }
     values.update(changes)
     server: Server = await nursery.start(partial(serve, Settings(**values)))
     return server
@@ -91,7 +95,9 @@ def head_of(method: str, path: str, length: int, content_type: str = "applicatio
 
 def infer_message(rid: str = "ok", value: int = 7) -> bytes:
     """A valid ModelInferRequest for ``identity``, serialized."""
-    request = InferenceRequest(inputs=[tensor_from_numpy("INPUT0", np.array([value], dtype=np.int64))], id=rid)
+    request = InferenceRequest(
+        inputs=[tensor_from_numpy("INPUT0", np.array([value], dtype=np.int64))], id=rid
+    )
     return bytes(request_to_pb(request, model_name="identity", raw=True))
 
 
@@ -122,15 +128,26 @@ def h2_client() -> h2.connection.H2Connection:
     return conn
 
 
-def grpc_headers(port: int, path: str = INFER, content_type: str = "application/grpc",
-                 extra: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:  # fmt: skip
+def grpc_headers(
+    port: int,
+    path: str = INFER,
+    content_type: str = "application/grpc",
+    extra: tuple[tuple[str, str], ...] = (),
+) -> list[tuple[str, str]]:
     return [
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
-        ("content-type", content_type), ("te", "trailers"), *extra,
-    ]  # fmt: skip
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", f"127.0.0.1:{port}"),
+        ("content-type", content_type),
+        ("te", "trailers"),
+        *extra,
+    ]
 
 
-async def h2_exchange(port: int, conn: h2.connection.H2Connection, raw: bytes = b"", *, end: bool = True) -> H2Outcome:
+async def h2_exchange(
+    port: int, conn: h2.connection.H2Connection, raw: bytes = b"", *, end: bool = True
+) -> H2Outcome:
     """Send what ``conn`` has queued, then ``raw`` bytes as they are; read until the
     stream ends (``end``) or the connection does, bounded by :data:`TIMEOUT`."""
     out = H2Outcome()

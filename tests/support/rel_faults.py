@@ -211,7 +211,9 @@ class StreamInFaultyModel(Model):
 
     stream_input = True
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         k = 0
         async for request in requests:
             k += 1

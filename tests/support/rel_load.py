@@ -228,12 +228,17 @@ class RestConn:
                 continue
             return event
 
-    async def call(self, path: str, body: bytes, *, stream: bool, cut: Cut | None = None) -> tuple[int, dict[str, str], list[bytes]]:
+    async def call(
+        self, path: str, body: bytes, *, stream: bool, cut: Cut | None = None
+    ) -> tuple[int, dict[str, str], list[bytes]]:
         """POST ``body``; (status, headers, body chunks). With a ``cut``, the connection is
         closed at that point and (0, {}, []) returned."""
         await self._open()
-        headers = [("Host", f"{self.host}:{self.port}"), ("Content-Type", "application/json"),
-                   ("Content-Length", str(len(body)))]  # fmt: skip
+        headers = [
+            ("Host", f"{self.host}:{self.port}"),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+        ]
         if stream:
             headers.append(("Accept", "text/event-stream"))
         request = h11.Request(method="POST", target=path, headers=headers)
@@ -288,9 +293,13 @@ def _outputs(answer: dict[str, Any]) -> dict[str, Any]:
     return {o["name"]: o["data"] for o in answer.get("outputs", [])}
 
 
-def judge_rest(case: Case, k: int, stream: bool, status: int, headers: dict[str, str], body: bytes) -> Outcome:
+def judge_rest(
+    case: Case, k: int, stream: bool, status: int, headers: dict[str, str], body: bytes
+) -> Outcome:
     if status == 429:
-        return Outcome("rejected") if "retry-after" in headers else Outcome("error", "429 without Retry-After")
+        return (
+            Outcome("rejected") if "retry-after" in headers else Outcome("error", "429 without Retry-After")
+        )
     if status != 200:
         try:
             message = json.loads(body)["error"]
@@ -304,7 +313,9 @@ def judge_rest(case: Case, k: int, stream: bool, status: int, headers: dict[str,
     for name, data in sse_events(body.decode()):
         if name == "error":
             error = json.loads(data)
-            if "429" in str(error.get("status", "")) or any(w in str(error.get("error", "")) for w in OVERLOAD_WORDS):
+            if "429" in str(error.get("status", "")) or any(
+                w in str(error.get("error", "")) for w in OVERLOAD_WORDS
+            ):
                 return Outcome("rejected")
             return Outcome("error", f"event: error {str(error.get('error'))[:60]}")
         if name != "message":
@@ -324,14 +335,18 @@ def rest_path(case: Case, stream: bool) -> str:
     return f"/v2/models/{case.model}/{'infer_stream' if stream else 'infer'}"
 
 
-async def rest_call(host: str, port: int, case: Case, k: int, *, stream: bool, conn: RestConn | None = None) -> Outcome:
+async def rest_call(
+    host: str, port: int, case: Case, k: int, *, stream: bool, conn: RestConn | None = None
+) -> Outcome:
     """One call, judged; on its own connection unless ``conn`` is given."""
     own = conn is None
     conn = conn or RestConn(host, port)
     start = time.monotonic()
     try:
         with trio.fail_after(CALL_TIMEOUT):
-            status, headers, chunks = await conn.call(rest_path(case, stream), rest_body(case, k), stream=stream)
+            status, headers, chunks = await conn.call(
+                rest_path(case, stream), rest_body(case, k), stream=stream
+            )
     except trio.TooSlowError:
         await conn.aclose()
         return Outcome("lost", "timeout")
@@ -372,10 +387,14 @@ async def grpc_call(channel: Channel, case: Case, k: int, *, stream: bool, cut: 
     try:
         async with asyncio.timeout(CALL_TIMEOUT):
             if not stream:
-                async with channel.request(INFER, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse) as call:
+                async with channel.request(
+                    INFER, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse
+                ) as call:
                     await call.send_message(pb_request(case, k), end=True)
                     reply = await call.recv_message()
-                outcome = judge_grpc_unary(case, k, reply) if reply is not None else Outcome("lost", "no reply")
+                outcome = (
+                    judge_grpc_unary(case, k, reply) if reply is not None else Outcome("lost", "no reply")
+                )
             else:
                 outcome = await _grpc_stream(channel, case, k, cut)
     except TimeoutError:
@@ -398,7 +417,9 @@ async def _cancel(call: Any) -> Outcome:
 
 
 async def _grpc_stream(channel: Channel, case: Case, k: int, cut: Cut | None) -> Outcome:
-    async with channel.request(STREAM_INFER, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelStreamInferResponse) as call:
+    async with channel.request(
+        STREAM_INFER, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelStreamInferResponse
+    ) as call:
         await call.send_request()
         if cut is not None and cut.where == "body":
             return await _cancel(call)
@@ -422,7 +443,9 @@ async def _grpc_stream(channel: Channel, case: Case, k: int, cut: Cut | None) ->
             return Outcome("rejected", duplicates=duplicates)
         return Outcome("error", f"error_message {error[:60]}", duplicates=duplicates)
     if case.model == "accumulator":
-        return Outcome("ok" if len(seen) == 1 else "lost", "" if len(seen) == 1 else "no answer", duplicates=duplicates)
+        return Outcome(
+            "ok" if len(seen) == 1 else "lost", "" if len(seen) == 1 else "no answer", duplicates=duplicates
+        )
     if case.model == "text":
         return Outcome("ok" if seen else "lost", "" if seen else "empty stream", duplicates=duplicates)
     if len(seen) < case.responses:
@@ -444,7 +467,12 @@ def in_asyncio_thread(fn: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
 
 
 async def open_loop_trio(
-    rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]], *, on_time: bool = False
+    rate: float,
+    seconds: float,
+    limit: int,
+    call: Callable[[int], Awaitable[Outcome]],
+    *,
+    on_time: bool = False,
 ) -> tuple[Tally, int]:
     """Start ``call(k)`` ``rate`` times a second for ``seconds`` whatever the answers
     (open loop), at most ``limit`` at once; (the tally, calls not started: ``limit``
@@ -477,7 +505,12 @@ async def open_loop_trio(
 
 
 async def open_loop_asyncio(
-    rate: float, seconds: float, limit: int, call: Callable[[int], Awaitable[Outcome]], *, on_time: bool = False
+    rate: float,
+    seconds: float,
+    limit: int,
+    call: Callable[[int], Awaitable[Outcome]],
+    *,
+    on_time: bool = False,
 ) -> tuple[Tally, int]:
     """:func:`open_loop_trio` on asyncio (for grpclib)."""
     tally, skipped = Tally(), 0
@@ -510,7 +543,9 @@ async def open_loop_asyncio(
     return tally, skipped
 
 
-async def closed_loop_trio(concurrency: int, seconds: float, call: Callable[[int], Awaitable[Outcome]]) -> Tally:
+async def closed_loop_trio(
+    concurrency: int, seconds: float, call: Callable[[int], Awaitable[Outcome]]
+) -> Tally:
     """``concurrency`` callers back to back for ``seconds`` (capacity: ok per second)."""
     tally = Tally()
     counter = iter(range(10**9))
@@ -526,7 +561,9 @@ async def closed_loop_trio(concurrency: int, seconds: float, call: Callable[[int
     return tally
 
 
-async def closed_loop_asyncio(concurrency: int, seconds: float, call: Callable[[int], Awaitable[Outcome]]) -> Tally:
+async def closed_loop_asyncio(
+    concurrency: int, seconds: float, call: Callable[[int], Awaitable[Outcome]]
+) -> Tally:
     tally = Tally()
     counter = iter(range(10**9))
     loop = asyncio.get_running_loop()
@@ -548,7 +585,9 @@ def random_cut(rng: random.Random, responses: int) -> Cut:
 # --------------------------------------------------------------------------- storms
 
 
-async def sse_storm(host: str, port: int, case: Case, count: int, seed: int, concurrency: int = 64) -> Counter[str]:
+async def sse_storm(
+    host: str, port: int, case: Case, count: int, seed: int, concurrency: int = 64
+) -> Counter[str]:
     """``count`` SSE streams of ``case``, each cut at a random point (half the body sent,
     the request sent and nothing read, or after some events); how many were cut where
     (``done``: the stream ended before its cut point)."""
@@ -562,7 +601,9 @@ async def sse_storm(host: str, port: int, case: Case, count: int, seed: int, con
             conn = RestConn(host, port)
             try:
                 with trio.fail_after(CALL_TIMEOUT):
-                    status, _, _ = await conn.call(rest_path(case, True), rest_body(case, k), stream=True, cut=cut)
+                    status, _, _ = await conn.call(
+                        rest_path(case, True), rest_body(case, k), stream=True, cut=cut
+                    )
                 done[cut.where if status == 0 else "done"] += 1
             except (OSError, trio.BrokenResourceError, h11.RemoteProtocolError):
                 done[cut.where] += 1  # the server saw the cut first (e.g. a half body)
@@ -575,7 +616,9 @@ async def sse_storm(host: str, port: int, case: Case, count: int, seed: int, con
     return done
 
 
-async def grpc_storm(host: str, port: int, case: Case, count: int, seed: int, concurrency: int = 64) -> Counter[str]:
+async def grpc_storm(
+    host: str, port: int, case: Case, count: int, seed: int, concurrency: int = 64
+) -> Counter[str]:
     """:func:`sse_storm` over gRPC ModelStreamInfer (asyncio; run it with
     :func:`in_asyncio_thread`)."""
     rng = random.Random(seed)

@@ -44,7 +44,9 @@ class Tally:
 
     @property
     def non_json_4xx(self) -> int:
-        return sum(1 for _, status, why in self.problems if 400 <= status < 500 and why.startswith("not a JSON"))
+        return sum(
+            1 for _, status, why in self.problems if 400 <= status < 500 and why.startswith("not a JSON")
+        )
 
 
 def error_problem(path: str, status: int, body: bytes) -> str | None:
@@ -56,11 +58,17 @@ def error_problem(path: str, status: int, body: bytes) -> str | None:
     if status == 401:  # the token check answers every family alike (docs/security.md)
         ok = isinstance(document, dict) and isinstance(document.get("error"), str)
     elif path.startswith("/v1/"):
-        ok = isinstance(document, dict) and isinstance(document.get("error"), dict) and isinstance(
-            document["error"].get("message"), str
+        ok = (
+            isinstance(document, dict)
+            and isinstance(document.get("error"), dict)
+            and isinstance(document["error"].get("message"), str)
         )
     elif path.startswith(TORCHSERVE_PREFIXES):
-        ok = isinstance(document, dict) and document.get("code") == status and isinstance(document.get("message"), str)
+        ok = (
+            isinstance(document, dict)
+            and document.get("code") == status
+            and isinstance(document.get("message"), str)
+        )
     else:
         ok = isinstance(document, dict) and isinstance(document.get("error"), str)
     return None if ok else f"not the route's JSON error format: {body[:80]!r}"
@@ -103,11 +111,17 @@ def run_schema(
         for mode in modes:
             tally.operations += 1
             run = settings(
-                max_examples=examples, deadline=None, derandomize=seed is not None, database=None,
-                phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-            )(given(case=operation.as_strategy(generation_mode=mode))(
-                _sender(tally, session, bases=bases, name=f"{method} {path}", path=path, timeout=timeout)
-            ))  # fmt: skip
+                max_examples=examples,
+                deadline=None,
+                derandomize=seed is not None,
+                database=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )(
+                given(case=operation.as_strategy(generation_mode=mode))(
+                    _sender(tally, session, bases=bases, name=f"{method} {path}", path=path, timeout=timeout)
+                )
+            )
             try:
                 with with_reporter(lambda _: None):  # no "@seed(...)" lines for the skipped ones
                     run()
@@ -125,7 +139,16 @@ def _sender(
     return send
 
 
-def _send(tally: Tally, session: requests.Session, case: Any, *, bases: list[str], name: str, path: str, timeout: float) -> None:
+def _send(
+    tally: Tally,
+    session: requests.Session,
+    case: Any,
+    *,
+    bases: list[str],
+    name: str,
+    path: str,
+    timeout: float,
+) -> None:
     for base in bases:
         tally.sent += 1
         try:
@@ -138,6 +161,8 @@ def _send(tally: Tally, session: requests.Session, case: Any, *, bases: list[str
         if status == 501 and path.startswith("/explanations/"):  # documented: not implemented
             tally.not_implemented += 1
         elif status >= 500:
-            tally.problems.append((f"{name} {case.path_parameters}", status, f"server error: {response.content[:160]!r}"))
+            tally.problems.append(
+                (f"{name} {case.path_parameters}", status, f"server error: {response.content[:160]!r}")
+            )
         elif status >= 400 and (problem := error_problem(path, status, response.content)) is not None:
             tally.problems.append((f"{name} {case.path_parameters}", status, problem))

@@ -37,9 +37,12 @@ def shutdown_settings(**changes: Any) -> Settings:
     """127.0.0.1, REST and gRPC on port 0, ``streamer``, ``ts_stateful`` and ``slow``."""
     models = tuple(m for m in builtin_settings() if m.name in ("streamer", "ts_stateful"))
     values: dict[str, Any] = {
-        "host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "no_auth": True,
+        "host": "127.0.0.1",
+        "http_port": 0,
+        "grpc_port": 0,
+        "no_auth": True,
         "models": (*models, ModelSettings(name="slow", implementation=SlowStreamer)),
-    }  # fmt: skip
+    }
     values.update(changes)
     return Settings(**values)
 

@@ -62,7 +62,9 @@ async def status_of(stream: trio.abc.Stream, request: bytes) -> Outcome:
         return "reset"
 
 
-async def surge(clients: int, one: Callable[[trio.Event], Awaitable[Outcome]]) -> collections.Counter[Outcome]:
+async def surge(
+    clients: int, one: Callable[[trio.Event], Awaitable[Outcome]]
+) -> collections.Counter[Outcome]:
     """Run ``clients`` calls of ``one(start)`` (an async function returning an
     :data:`Outcome`) released together by one event; count the outcomes."""
     outcomes: collections.Counter[Outcome] = collections.Counter()
@@ -80,7 +82,9 @@ async def surge(clients: int, one: Callable[[trio.Event], Awaitable[Outcome]]) -
     return outcomes
 
 
-async def http_surge(host: str, port: int, clients: int, *, model: str = "streamer", bound: float = 30.0) -> collections.Counter[Outcome]:
+async def http_surge(
+    host: str, port: int, clients: int, *, model: str = "streamer", bound: float = 30.0
+) -> collections.Counter[Outcome]:
     """``clients`` fresh connections, all at once, each one request; the outcomes."""
     request = generate_request(host, port, model)
     return await surge(clients, lambda start: one_http_client(host, port, request, start, bound))
@@ -116,10 +120,15 @@ def connect_all(host: str, port: int, count: int, window: float) -> list[tuple[s
         for fd, _ in poller.poll(left * 1000):
             done.add(fd)
             poller.unregister(fd)
-    return [(sock, sock.fileno() in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)) for sock in socks]
+    return [
+        (sock, sock.fileno() in done and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        for sock in socks
+    ]
 
 
-async def answers_on(socks: list[socket.socket], request: bytes, bound: float = 30.0) -> collections.Counter[Outcome]:
+async def answers_on(
+    socks: list[socket.socket], request: bytes, bound: float = 30.0
+) -> collections.Counter[Outcome]:
     """Send ``request`` on each connected socket (taking them over: they are closed
     here) and count the status lines that come back."""
     outcomes: collections.Counter[Outcome] = collections.Counter()

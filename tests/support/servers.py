@@ -70,8 +70,11 @@ def start_server(*args: str, env: Mapping[str, str] | None = None) -> ServerProc
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ACTORSERVE_")}, **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--grace-period", "2", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
     server = ServerProcess(process)
     server.reader = threading.Thread(target=server._drain, daemon=True)
     server.reader.start()

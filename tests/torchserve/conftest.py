@@ -58,7 +58,16 @@ def make_archive(store: Path, tmp_path: Path) -> MakeArchive:
     ) -> Path:
         work = tmp_path / f"src-{name}-{version}"
         work.mkdir(exist_ok=True)
-        args = [str(ARCHIVER), "--model-name", name, "--version", version, "--export-path", str(store), "--force"]
+        args = [
+            str(ARCHIVER),
+            "--model-name",
+            name,
+            "--version",
+            version,
+            "--export-path",
+            str(store),
+            "--force",
+        ]
         shutil.copy(HANDLERS / handler, work / handler)
         args += ["--handler", str(work / handler)]
         if config is not None:
@@ -94,14 +103,35 @@ PROTOS = Path(__file__).resolve().parents[2] / "actorserve" / "proto" / "torchse
 def pb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """inference_pb2(_grpc), management_pb2(_grpc), google.rpc.status_pb2 from the committed protos."""
     out = tmp_path_factory.mktemp("stubs")
-    protos = ["inference.proto", "management.proto", "google/rpc/status.proto", "google/rpc/error_details.proto"]
+    protos = [
+        "inference.proto",
+        "management.proto",
+        "google/rpc/status.proto",
+        "google/rpc/error_details.proto",
+    ]
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}", *protos],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTOS}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            *protos,
+        ],
+        check=True,
+        capture_output=True,
+    )
     sys.path.insert(0, str(out))
     try:
-        names = ("inference_pb2", "inference_pb2_grpc", "management_pb2", "management_pb2_grpc", "google.rpc.status_pb2", "google.rpc.error_details_pb2")
+        names = (
+            "inference_pb2",
+            "inference_pb2_grpc",
+            "management_pb2",
+            "management_pb2_grpc",
+            "google.rpc.status_pb2",
+            "google.rpc.error_details_pb2",
+        )
         modules = {name.rpartition(".")[2]: importlib.import_module(name) for name in names}
         yield SimpleNamespace(**modules)
     finally:
@@ -120,8 +150,12 @@ def launch(nursery: trio.Nursery, store: Path) -> Launch:
     async def start(*models: Any, **changes: Any) -> Server:
         stateful = [m for m in builtin_settings() if m.name == "ts_stateful"]
         values: dict[str, Any] = {
-            "http_port": 0, "grpc_port": 0, "host": "127.0.0.1", "models": (*stateful, *models), "no_auth": True,
-        }  # fmt: skip
+            "http_port": 0,
+            "grpc_port": 0,
+            "host": "127.0.0.1",
+            "models": (*stateful, *models),
+            "no_auth": True,
+        }
         values.update(changes)
         server: Server = await nursery.start(
             partial(serve, Settings(**values), repository=ModelRepository((store,)))

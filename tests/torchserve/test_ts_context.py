@@ -44,14 +44,21 @@ def contexts() -> tuple[TsContext, Context, list[object]]:
 def test_our_frame_is_byte_for_byte_ts_frame_and_decodes() -> None:
     theirs, ours, _ = contexts()
     ret = ["text", {"k": [1, 2]}]
-    expected = create_predict_response(ret, theirs.request_ids, "Intermediate", 200, theirs, ts_stream_next=True)
+    expected = create_predict_response(
+        ret, theirs.request_ids, "Intermediate", 200, theirs, ts_stream_next=True
+    )
     frame = encode_predict_frame(ret, ours.request_ids or {}, "Intermediate", 200, ours)
     assert frame == bytes(expected)
     decoded = decode_predict_frame(frame)
     assert (decoded.code, decoded.message) == (200, "Intermediate")
     assert decoded.responses["a"] == (b"text", "", 200, "", {"x-one": "1", "ts_stream_next": "true"})
     body, content_type, status, phrase, headers = decoded.responses["b"]
-    assert (body, content_type, status, phrase) == (b'{\n  "k": [\n    1,\n    2\n  ]\n}', "application/json", 201, "made")
+    assert (body, content_type, status, phrase) == (
+        b'{\n  "k": [\n    1,\n    2\n  ]\n}',
+        "application/json",
+        201,
+        "made",
+    )
     assert headers == {"content-type": "application/json", "ts_stream_next": "true"}
 
 
@@ -81,7 +88,9 @@ async def test_a_torchserve_model_through_oip() -> None:
 async def test_a_slow_reader_gets_every_intermediate_response_once_in_order(tmp_path: Path) -> None:
     folder = tmp_path / "many"
     (folder / "MAR-INF").mkdir(parents=True)
-    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "many", "handler": "many.py"}}))
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(
+        json.dumps({"model": {"modelName": "many", "handler": "many.py"}})
+    )
     (folder / "many.py").write_text(
         "from actorserve.torchserve import send_intermediate_predict_response\n"
         "def handle(data, context):\n"
@@ -107,7 +116,9 @@ async def test_a_slow_reader_gets_every_intermediate_response_once_in_order(tmp_
 async def test_unloading_ends_the_handler_thread_even_mid_stream(tmp_path: Path) -> None:
     folder = tmp_path / "endless"
     (folder / "MAR-INF").mkdir(parents=True)
-    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "endless", "handler": "h.py"}}))
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(
+        json.dumps({"model": {"modelName": "endless", "handler": "h.py"}})
+    )
     (folder / "h.py").write_text(
         "from actorserve.torchserve import send_intermediate_predict_response\n"
         "def handle(data, context):\n"

@@ -35,7 +35,9 @@ async def run(fn: Any, *args: Any) -> Any:
     return await trio.to_thread.run_sync(lambda: fn(*args))
 
 
-async def test_ping_infer_and_infer_stream(pb: SimpleNamespace, make_archive: MakeArchive, launch: Launch) -> None:
+async def test_ping_infer_and_infer_stream(
+    pb: SimpleNamespace, make_archive: MakeArchive, launch: Launch
+) -> None:
     folder = make_archive("streaming", "streaming_handler.py", STREAM_CONFIG, fmt="no-archive")
     server = await launch(archive_settings(folder))
     with channel(server) as chan:
@@ -48,7 +50,10 @@ async def test_ping_infer_and_infer_stream(pb: SimpleNamespace, make_archive: Ma
         streamed = await run(lambda: [r.prediction for r in stub.StreamPredictions(request)])
         assert streamed == [b"g-x:0", b"g-x:1", b"g-x:2", b"g-x:done"]
         # the stateful example over unary Predictions: a new sequence each time
-        one = await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", input={"data": b"4"}))
+        one = await run(
+            stub.Predictions,
+            pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", input={"data": b"4"}),
+        )
         assert one.prediction == b"4"
 
 
@@ -57,20 +62,41 @@ async def test_bad_input_as_torchserve_answers_it(pb: SimpleNamespace, server: S
         stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
         with pytest.raises(grpc.RpcError) as no_name:
             await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(input={"data": b"1"}))
-        assert (no_name.value.code(), no_name.value.details()) == (grpc.StatusCode.INTERNAL, "Parameter model_name is required.")
+        assert (no_name.value.code(), no_name.value.details()) == (
+            grpc.StatusCode.INTERNAL,
+            "Parameter model_name is required.",
+        )
         with pytest.raises(grpc.RpcError) as unknown:
-            await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="nope", input={"data": b"1"}))
-        assert (unknown.value.code(), unknown.value.details()) == (grpc.StatusCode.NOT_FOUND, "Model not found: nope")
+            await run(
+                stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="nope", input={"data": b"1"})
+            )
+        assert (unknown.value.code(), unknown.value.details()) == (
+            grpc.StatusCode.NOT_FOUND,
+            "Model not found: nope",
+        )
         with pytest.raises(grpc.RpcError) as version:
-            await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", model_version="9", input={"data": b"1"}))
+            await run(
+                stub.Predictions,
+                pb.inference_pb2.PredictionsRequest(
+                    model_name="ts_stateful", model_version="9", input={"data": b"1"}
+                ),
+            )
         expected = (grpc.StatusCode.NOT_FOUND, "Model version: 9 does not exist for model: ts_stateful")
         assert (version.value.code(), version.value.details()) == expected
         with pytest.raises(grpc.RpcError) as no_input:  # the handler finds no "data": it fails
             await run(stub.Predictions, pb.inference_pb2.PredictionsRequest(model_name="ts_stateful"))
-        assert (no_input.value.code(), no_input.value.details()) == (grpc.StatusCode.UNAVAILABLE, "Prediction failed")
+        assert (no_input.value.code(), no_input.value.details()) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "Prediction failed",
+        )
         with pytest.raises(grpc.RpcError) as streaming:
-            await run(lambda: list(stub.StreamPredictions(pb.inference_pb2.PredictionsRequest(model_name="nope"))))
-        assert (streaming.value.code(), streaming.value.details()) == (grpc.StatusCode.NOT_FOUND, "Model not found: nope")
+            await run(
+                lambda: list(stub.StreamPredictions(pb.inference_pb2.PredictionsRequest(model_name="nope")))
+            )
+        assert (streaming.value.code(), streaming.value.details()) == (
+            grpc.StatusCode.NOT_FOUND,
+            "Model not found: nope",
+        )
 
 
 def bidi(stub: Any, requests: queue.Queue[Any]) -> Iterator[Any]:
@@ -85,7 +111,9 @@ async def test_infer_stream2_a_sequence_with_errors_in_band(pb: SimpleNamespace,
     requests: queue.Queue[Any] = queue.Queue()
 
     def request(value: bytes, sequence_id: str = "g1", model: str = "ts_stateful", **flags: bytes) -> Any:
-        return pb.inference_pb2.PredictionsRequest(model_name=model, sequence_id=sequence_id, input={"data": value, **flags})
+        return pb.inference_pb2.PredictionsRequest(
+            model_name=model, sequence_id=sequence_id, input={"data": value, **flags}
+        )
 
     with channel(server) as chan:
         responses = bidi(pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan), requests)
@@ -98,11 +126,16 @@ async def test_infer_stream2_a_sequence_with_errors_in_band(pb: SimpleNamespace,
         assert [r.prediction for r in streamed] == [b"4", b"4"]
         requests.put(request(b"1", model="nope"))  # an error: in band, the stream stays open
         requests.put(request(b"0"))  # ends the sequence, and with it the stream of 3
-        requests.put(request(b"6", sequence_id="", ts_request_sequence_start=b"true"))  # a start, no id: a new one
+        requests.put(
+            request(b"6", sequence_id="", ts_request_sequence_start=b"true")
+        )  # a start, no id: a new one
         requests.put(None)
         rest = await run(lambda: list(responses))  # ends: nothing streams any more
         (error,) = [r for r in rest if r.HasField("status")]
-        assert (error.status.code, error.status.message) == (grpc.StatusCode.NOT_FOUND.value[0], "Model not found: nope")
+        assert (error.status.code, error.status.message) == (
+            grpc.StatusCode.NOT_FOUND.value[0],
+            "Model not found: nope",
+        )
         detail = pb.error_details_pb2.ErrorInfo()
         assert error.status.details[0].Unpack(detail)
         assert detail.reason == "org.pytorch.serve.archive.model.ModelNotFoundException"
@@ -111,14 +144,18 @@ async def test_infer_stream2_a_sequence_with_errors_in_band(pb: SimpleNamespace,
         assert (fresh.prediction, fresh.sequence_id.startswith("ts-seq-")) == (b"6", True)
 
 
-async def test_infer_stream2_without_a_sequence_id_as_the_client_script_sends_it(pb: SimpleNamespace, server: Server) -> None:
+async def test_infer_stream2_without_a_sequence_id_as_the_client_script_sends_it(
+    pb: SimpleNamespace, server: Server
+) -> None:
     """The client script's infer_stream2 with no sequence id: each request is refused in
     band ("Parameter sequenceId is required.", INTERNAL) and the call stays open; a start
     without an id gets a server-made ts-seq-<uuid>, a request with an id joins it."""
     requests: queue.Queue[Any] = queue.Queue()
 
     def request(value: bytes, sequence_id: str = "", **flags: bytes) -> Any:
-        return pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", sequence_id=sequence_id, input={"data": value, **flags})
+        return pb.inference_pb2.PredictionsRequest(
+            model_name="ts_stateful", sequence_id=sequence_id, input={"data": value, **flags}
+        )
 
     with channel(server) as chan:
         responses = bidi(pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan), requests)
@@ -131,7 +168,9 @@ async def test_infer_stream2_without_a_sequence_id_as_the_client_script_sends_it
         detail = pb.error_details_pb2.ErrorInfo()
         assert refused.status.details[0].Unpack(detail)
         assert detail.reason == "BadRequestException.()"
-        requests.put(request(b"2", ts_request_sequence_start=b"false"))  # a start flag that says no: refused too
+        requests.put(
+            request(b"2", ts_request_sequence_start=b"false")
+        )  # a start flag that says no: refused too
         assert (await run(take)).status.message == "Parameter sequenceId is required."
         requests.put(request(b"2", ts_request_sequence_start=b"true"))  # the call is still open
         started = await run(take)
@@ -140,7 +179,9 @@ async def test_infer_stream2_without_a_sequence_id_as_the_client_script_sends_it
         requests.put(request(b"4", sequence_id=started.sequence_id))
         requests.put(None)
         rest = await run(lambda: list(responses))
-        assert [(r.sequence_id, r.prediction, r.HasField("status")) for r in rest] == [(started.sequence_id, b"6", False)]
+        assert [(r.sequence_id, r.prediction, r.HasField("status")) for r in rest] == [
+            (started.sequence_id, b"6", False)
+        ]
 
 
 async def test_infer_stream2_answers_keep_their_sequence_order(pb: SimpleNamespace, server: Server) -> None:
@@ -155,7 +196,9 @@ async def test_infer_stream2_answers_keep_their_sequence_order(pb: SimpleNamespa
             for sequence in ids:
                 flags = {"ts_request_sequence_start": b"true"} if n == 0 else {}
                 data = {"data": str(value).encode(), **flags}
-                yield pb.inference_pb2.PredictionsRequest(model_name="ts_stateful", sequence_id=sequence, input=data)
+                yield pb.inference_pb2.PredictionsRequest(
+                    model_name="ts_stateful", sequence_id=sequence, input=data
+                )
 
     with channel(server) as chan:
         stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
@@ -169,7 +212,9 @@ async def test_management_like_the_client_script(
     pb: SimpleNamespace, make_archive: MakeArchive, launch: Launch
 ) -> None:
     make_archive("echo", "streaming_handler.py", "minWorkers: 1\nhandler:\n  prefix: 'one-'\n", version="1.0")
-    make_archive("echo2", "streaming_handler.py", "minWorkers: 1\nhandler:\n  prefix: 'two-'\n", version="2.0")
+    make_archive(
+        "echo2", "streaming_handler.py", "minWorkers: 1\nhandler:\n  prefix: 'two-'\n", version="2.0"
+    )
     server = await launch()
     m = pb.management_pb2
     with channel(server) as chan:
@@ -182,29 +227,44 @@ async def test_management_like_the_client_script(
             return answer
 
         async def default_version() -> list[str]:
-            described = json.loads((await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo"))).msg)
+            described = json.loads(
+                (await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo"))).msg
+            )
             return [d["modelVersion"] for d in described]
 
         params = {"url": "echo.mar", "initial_workers": 1, "synchronous": True, "model_name": "echo"}
         registered = await run(stub.RegisterModel, m.RegisterModelRequest(**params))
-        assert registered.msg == 'Model "echo" Version: 1.0 registered with 1 initial workers'  # bare, as TorchServe sends it
-        await run(stub.RegisterModel, m.RegisterModelRequest(url="echo2.mar", model_name="echo", batch_size=2, max_batch_delay=10))
+        assert (
+            registered.msg == 'Model "echo" Version: 1.0 registered with 1 initial workers'
+        )  # bare, as TorchServe sends it
+        await run(
+            stub.RegisterModel,
+            m.RegisterModelRequest(url="echo2.mar", model_name="echo", batch_size=2, max_batch_delay=10),
+        )
         # registering 2.0 moves nothing: 1.0, registered first, stays the default
         assert (await default_version(), await predict()) == (["1.0"], b"one-q:0")
         assert await predict(model_version="2.0") == b"two-q:0"
         listed = json.loads((await run(stub.ListModels, m.ListModelsRequest(limit=1))).msg)
         assert listed == {"models": [{"modelName": "echo", "modelUrl": "echo"}], "nextPageToken": "1"}
-        described = json.loads((await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo", model_version="all"))).msg)
+        described = json.loads(
+            (
+                await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo", model_version="all"))
+            ).msg
+        )
         assert sorted((d["modelVersion"], d["batchSize"]) for d in described) == [("1.0", 1), ("2.0", 2)]
         moved = await run(stub.SetDefault, m.SetDefaultRequest(model_name="echo", model_version="2.0"))
         assert moved.msg == 'Default version successfully updated for model "echo" to "2.0"'
         assert (await default_version(), await predict()) == (["2.0"], b"two-q:0")
         same = await run(stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=1))
         assert same.msg == "Workers scaled to 1 for model: echo"
-        scaled = await run(stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=2, max_worker=2))
+        scaled = await run(
+            stub.ScaleWorker, m.ScaleWorkerRequest(model_name="echo", min_worker=2, max_worker=2)
+        )
         assert scaled.msg == "Workers scaled to 2 for model: echo"
         described = json.loads((await run(stub.DescribeModel, m.DescribeModelRequest(model_name="echo"))).msg)
-        assert [(d["modelVersion"], len(d["workers"])) for d in described] == [("2.0", 2)]  # the default was scaled
+        assert [(d["modelVersion"], len(d["workers"])) for d in described] == [
+            ("2.0", 2)
+        ]  # the default was scaled
 
         with pytest.raises(grpc.RpcError) as still_default:  # the default goes last, as in TorchServe
             await run(stub.UnregisterModel, m.UnregisterModelRequest(model_name="echo"))
@@ -218,9 +278,13 @@ async def test_management_like_the_client_script(
             await run(stub.SetDefault, m.SetDefaultRequest(model_name="echo", model_version="3.0"))
         expected = (grpc.StatusCode.NOT_FOUND, "Model version 3.0 does not exist for model echo")
         assert (set_missing.value.code(), set_missing.value.details()) == expected
-        one = await run(stub.UnregisterModel, m.UnregisterModelRequest(model_name="echo", model_version="1.0"))
+        one = await run(
+            stub.UnregisterModel, m.UnregisterModelRequest(model_name="echo", model_version="1.0")
+        )
         assert one.msg == 'Model "echo" unregistered'
-        gone = await run(stub.UnregisterModel, m.UnregisterModelRequest(model_name="echo"))  # the default, now alone
+        gone = await run(
+            stub.UnregisterModel, m.UnregisterModelRequest(model_name="echo")
+        )  # the default, now alone
         assert gone.msg == 'Model "echo" unregistered'
         for call, request in [
             (stub.DescribeModel, m.DescribeModelRequest(model_name="echo")),
@@ -230,7 +294,13 @@ async def test_management_like_the_client_script(
         ]:
             with pytest.raises(grpc.RpcError) as missing:
                 await run(call, request)
-            assert (missing.value.code(), missing.value.details()) == (grpc.StatusCode.NOT_FOUND, "Model not found: echo")
+            assert (missing.value.code(), missing.value.details()) == (
+                grpc.StatusCode.NOT_FOUND,
+                "Model not found: echo",
+            )
         with pytest.raises(grpc.RpcError) as bad:
             await run(stub.RegisterModel, m.RegisterModelRequest(url="missing.mar"))
-        assert (bad.value.code(), bad.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "model archive 'missing.mar' not found")
+        assert (bad.value.code(), bad.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "model archive 'missing.mar' not found",
+        )

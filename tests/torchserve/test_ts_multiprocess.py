@@ -25,12 +25,24 @@ STARTUP_TIMEOUT = 60.0
 def cluster(store: Path, make_archive: MakeArchive) -> Iterator[tuple[ServerProcess, str, str]]:
     shutil.copytree(Path(actorserve.models.__file__).parent / "ts_stateful", store / "ts_stateful")
     make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'v2-'\n", version="2.0")
-    (store / "streaming.mar").rename(store.parent / "streaming-2.mar")  # its version 2.0, registered at run time
+    (store / "streaming.mar").rename(
+        store.parent / "streaming-2.mar"
+    )  # its version 2.0, registered at run time
     make_archive("streaming", "streaming_handler.py", "handler:\n  prefix: 'm-'\n")
     make_archive("later", "streaming_handler.py", "handler:\n  prefix: 'l-'\n")
     (store / "later.mar").rename(store.parent / "later.mar")  # registered at run time
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--no-auth",
-                          "--allow-load-overrides", "url", str(store))  # later.mar: outside the store
+    server = start_server(
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        "2",
+        "--no-auth",
+        "--allow-load-overrides",
+        "url",
+        str(store),
+    )  # later.mar: outside the store
     try:
         server.wait_for(r"serving with 2 front process", STARTUP_TIMEOUT)
         http_url = server.wait_for(r"processes: REST listening on (http://\S+)")[1]
@@ -41,7 +53,9 @@ def cluster(store: Path, make_archive: MakeArchive) -> Iterator[tuple[ServerProc
         server.stop()
 
 
-def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProcess, str, str], store: Path, pb: Any) -> None:
+def test_torchserve_doors_through_the_engine_process(
+    cluster: tuple[ServerProcess, str, str], store: Path, pb: Any
+) -> None:
     _, http_url, grpc_address = cluster
     header = "ts_request_sequence_id"
     with httpx.Client(base_url=http_url, timeout=20) as client:
@@ -51,7 +65,9 @@ def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProces
         total = 2
         for value in (4, 6, 8, 10):  # a new connection each time: any front serves it
             with httpx.Client(base_url=http_url, timeout=20) as other:
-                reply = other.post("/predictions/ts_stateful", content=str(value).encode(), headers={header: sequence_id})
+                reply = other.post(
+                    "/predictions/ts_stateful", content=str(value).encode(), headers={header: sequence_id}
+                )
             total += value
             assert reply.text == str(total)
         with client.stream("POST", "/predictions/streaming", content=b"z") as stream:
@@ -74,9 +90,16 @@ def test_torchserve_doors_through_the_engine_process(cluster: tuple[ServerProces
     with grpc.insecure_channel(grpc_address) as chan:
         stub = pb.inference_pb2_grpc.InferenceAPIsServiceStub(chan)
         request = pb.inference_pb2.PredictionsRequest(model_name="streaming", input={"data": b"g"})
-        assert [r.prediction for r in stub.StreamPredictions(request)] == [b"m-g:0", b"m-g:1", b"m-g:2", b"m-g:done"]
+        assert [r.prediction for r in stub.StreamPredictions(request)] == [
+            b"m-g:0",
+            b"m-g:1",
+            b"m-g:2",
+            b"m-g:done",
+        ]
         assert stub.Predictions(request).prediction == b"m-g:0"  # unary: the first response, as TorchServe
-        listed = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan).ListModels(pb.management_pb2.ListModelsRequest())
+        listed = pb.management_pb2_grpc.ManagementAPIsServiceStub(chan).ListModels(
+            pb.management_pb2.ListModelsRequest()
+        )
         assert '"later"' in listed.msg
 
 

@@ -57,9 +57,16 @@ def _each_call(pb: SimpleNamespace, chan: grpc.Channel, empty: Any, predict: Any
         lambda: json.loads(inference.Ping(empty).health)["status"],
         lambda: inference.Predictions(predict).prediction.decode(),
         lambda: [r.prediction.decode() for r in inference.StreamPredictions(predict)],
-        lambda: [m["modelName"] for m in json.loads(management.ListModels(listing, metadata=[("authorization", f"Bearer {TOKEN}")]).msg)["models"]],
-        lambda: chan.unary_unary("/inference.GRPCInferenceService/ServerLive")(b""),  # Triton's: main port only
-    ]  # fmt: skip
+        lambda: [
+            m["modelName"]
+            for m in json.loads(
+                management.ListModels(listing, metadata=[("authorization", f"Bearer {TOKEN}")]).msg
+            )["models"]
+        ],
+        lambda: chan.unary_unary("/inference.GRPCInferenceService/ServerLive")(
+            b""
+        ),  # Triton's: main port only
+    ]
     out = []
     for call in calls:
         try:
@@ -71,9 +78,17 @@ def _each_call(pb: SimpleNamespace, chan: grpc.Channel, empty: Any, predict: Any
 
 #: inference port: TorchServe's inference service only; management port: its management only
 EXPECTED_GRPC = [
-    "Healthy", "4", ["4"], "UNIMPLEMENTED", "UNIMPLEMENTED",
-    "UNIMPLEMENTED", "UNIMPLEMENTED", "UNIMPLEMENTED", ["ts_stateful"], "UNIMPLEMENTED",
-]  # fmt: skip
+    "Healthy",
+    "4",
+    ["4"],
+    "UNIMPLEMENTED",
+    "UNIMPLEMENTED",
+    "UNIMPLEMENTED",
+    "UNIMPLEMENTED",
+    "UNIMPLEMENTED",
+    ["ts_stateful"],
+    "UNIMPLEMENTED",
+]
 
 
 def rest_calls(url: str) -> list[tuple[int, Any]]:
@@ -81,10 +96,16 @@ def rest_calls(url: str) -> list[tuple[int, Any]]:
     not serve."""
     out = []
     requests = [
-        ("GET", "/models", {}), ("GET", "/models", {"Authorization": "Bearer nope"}), ("GET", "/models", BEARER),
-        ("GET", "/models/ts_stateful", {}), ("DELETE", "/models/nope", BEARER), ("GET", "/ping", {}),
-        ("POST", "/predictions/ts_stateful", BEARER), ("GET", "/v2/health/live", {}), ("GET", "/metrics", BEARER),
-    ]  # fmt: skip
+        ("GET", "/models", {}),
+        ("GET", "/models", {"Authorization": "Bearer nope"}),
+        ("GET", "/models", BEARER),
+        ("GET", "/models/ts_stateful", {}),
+        ("DELETE", "/models/nope", BEARER),
+        ("GET", "/ping", {}),
+        ("POST", "/predictions/ts_stateful", BEARER),
+        ("GET", "/v2/health/live", {}),
+        ("GET", "/metrics", BEARER),
+    ]
     for method, path, headers in requests:
         # a connection each, as curl makes: a POST answered before its body arrived (the
         # 404) closes its connection, and a client reusing it would see the close
@@ -116,9 +137,12 @@ def address(where: tuple[str, int]) -> str:
 
 async def test_in_process_extra_ports_serve_only_their_api(pb: SimpleNamespace, launch: Launch) -> None:
     server: Server = await launch(
-        no_auth=False, token=TOKEN,
-        ts_inference_grpc_port=0, ts_management_grpc_port=0, ts_management_http_port=0,
-    )  # fmt: skip
+        no_auth=False,
+        token=TOKEN,
+        ts_inference_grpc_port=0,
+        ts_management_grpc_port=0,
+        ts_management_http_port=0,
+    )
     extra = server.extra_addresses
     assert set(extra) == {"ts_inference_grpc", "ts_management_grpc", "ts_management_http"}
     assert len({port for _, port in [*extra.values(), server.grpc_address, server.http_address]}) == 5  # type: ignore[misc]
@@ -126,11 +150,15 @@ async def test_in_process_extra_ports_serve_only_their_api(pb: SimpleNamespace, 
     assert await trio.to_thread.run_sync(grpc_calls, pb, *targets) == EXPECTED_GRPC
     # the main gRPC port keeps both services (and Triton's)
     assert server.grpc_address is not None
-    main = await trio.to_thread.run_sync(grpc_calls, pb, address(server.grpc_address), address(server.grpc_address))
+    main = await trio.to_thread.run_sync(
+        grpc_calls, pb, address(server.grpc_address), address(server.grpc_address)
+    )
     assert main[:4] == ["Healthy", "4", ["4"], ["ts_stateful"]] and main[4] != "UNIMPLEMENTED"
     url = "http://" + address(extra["ts_management_http"])
     assert await trio.to_thread.run_sync(rest_calls, url) == EXPECTED_REST
-    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=20) as client:  # the main port still has both
+    async with httpx.AsyncClient(
+        base_url=str(server.http_url), timeout=20
+    ) as client:  # the main port still has both
         assert (await client.get("/models", headers=BEARER)).status_code == 200
         assert (await client.post("/predictions/ts_stateful", content=b"2")).text == "2"
 
@@ -138,7 +166,10 @@ async def test_in_process_extra_ports_serve_only_their_api(pb: SimpleNamespace, 
 async def test_extra_grpc_ports_without_the_main_one(pb: SimpleNamespace, launch: Launch) -> None:
     server: Server = await launch(grpc_port=None, ts_inference_grpc_port=0, ts_management_grpc_port=0)
     assert server.grpc_address is None
-    targets = address(server.extra_addresses["ts_inference_grpc"]), address(server.extra_addresses["ts_management_grpc"])
+    targets = (
+        address(server.extra_addresses["ts_inference_grpc"]),
+        address(server.extra_addresses["ts_management_grpc"]),
+    )
     assert await trio.to_thread.run_sync(grpc_calls, pb, *targets) == EXPECTED_GRPC
 
 
@@ -175,10 +206,26 @@ def test_the_command_line_fails_before_any_child_starts_on_a_port_in_use() -> No
         taken.listen()
         port = str(taken.getsockname()[1])
         result = subprocess.run(
-            [sys.executable, "-m", "actorserve", "--http-port", "0", "--grpc-port", "0",
-             "--api-workers", "2", "--no-auth", "--ts-management-http-port", port],
-            capture_output=True, text=True, timeout=60, env=env, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "actorserve",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--api-workers",
+                "2",
+                "--no-auth",
+                "--ts-management-http-port",
+                port,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=ROOT,
+        )
     assert result.returncode == 1, result.stderr
     error = f"actorserve: error: cannot listen on 127.0.0.1:{port} (TorchServe management REST): address already in use"
     assert [line for line in result.stderr.splitlines() if "error" in line] == [error]
@@ -191,10 +238,22 @@ def fronts(store: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKEN + "\n")
     server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--api-workers", "2", "--token-file", str(tokens),
-        "--ts-inference-grpc-port", "0", "--ts-management-grpc-port", "0", "--ts-management-http-port", "0",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        "2",
+        "--token-file",
+        str(tokens),
+        "--ts-inference-grpc-port",
+        "0",
+        "--ts-management-grpc-port",
+        "0",
+        "--ts-management-http-port",
+        "0",
         str(store),
-    )  # fmt: skip
+    )
     try:
         server.wait_for(r"serving with 2 front process", 60.0)
         yield server

@@ -36,7 +36,10 @@ async def test_unknown_model_is_404_as_torchserve_says(client: httpx.AsyncClient
     assert reply.json() == {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: nope"}
     version = await client.post("/predictions/ts_stateful/9", content=b"1")
     message = "Model version: 9 does not exist for model: ts_stateful"
-    assert (version.status_code, version.json()) == (404, {"code": 404, "type": "ModelVersionNotFoundException", "message": message})
+    assert (version.status_code, version.json()) == (
+        404,
+        {"code": 404, "type": "ModelVersionNotFoundException", "message": message},
+    )
 
 
 async def test_a_sequence_through_the_stateful_headers(client: httpx.AsyncClient) -> None:
@@ -55,11 +58,17 @@ async def test_a_sequence_through_the_stateful_headers(client: httpx.AsyncClient
     assert (last.status_code, last.text, last.headers[SEQ_END]) == (200, "6", sequence_id)
 
 
-async def test_an_odd_input_streams_until_a_later_request_ends_the_sequence(client: httpx.AsyncClient) -> None:
-    start = await client.post("/predictions/ts_stateful", content=b"1", headers={SEQ_ID: "s1", SEQ_START: "true"})
+async def test_an_odd_input_streams_until_a_later_request_ends_the_sequence(
+    client: httpx.AsyncClient,
+) -> None:
+    start = await client.post(
+        "/predictions/ts_stateful", content=b"1", headers={SEQ_ID: "s1", SEQ_START: "true"}
+    )
     assert (start.text, start.headers[SEQ_ID]) == ("1", "s1")
     chunks: list[bytes] = []
-    async with client.stream("POST", "/predictions/ts_stateful", content=b"3", headers={SEQ_ID: "s1"}) as stream:
+    async with client.stream(
+        "POST", "/predictions/ts_stateful", content=b"3", headers={SEQ_ID: "s1"}
+    ) as stream:
         assert stream.status_code == 200
         assert stream.headers["transfer-encoding"] == "chunked"
         async for chunk in stream.aiter_raw():
@@ -77,7 +86,9 @@ async def test_an_odd_input_streams_until_a_later_request_ends_the_sequence(clie
 async def test_cancel_stops_the_streams_and_keeps_the_sequence(client: httpx.AsyncClient) -> None:
     await client.post("/predictions/ts_stateful", content=b"1", headers={SEQ_ID: "s2", SEQ_START: "true"})
     chunks: list[bytes] = []
-    async with client.stream("POST", "/predictions/ts_stateful", content=b"5", headers={SEQ_ID: "s2"}) as stream:
+    async with client.stream(
+        "POST", "/predictions/ts_stateful", content=b"5", headers={SEQ_ID: "s2"}
+    ) as stream:
         async for chunk in stream.aiter_raw():
             chunks.append(chunk)
             if len(chunks) == 1:
@@ -92,35 +103,52 @@ async def test_cancel_stops_the_streams_and_keeps_the_sequence(client: httpx.Asy
 async def test_forms_split_into_inputs_as_torchserve_does(client: httpx.AsyncClient) -> None:
     # the handler reads "data" (or "body"): a multipart file part named data, a form field
     files = {"data": ("n.txt", b"2", "text/plain")}
-    first = await client.post("/predictions/ts_stateful", files=files, headers={SEQ_ID: "f", SEQ_START: "true"})
+    first = await client.post(
+        "/predictions/ts_stateful", files=files, headers={SEQ_ID: "f", SEQ_START: "true"}
+    )
     assert (first.status_code, first.text) == (200, "2")
     second = await client.post("/predictions/ts_stateful", data={"data": "4"}, headers={SEQ_ID: "f"})
     assert (second.status_code, second.text) == (200, "6")
-    charset = await client.post("/predictions/ts_stateful", content=b'{"input": 2}', headers={
-        SEQ_ID: "f", "content-type": "application/json; charset=utf-8"})  # fmt: skip
+    charset = await client.post(
+        "/predictions/ts_stateful",
+        content=b'{"input": 2}',
+        headers={SEQ_ID: "f", "content-type": "application/json; charset=utf-8"},
+    )
     assert charset.text == "8"
-    broken = await client.post("/predictions/ts_stateful", content=b"x", headers={"content-type": "multipart/form-data"})
+    broken = await client.post(
+        "/predictions/ts_stateful", content=b"x", headers={"content-type": "multipart/form-data"}
+    )
     assert (broken.status_code, broken.json()["message"]) == (400, "multipart/form-data without a boundary")
 
 
 async def test_a_start_for_an_open_sequence_restarts_it_in_the_handler(client: httpx.AsyncClient) -> None:
-    first = await client.post("/predictions/ts_stateful", content=b"8", headers={SEQ_ID: "s3", SEQ_START: "true"})
-    again = await client.post("/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "s3", SEQ_START: "true"})
+    first = await client.post(
+        "/predictions/ts_stateful", content=b"8", headers={SEQ_ID: "s3", SEQ_START: "true"}
+    )
+    again = await client.post(
+        "/predictions/ts_stateful", content=b"2", headers={SEQ_ID: "s3", SEQ_START: "true"}
+    )
     assert (first.status_code, first.text, again.status_code, again.text) == (200, "8", 200, "2")
 
 
 async def test_a_json_body_reaches_the_handler_parsed(client: httpx.AsyncClient) -> None:
     first = await client.post("/predictions/ts_stateful", json={"input": 4})
     assert first.text == "4"
-    second = await client.post("/predictions/ts_stateful", json={"input": 2}, headers={SEQ_ID: first.headers[SEQ_ID]})
+    second = await client.post(
+        "/predictions/ts_stateful", json={"input": 2}, headers={SEQ_ID: first.headers[SEQ_ID]}
+    )
     assert second.text == "6"
 
 
 async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: Any) -> None:
     folder = tmp_path / "slow"
     (folder / "MAR-INF").mkdir(parents=True)
-    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "slow", "handler": "slow.py"}}))
-    (folder / "model-config.yaml").write_text("sequenceBatching: true\nmaxNumSequence: 1\nmaxSequenceJobQueueSize: 1\n")
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(
+        json.dumps({"model": {"modelName": "slow", "handler": "slow.py"}})
+    )
+    (folder / "model-config.yaml").write_text(
+        "sequenceBatching: true\nmaxNumSequence: 1\nmaxSequenceJobQueueSize: 1\n"
+    )
     (folder / "slow.py").write_text(
         "import time\n"
         "def handle(data, context):\n"
@@ -143,9 +171,10 @@ async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: An
             full = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "busy"})
             assert full.status_code == 503
             assert full.json() == {
-                "code": 503, "type": "ServiceUnavailableException",
+                "code": 503,
+                "type": "ServiceUnavailableException",
                 "message": "sequence 'busy' already has 1 requests queued (max_queue)",
-            }  # fmt: skip
+            }
         assert [r.text for r in replies] == ["ok", "ok"]
         other = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "another"})
         assert other.status_code == 503  # maxNumSequence: 1, and "busy" is still open
@@ -155,7 +184,9 @@ async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: An
 async def test_a_handler_past_its_response_timeout_is_restarted(tmp_path: Path, launch: Any) -> None:
     folder = tmp_path / "stuck"
     (folder / "MAR-INF").mkdir(parents=True)
-    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": "stuck", "handler": "h.py"}}))
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(
+        json.dumps({"model": {"modelName": "stuck", "handler": "h.py"}})
+    )
     (folder / "model-config.yaml").write_text("responseTimeout: 1\n")
     (folder / "h.py").write_text(
         "import time\n"

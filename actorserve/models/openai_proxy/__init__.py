@@ -67,7 +67,9 @@ class OpenAIProxyModel(Model):
         prompt = text_input(request, "text_input", default="")
         options = {k: request.parameters[k] for k in _PASSED_ON if request.parameters.get(k) is not None}
         stop = options.get("stop")
-        if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+        if stop is not None and not (
+            isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+        ):
             raise BadInput(f"parameter 'stop': expected a string or a list of strings, got {stop!r}")
         usage = bool_parameter(request.parameters.get("usage", False), "usage")
         return prompt, options, usage
@@ -86,7 +88,9 @@ class OpenAIProxyModel(Model):
             text = await complete(client, self.upstream, body, reply)
         return self._last(request, text, reply, usage)
 
-    async def predict_stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[InferenceResponse]:
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
         async for request in requests:
             prompt, options, usage = self._options(request)
             body = request_body(self.upstream, prompt, options, stream=True, usage=usage)

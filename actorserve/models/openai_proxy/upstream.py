@@ -52,7 +52,9 @@ class UpstreamConfig:
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + ("/chat/completions" if self.api_type == "chat" else "/completions")
+        return self.base_url.rstrip("/") + (
+            "/chat/completions" if self.api_type == "chat" else "/completions"
+        )
 
     def request_headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **self.headers}
@@ -69,10 +71,14 @@ class UpstreamConfig:
             raise SettingsError(f"{where}: expected an object with 'base_url' and 'model'")
         unknown = set(extra) - _EXTRA_KEYS
         if unknown:
-            raise SettingsError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_EXTRA_KEYS))}")
+            raise SettingsError(
+                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_EXTRA_KEYS))}"
+            )
         base_url, model = extra.get("base_url"), extra.get("model")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise SettingsError(f"{where}.base_url: expected an http(s) URL such as https://api.openai.com/v1")
+            raise SettingsError(
+                f"{where}.base_url: expected an http(s) URL such as https://api.openai.com/v1"
+            )
         if not isinstance(model, str) or not model:
             raise SettingsError(f"{where}.model: expected the upstream model's name")
         api_type = extra.get("api_type", "chat")
@@ -136,7 +142,9 @@ async def _lines(config: UpstreamConfig, response: httpx.Response) -> AsyncGener
         yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
 
-def request_body(config: UpstreamConfig, prompt: str, options: Mapping[str, Any], *, stream: bool, usage: bool) -> bytes:
+def request_body(
+    config: UpstreamConfig, prompt: str, options: Mapping[str, Any], *, stream: bool, usage: bool
+) -> bytes:
     """The upstream request: ``prompt`` as the user message (chat) or the prompt, and the
     options (``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``) as given."""
     body: dict[str, Any] = {"model": config.model, **options}
@@ -192,7 +200,9 @@ def _read(config: UpstreamConfig, doc: Any, reply: Reply, *, stream: bool) -> st
 async def complete(client: httpx.AsyncClient, config: UpstreamConfig, body: bytes, reply: Reply) -> str:
     """A whole (non-streamed) answer's text."""
     try:
-        async with client.stream("POST", config.url, content=body, headers=config.request_headers()) as response:
+        async with client.stream(
+            "POST", config.url, content=body, headers=config.request_headers()
+        ) as response:
             content = await _read_capped(config, response)
     except httpx.HTTPError as exc:
         raise transport_error(config, exc) from None
@@ -213,9 +223,13 @@ async def stream(
     """The text pieces of a streamed answer as they arrive. Leaving the iteration early
     (or being cancelled) closes the upstream response."""
     try:
-        async with client.stream("POST", config.url, content=body, headers=config.request_headers()) as response:
+        async with client.stream(
+            "POST", config.url, content=body, headers=config.request_headers()
+        ) as response:
             if response.status_code != 200:
-                raise status_error(config, response.status_code, response.headers, await _read_capped(config, response))
+                raise status_error(
+                    config, response.status_code, response.headers, await _read_capped(config, response)
+                )
             async for line in _lines(config, response):
                 if not line.startswith("data:"):
                     continue  # comments, event names, blank separators
@@ -226,7 +240,9 @@ async def stream(
                 try:
                     doc = orjson.loads(data)
                 except orjson.JSONDecodeError:
-                    raise ModelFailed(f"upstream {config.url} sent an event that is not JSON: {_short(data)}") from None
+                    raise ModelFailed(
+                        f"upstream {config.url} sent an event that is not JSON: {_short(data)}"
+                    ) from None
                 text = _read(config, doc, reply, stream=True)
                 if text:
                     yield text
@@ -255,7 +271,9 @@ def status_error(config: UpstreamConfig, status: int, headers: httpx.Headers, bo
     if status == 400:
         return BadInput(f"{where}: {detail}")
     if status == 429:
-        return Overloaded(f"{where} (rate limited): {detail}", retry_after=_retry_after(headers.get("retry-after")))
+        return Overloaded(
+            f"{where} (rate limited): {detail}", retry_after=_retry_after(headers.get("retry-after"))
+        )
     if status in (401, 403):
         return ModelFailed(f"{where}: the upstream refused our credentials (check api_key_env): {detail}")
     if status == 404:
@@ -292,5 +310,11 @@ def _message(doc: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else value.decode("utf-8", "replace")
+        if isinstance(value, bytes)
+        else repr(value)
+    )
     return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."

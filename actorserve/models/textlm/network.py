@@ -268,7 +268,11 @@ class TextLMCore:
 
     @staticmethod
     def sample(
-        logits_row: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator, top_p: float = 1.0
+        logits_row: torch.Tensor,
+        temperature: float,
+        top_k: int,
+        generator: torch.Generator,
+        top_p: float = 1.0,
     ) -> int:
         """Pick one character id from one row of logits ``[V]``.
 

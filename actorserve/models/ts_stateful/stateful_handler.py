@@ -61,7 +61,9 @@ class StatefulHandler:
             else:
                 prev = None
                 logger.error("no sequence_start request for sequence_id:%s before", sequence_id)
-            ctx.cache.setdefault(sequence_id, {"start": False, "cancel": False, "end": False, "num_requests": 0})
+            ctx.cache.setdefault(
+                sequence_id, {"start": False, "cancel": False, "end": False, "num_requests": 0}
+            )
 
             req_id = ctx.get_request_id(idx)
             if req_id not in ctx.cache:  # a new request

@@ -92,7 +92,9 @@ class Deadlines:
         if connection.is_closing():
             return
         try:
-            connection._connection.close_connection(error_code=ErrorCodes.NO_ERROR, additional_data=reason.encode())
+            connection._connection.close_connection(
+                error_code=ErrorCodes.NO_ERROR, additional_data=reason.encode()
+            )
             connection.flush()
         except ProtocolError:
             pass  # h2 already ended the connection: close the socket all the same

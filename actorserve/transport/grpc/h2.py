@@ -288,7 +288,9 @@ class Wire:
             return None
         compressed, size = PREFIX.unpack(prefix)
         if size > self.max_bytes:
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}")
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}"
+            )
         data = await _read(h2, size, f"the request ended inside a message of {size} bytes")
         if len(data) < size:  # the stream ended right after the prefix
             raise GRPCError(Status.INTERNAL, f"the request ended inside a message of {size} bytes")
@@ -316,7 +318,8 @@ class Wire:
             return self.recv_type.FromString(data)
         except Exception as exc:  # betterproto2 raises several kinds on bad wire data
             raise GRPCError(
-                Status.INVALID_ARGUMENT, f"the request is not a valid {self.recv_type.__name__} message ({exc})"
+                Status.INVALID_ARGUMENT,
+                f"the request is not a valid {self.recv_type.__name__} message ({exc})",
             ) from None
 
     def _decompress(self, data: bytes) -> bytes:
@@ -328,7 +331,9 @@ class Wire:
                 Status.RESOURCE_EXHAUSTED, f"message decompresses to more than {self.max_bytes} bytes"
             ) from None
         except compression.BadEncoding as exc:
-            raise GRPCError(Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}") from None
+            raise GRPCError(
+                Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}"
+            ) from None
 
     async def send(self, message: Any) -> None:
         """One message (a unary reply, or a lone stream message), as :meth:`send_many`
@@ -364,12 +369,14 @@ class Wire:
         if self.response_encoding is None:
             await stream.send_initial_metadata()
             return
-        await stream._stream.send_headers([
-            (":status", "200"),
-            ("content-type", stream._content_type),
-            ("grpc-encoding", self.response_encoding),
-            ("grpc-accept-encoding", ACCEPT_ENCODING),
-        ])  # fmt: skip
+        await stream._stream.send_headers(
+            [
+                (":status", "200"),
+                ("content-type", stream._content_type),
+                ("grpc-encoding", self.response_encoding),
+                ("grpc-accept-encoding", ACCEPT_ENCODING),
+            ]
+        )
         # grpclib sends the trailers at the end, and must know the headers went out.
         stream._send_initial_metadata_done = True
 

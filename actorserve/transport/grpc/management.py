@@ -48,8 +48,17 @@ class Calls(Protocol):
 
 def description_to_pb(d: ModelDescription) -> ModelDescriptionPb:
     scalars = attrs.asdict(d, recurse=False)
-    for key in ("replicas", "versions", "idle_timeout_ms", "max_duration_ms", "max_queue", "max_sequences",
-                "evict_idle", "platform", "requires_sequence"):  # fmt: skip
+    for key in (
+        "replicas",
+        "versions",
+        "idle_timeout_ms",
+        "max_duration_ms",
+        "max_queue",
+        "max_sequences",
+        "evict_idle",
+        "platform",
+        "requires_sequence",
+    ):
         scalars.pop(key)
     return ModelDescriptionPb(
         **scalars,
@@ -102,7 +111,9 @@ class ManagementService:
             raise BadInput(f"workers must be >= 1, got {message.workers}")
         if message.grace_seconds is not None and message.grace_seconds < 0:
             raise BadInput(f"grace_seconds must be >= 0, got {message.grace_seconds}")
-        await self.engine.set_workers(message.name, message.workers, message.version or None, grace=message.grace_seconds)
+        await self.engine.set_workers(
+            message.name, message.workers, message.version or None, grace=message.grace_seconds
+        )
 
     async def _set_default_version(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self.calls._request(stream, SetDefaultVersionRequest)

@@ -71,14 +71,23 @@ async def serve_grpc(
     listeners: list[tuple[socket.socket, str | None]] = []
     try:
         if sock is not None or not extra:
-            listeners.append((sock.dup() if sock is not None else bind(settings.host, settings.grpc_port or 0, settings.backlog), None))
+            listeners.append(
+                (
+                    sock.dup()
+                    if sock is not None
+                    else bind(settings.host, settings.grpc_port or 0, settings.backlog),
+                    None,
+                )
+            )
         listeners += [(extra_sock.dup(), only) for only, extra_sock in extra.items()]
         async with trio_asyncio.open_loop():
             servers = []
             try:
                 for listener, only in listeners:
                     others = [torchserve] if only is None else [torchserve.only(only)]
-                    servers.append(await to_aio(partial(service.start, only=only is not None), listener, others))
+                    servers.append(
+                        await to_aio(partial(service.start, only=only is not None), listener, others)
+                    )
                     host, port = listener.getsockname()[:2]
                     level = logging.INFO if announce else logging.DEBUG
                     if only is None:

@@ -73,7 +73,14 @@ from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
 SERVICE: Final = "/inference.GRPCInferenceService/"
 
 #: What ServerMetadata lists: the same as REST's ``GET /v2``.
-EXTENSIONS: Final = ("binary_tensor_data", "generate", "model_repository", "parameters", "sequence", "streaming")
+EXTENSIONS: Final = (
+    "binary_tensor_data",
+    "generate",
+    "model_repository",
+    "parameters",
+    "sequence",
+    "streaming",
+)
 
 #: The RPCs of this service that manage models (the auth seam: with
 #: ``actorserve.v1.Management``, see .management, these need a management token).
@@ -137,7 +144,9 @@ class InferenceService:
 
     # -- lifecycle, on the asyncio side ---------------------------------------------------
 
-    async def start(self, listener: socket.socket, others: Sequence[Any] = (), *, only: bool = False) -> GrpclibServer:
+    async def start(
+        self, listener: socket.socket, others: Sequence[Any] = (), *, only: bool = False
+    ) -> GrpclibServer:
         """Serve this service and ``others`` (objects with grpclib's ``__mapping__``), or
         ``only`` the others (an extra port), with the same guard, records and drain."""
         self._idle = self._idle or asyncio.Event()
@@ -166,7 +175,9 @@ class InferenceService:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
         if self.calls:
-            log.warning("gRPC: ending %d call(s) still running after the grace period (UNAVAILABLE)", self.calls)
+            log.warning(
+                "gRPC: ending %d call(s) still running after the grace period (UNAVAILABLE)", self.calls
+            )
             self._ended = set(self._tasks)
             for task in self._ended:
                 task.cancel()  # each ends with "the server is shutting down" (see _tracked)
@@ -182,33 +193,74 @@ class InferenceService:
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = Cardinality.UNARY_UNARY
-        stream_reply = ModelInferResponse if self.settings.grpc_stream_dialect == "mlserver" else ModelStreamInferResponse
+        stream_reply = (
+            ModelInferResponse
+            if self.settings.grpc_stream_dialect == "mlserver"
+            else ModelStreamInferResponse
+        )
         methods: list[tuple[str, _Method, Cardinality, Any, Any, bool]] = [
             ("ServerLive", self._server_live, unary, ServerLiveRequest, ServerLiveResponse, False),
             ("ServerReady", self._server_ready, unary, ServerReadyRequest, ServerReadyResponse, False),
             ("ModelReady", self._model_ready, unary, ModelReadyRequest, ModelReadyResponse, False),
-            ("ServerMetadata", self._server_metadata, unary, ServerMetadataRequest, ServerMetadataResponse, False),
-            ("ModelMetadata", self._model_metadata, unary, ModelMetadataRequest, ModelMetadataResponse, False),
+            (
+                "ServerMetadata",
+                self._server_metadata,
+                unary,
+                ServerMetadataRequest,
+                ServerMetadataResponse,
+                False,
+            ),
+            (
+                "ModelMetadata",
+                self._model_metadata,
+                unary,
+                ModelMetadataRequest,
+                ModelMetadataResponse,
+                False,
+            ),
             ("ModelConfig", self._model_config, unary, ModelConfigRequest, ModelConfigResponse, False),
             (
-                "ModelStatistics", self._model_statistics, unary,
-                ModelStatisticsRequest, ModelStatisticsResponse, False,
+                "ModelStatistics",
+                self._model_statistics,
+                unary,
+                ModelStatisticsRequest,
+                ModelStatisticsResponse,
+                False,
             ),
             ("ModelInfer", self._model_infer, unary, ModelInferRequest, ModelInferResponse, True),
             (
-                "ModelStreamInfer", self._model_stream_infer, Cardinality.STREAM_STREAM,
-                ModelInferRequest, stream_reply, True,
+                "ModelStreamInfer",
+                self._model_stream_infer,
+                Cardinality.STREAM_STREAM,
+                ModelInferRequest,
+                stream_reply,
+                True,
             ),
-            ("RepositoryIndex", self._repository_index, unary, RepositoryIndexRequest, RepositoryIndexResponse, False),
             (
-                "RepositoryModelLoad", self._repository_model_load, unary,
-                RepositoryModelLoadRequest, RepositoryModelLoadResponse, True,
+                "RepositoryIndex",
+                self._repository_index,
+                unary,
+                RepositoryIndexRequest,
+                RepositoryIndexResponse,
+                False,
             ),
             (
-                "RepositoryModelUnload", self._repository_model_unload, unary,
-                RepositoryModelUnloadRequest, RepositoryModelUnloadResponse, True,
+                "RepositoryModelLoad",
+                self._repository_model_load,
+                unary,
+                RepositoryModelLoadRequest,
+                RepositoryModelLoadResponse,
+                True,
             ),
-        ]  # fmt: skip
+            (
+                "RepositoryModelUnload",
+                self._repository_model_unload,
+                unary,
+                RepositoryModelUnloadRequest,
+                RepositoryModelUnloadResponse,
+                True,
+            ),
+        ]
         return {
             SERVICE + name: Handler(self._tracked(func) if work else func, cardinality, request, reply)
             for name, func, cardinality, request, reply, work in methods
@@ -243,8 +295,12 @@ class InferenceService:
         return handler
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
-        kind = SequenceWire if recv_type is InferRequestDecoder else Wire  # the routing key checked (.routing)
-        return kind(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
+        kind = (
+            SequenceWire if recv_type is InferRequestDecoder else Wire
+        )  # the routing key checked (.routing)
+        return kind(
+            stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes
+        )
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
@@ -252,7 +308,9 @@ class InferenceService:
         exchange = call_exchange()
         if exchange is not None:  # for the access line
             exchange.model = getattr(message, "name", None) or getattr(message, "model_name", None) or None
-            exchange.version = getattr(message, "version", None) or getattr(message, "model_version", None) or None
+            exchange.version = (
+                getattr(message, "version", None) or getattr(message, "model_version", None) or None
+            )
         return wire, message
 
     async def _engine(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -277,7 +335,9 @@ class InferenceService:
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerMetadataRequest)
-        await wire.send(ServerMetadataResponse(name="actorserve", version=__version__, extensions=list(EXTENSIONS)))
+        await wire.send(
+            ServerMetadataResponse(name="actorserve", version=__version__, extensions=list(EXTENSIONS))
+        )
 
     async def _model_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelMetadataRequest)
@@ -383,7 +443,10 @@ class InferenceService:
 
 
 def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
-    return [ModelMetadataResponseTensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape)) for s in specs]
+    return [
+        ModelMetadataResponseTensorMetadata(name=s.name, datatype=s.datatype, shape=list(s.shape))
+        for s in specs
+    ]
 
 
 __all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]

@@ -78,7 +78,11 @@ async def _pump(
 
 
 async def _recorded(
-    engine_call: Any, recorder: Recorder | None, exchange: Exchange, outbox: Outbox, wrap: Callable[[InferenceResponse], Any]
+    engine_call: Any,
+    recorder: Recorder | None,
+    exchange: Exchange,
+    outbox: Outbox,
+    wrap: Callable[[InferenceResponse], Any],
 ) -> None:
     """Pump ``engine_call``'s responses, recording ``exchange`` if there is a ``recorder``; errors propagate."""
     outcome: int | None = None
@@ -111,7 +115,13 @@ class StreamCall:
     call's final status as :class:`GRPCError` (or returns: OK)."""
 
     def __init__(
-        self, engine: EngineAPI, wire: Wire, *, max_inflight: int, draining: trio.Event, recorder: Recorder | None = None
+        self,
+        engine: EngineAPI,
+        wire: Wire,
+        *,
+        max_inflight: int,
+        draining: trio.Event,
+        recorder: Recorder | None = None,
     ) -> None:
         self.engine = engine
         self.recorder = recorder
@@ -148,7 +158,9 @@ class StreamCall:
         """The client's next message, or None once it half-closed."""
         return await to_aio(self.wire.recv)
 
-    async def _write(self, to_write: trio.MemoryReceiveChannel[list[Any] | _Fatal], call_scope: trio.CancelScope) -> None:
+    async def _write(
+        self, to_write: trio.MemoryReceiveChannel[list[Any] | _Fatal], call_scope: trio.CancelScope
+    ) -> None:
         async with to_write:
             while True:
                 try:
@@ -228,7 +240,11 @@ class TritonStream(StreamCall):
             try:
                 request = request_of(message)
                 session = await self._session_for(request, requests, outbox)
-                control = SequenceControl.from_parameters(request.parameters, ANY_ID_LENGTH) if session is None else None
+                control = (
+                    SequenceControl.from_parameters(request.parameters, ANY_ID_LENGTH)
+                    if session is None
+                    else None
+                )
             except Exception as exc:
                 self.slots.release()
                 await self._fail(outbox, message, exc)
@@ -239,7 +255,9 @@ class TritonStream(StreamCall):
                 try:
                     await session.inbox.send(request)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self._fail(outbox, message, BadInput(f"the request stream of model {session.key[0]!r} has ended"))
+                    await self._fail(
+                        outbox, message, BadInput(f"the request stream of model {session.key[0]!r} has ended")
+                    )
                 continue
             assert control is not None
             wait_for, done = self._sequence_turn(control)
@@ -280,9 +298,13 @@ class TritonStream(StreamCall):
 
     async def _one(self, request: InferenceRequest, outbox: Outbox, sequence_id: str | None) -> None:
         exchange = _stream_exchange(request, sequence_id)
-        await _recorded(self.engine.infer_stream(request), self.recorder, exchange, outbox, stream_response_message)
+        await _recorded(
+            self.engine.infer_stream(request), self.recorder, exchange, outbox, stream_response_message
+        )
 
-    async def _session_for(self, request: InferenceRequest, requests: trio.Nursery, outbox: Outbox) -> _InputSession | None:
+    async def _session_for(
+        self, request: InferenceRequest, requests: trio.Nursery, outbox: Outbox
+    ) -> _InputSession | None:
         """The stream-in session for the request's model, started on first use, or None
         if the model serves each request on its own."""
         try:

@@ -35,9 +35,13 @@ def config_to_pb(config: dict[str, Any]) -> ModelConfig:
         platform=config["platform"],
         backend=config["backend"],
         max_batch_size=config["max_batch_size"],
-        input=[ModelInput(name=t["name"], data_type=DataType[t["data_type"]], dims=t["dims"]) for t in config["input"]],
+        input=[
+            ModelInput(name=t["name"], data_type=DataType[t["data_type"]], dims=t["dims"])
+            for t in config["input"]
+        ],
         output=[
-            ModelOutput(name=t["name"], data_type=DataType[t["data_type"]], dims=t["dims"]) for t in config["output"]
+            ModelOutput(name=t["name"], data_type=DataType[t["data_type"]], dims=t["dims"])
+            for t in config["output"]
         ],
         instance_group=[
             ModelInstanceGroup(name=g["name"], kind=ModelInstanceGroupKind.CPU, count=g["count"])
@@ -68,7 +72,10 @@ def statistics_to_pb(stats: dict[str, Any]) -> ModelStatisticsResponse:
                 batch_stats=[
                     InferBatchStatistics(
                         batch_size=b["batch_size"],
-                        **{phase: _duration(b[phase]) for phase in ("compute_input", "compute_infer", "compute_output")},
+                        **{
+                            phase: _duration(b[phase])
+                            for phase in ("compute_input", "compute_infer", "compute_output")
+                        },
                     )
                     for b in s["batch_stats"]
                 ],

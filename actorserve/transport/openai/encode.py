@@ -28,8 +28,14 @@ from .parse import OpenAIError
 
 DONE: Final = b"data: [DONE]\n\n"
 
-_TYPES: Final = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-                 409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 @attrs.frozen(slots=True)
@@ -97,24 +103,45 @@ def _extra(sequence_id: str | None) -> dict[str, Any]:
 def completion(
     call_id: str, model: str, created: int, choices: Sequence[Choice], usage: Usage, sequence_id: str | None
 ) -> bytes:
-    return orjson.dumps({
-        "id": call_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                    for c in choices],
-        "usage": usage.to_json(), **_extra(sequence_id),
-    })  # fmt: skip
+    return orjson.dumps(
+        {
+            "id": call_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                for c in choices
+            ],
+            "usage": usage.to_json(),
+            **_extra(sequence_id),
+        }
+    )
 
 
 def chat_completion(
     call_id: str, model: str, created: int, choices: Sequence[Choice], usage: Usage, sequence_id: str | None
 ) -> bytes:
-    return orjson.dumps({
-        "id": call_id, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                     "logprobs": None, "finish_reason": c.finish_reason} for c in choices],
-        "usage": usage.to_json(), **_extra(sequence_id),
-    })  # fmt: skip
+    return orjson.dumps(
+        {
+            "id": call_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ],
+            "usage": usage.to_json(),
+            **_extra(sequence_id),
+        }
+    )
 
 
 @attrs.frozen(slots=True)
@@ -148,8 +175,16 @@ class ChunkShape:
         """A chat choice's first chunk (the role); nothing for completions."""
         if not self.chat:
             return b""
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None}])  # fmt: skip
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
 
     def text(self, index: int, text: str) -> bytes:
         if self.chat:

@@ -53,7 +53,18 @@ _NEUTRAL: Final[dict[str, tuple[Any, ...]]] = {
 
 _COMMON: Final = frozenset(
     {
-        *("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "user", "stream", "stream_options"),
+        *(
+            "model",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "n",
+            "user",
+            "stream",
+            "stream_options",
+        ),
         *("sequence_id", "sequence_start", "sequence_end"),
     }
 )
@@ -273,8 +284,11 @@ def parse_chat(obj: Any, headers: Mapping[str, str]) -> TextCall:
             raise _bad(f"messages[{i}] must be an object", f"messages[{i}]")
         extra = set(message) - {"role", "content", "name"}
         if extra:
-            raise _bad(f"messages[{i}]: {sorted(extra)[0]!r} is not supported", f"messages[{i}].{sorted(extra)[0]}",
-                       "unsupported_parameter")  # fmt: skip
+            raise _bad(
+                f"messages[{i}]: {sorted(extra)[0]!r} is not supported",
+                f"messages[{i}].{sorted(extra)[0]}",
+                "unsupported_parameter",
+            )
         role = message.get("role")
         if role not in _ROLES:
             raise _bad(

@@ -47,8 +47,11 @@ ASGIReceive = Callable[[], Awaitable[Any]]
 ASGISend = Callable[[Any], Awaitable[None]]
 
 _JSON: Final = [(b"content-type", b"application/json")]
-_EVENT_STREAM: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                        (b"x-accel-buffering", b"no")]  # fmt: skip
+_EVENT_STREAM: Final = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 #: events buffered per choice between the engine and the writer
 _EVENTS_PER_CHOICE: Final = 16
 #: the routes that run a model (``/v1/models`` is metadata: open)

@@ -44,7 +44,9 @@ from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply, too_large_reply
 
 #: ``/v2/models/{name}[/versions/{version}]/{op}`` for the operations on the raw path.
-_MODEL_OP: Final = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|infer_stream|generate|generate_stream)")
+_MODEL_OP: Final = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|infer_stream|generate|generate_stream)"
+)
 
 #: op -> the methods it allows.
 _RAW_METHODS: Final = {
@@ -153,7 +155,10 @@ class RestApp:
                 if match is not None:
                     exchange.model_request(match[1], match[2])
                     self.recorder.open(exchange)
-                    scope = {**scope, "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange}}
+                    scope = {
+                        **scope,
+                        "extensions": {**(scope.get("extensions") or {}), "actorserve": exchange},
+                    }
                 elif path.startswith(MANAGEMENT_PREFIX):  # for the access line
                     exchange.model = path[len(MANAGEMENT_PREFIX) :].split("/", 1)[0]
                 await self.quart(scope, quart_receive, tracked)  # type: ignore[arg-type]
@@ -319,6 +324,11 @@ def create_app(
     register_playground(app)
     recorder = Recorder(metrics if metrics is not None else Metrics(), access)
     return RestApp(
-        engine, settings, app, fast_path=fast_path, recorder=recorder, guard=guard,
+        engine,
+        settings,
+        app,
+        fast_path=fast_path,
+        recorder=recorder,
+        guard=guard,
         torchserve_management=torchserve_management,
-    )  # fmt: skip
+    )

@@ -71,7 +71,9 @@ _EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v i
 # -- the one gzip rule ---------------------------------------------------------------------
 
 
-async def gzip_if_wanted(body: bytes, already_encoded: bool, accept_encoding: str | None, min_bytes: int) -> bytes | None:
+async def gzip_if_wanted(
+    body: bytes, already_encoded: bool, accept_encoding: str | None, min_bytes: int
+) -> bytes | None:
     """``body`` gzipped when :func:`~.wire.should_gzip` says so (large bodies in a worker
     thread, off the event loop), else None. Used for every complete reply, raw or Quart."""
     if not should_gzip(len(body), already_encoded, accept_encoding, min_bytes):
@@ -184,13 +186,21 @@ class RawRoutes:
             nursery.cancel_scope.cancel()
 
     async def _generate(
-        self, send: ASGISend, name: str, version: str | None, body: bytes, headers: RequestHeaders, exchange: Exchange
+        self,
+        send: ASGISend,
+        name: str,
+        version: str | None,
+        body: bytes,
+        headers: RequestHeaders,
+        exchange: Exchange,
     ) -> None:
         try:
             request, encode = await self._generate_request(name, version, body, headers)
             response = await self.engine.infer(request, model=name, version=version)
             note_response(exchange, response)
-            reply = HttpReply(200, [("Content-Type", "application/json"), *sequence_header(response)], encode(response))
+            reply = HttpReply(
+                200, [("Content-Type", "application/json"), *sequence_header(response)], encode(response)
+            )
         except Exception as exc:
             note_error(exchange, exc)
             reply = reply_for(exc, self._limit)
@@ -281,7 +291,9 @@ class RawRoutes:
         await send_reply(send, reply, headers.accept_encoding, self._gzip_min)
 
 
-async def send_reply(send: ASGISend, reply: HttpReply, accept_encoding: str | None = None, gzip_min: int = 0) -> None:
+async def send_reply(
+    send: ASGISend, reply: HttpReply, accept_encoding: str | None = None, gzip_min: int = 0
+) -> None:
     """Send a complete reply (gzipped when the client accepts it and it is large)."""
     raw_headers = _asgi_headers(reply.headers)
     body = reply.body
@@ -305,5 +317,3 @@ def _query(scope: ASGIScope) -> list[tuple[str, list[str]]]:
     for key, value in parse_qsl(scope["query_string"].decode("utf-8", "replace"), keep_blank_values=True):
         grouped.setdefault(key, []).append(value)
     return list(grouped.items())
-
-

@@ -23,7 +23,9 @@ ALLOWED_HEADERS: Final = (
     "Sequence-Id, Sequence-Start, Sequence-End, Last-Event-ID"
 )
 #: response headers a page may read
-EXPOSED_HEADERS: Final = b"Inference-Header-Content-Length, Sequence-Id, Content-Encoding, Retry-After, Actorserve-Replica"
+EXPOSED_HEADERS: Final = (
+    b"Inference-Header-Content-Length, Sequence-Id, Content-Encoding, Retry-After, Actorserve-Replica"
+)
 PREFLIGHT_MAX_AGE: Final = "600"
 
 
@@ -56,13 +58,17 @@ class Cors:
         if not allowed:
             return json_reply({"error": f"origin {origin!r} is not allowed (--cors-allow-origin)"}, 403)
         requested = _header(scope, b"access-control-request-headers")
-        return HttpReply(204, [
-            ("Access-Control-Allow-Origin", "*" if self.any else origin),
-            ("Access-Control-Allow-Methods", ALLOWED_METHODS),
-            ("Access-Control-Allow-Headers", requested or ALLOWED_HEADERS),
-            ("Access-Control-Max-Age", PREFLIGHT_MAX_AGE),
-            ("Vary", "Origin"),
-        ], b"")  # fmt: skip
+        return HttpReply(
+            204,
+            [
+                ("Access-Control-Allow-Origin", "*" if self.any else origin),
+                ("Access-Control-Allow-Methods", ALLOWED_METHODS),
+                ("Access-Control-Allow-Headers", requested or ALLOWED_HEADERS),
+                ("Access-Control-Max-Age", PREFLIGHT_MAX_AGE),
+                ("Vary", "Origin"),
+            ],
+            b"",
+        )
 
     def wrap(self, send: ASGISend, origin: str) -> ASGISend:
         """``send`` adding the CORS headers to the response's start."""

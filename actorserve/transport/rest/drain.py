@@ -77,13 +77,18 @@ def stream_end(scope: ASGIScope, content_type: bytes) -> bytes:
 
 async def send_refusal(send: ASGISend, path: str) -> None:
     status, body = refusal(path)
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [
-            (b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-            (b"connection", b"close"), (b"content-length", str(len(body)).encode()),
-        ],
-    })  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
+                (b"connection", b"close"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -91,7 +91,9 @@ def generate_request_from_json(obj: dict[str, Any], datatypes: Mapping[str, str]
     return InferenceRequest(inputs=inputs, id=request_id, parameters=parameters)
 
 
-def parse_generate_body(body: bytes, headers: RequestHeaders) -> tuple[InferenceRequest, Encoder] | dict[str, Any]:
+def parse_generate_body(
+    body: bytes, headers: RequestHeaders
+) -> tuple[InferenceRequest, Encoder] | dict[str, Any]:
     """A generate body: OIP tensors are decoded here (answered as OIP, like infer);
     Triton's shape comes back as its JSON object, for :func:`generate_request_from_json`
     once the caller has the model's input datatypes."""
@@ -121,7 +123,9 @@ def query_value(text: str) -> Any:
     return number if math.isfinite(number) else text
 
 
-def generate_request_from_query(args: Iterable[tuple[str, list[str]]], datatypes: Mapping[str, str]) -> InferenceRequest:
+def generate_request_from_query(
+    args: Iterable[tuple[str, list[str]]], datatypes: Mapping[str, str]
+) -> InferenceRequest:
     """``GET .../generate_stream?text_input=...&n_tokens=3``: ``text_input`` and the
     model's declared inputs become tensors (text stays text for BYTES inputs, other values
     are parsed as for parameters), ``id`` is the request id, any other key a parameter."""

@@ -63,7 +63,9 @@ class _DateHeader:
         now = time.time()
         if int(now) != self.second:
             self.second = int(now)
-            self.value = b"date: " + time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now)).encode() + b"\r\n"
+            self.value = (
+                b"date: " + time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now)).encode() + b"\r\n"
+            )
         return self.value
 
 
@@ -74,8 +76,18 @@ class HttpToolsProtocol:
     """One HTTP/1.1 connection: httptools parses, hypercorn's ``HTTPStream`` runs the
     ASGI app, this class frames the response. Same interface as hypercorn's H11Protocol."""
 
-    def __init__(self, app: Any, config: Config, context: Any, task_group: Any, connection_state: Any,
-                 ssl: bool, client: Any, server: Any, send: Callable[[Event], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: Any,
+        task_group: Any,
+        connection_state: Any,
+        ssl: bool,
+        client: Any,
+        server: Any,
+        send: Callable[[Event], Awaitable[None]],
+    ) -> None:
         self.app, self.config, self.context, self.task_group = app, config, context, task_group
         self.connection_state, self.ssl, self.client, self.server = connection_state, ssl, client, server
         self.send = send
@@ -105,7 +117,9 @@ class HttpToolsProtocol:
         server_name = b"hypercorn-httptools"
         self.fixed_headers = b"server: " + server_name + b"\r\n" if config.include_server_header else b""
         # the port's own (ServerConfig.fixed_headers: actorserve-replica), rendered once
-        self.fixed_headers += b"".join(n + b": " + v + b"\r\n" for n, v in getattr(config, "fixed_headers", ()))
+        self.fixed_headers += b"".join(
+            n + b": " + v + b"\r\n" for n, v in getattr(config, "fixed_headers", ())
+        )
         self.include_date = config.include_date_header
 
     # -- hypercorn's protocol interface ------------------------------------------------
@@ -229,12 +243,25 @@ class HttpToolsProtocol:
         self.response_started = False
         self.pending_head = b""
         self.stream = HTTPStream(
-            self.app, self.config, self.context, self.task_group, self.ssl, self.client, self.server,
-            self.stream_send, STREAM_ID,
+            self.app,
+            self.config,
+            self.context,
+            self.task_group,
+            self.ssl,
+            self.client,
+            self.server,
+            self.stream_send,
+            STREAM_ID,
         )
         await self.stream.handle(
-            Request(stream_id=STREAM_ID, headers=headers, http_version=version, method=method,
-                    raw_path=url, state=self.connection_state)
+            Request(
+                stream_id=STREAM_ID,
+                headers=headers,
+                http_version=version,
+                method=method,
+                raw_path=url,
+                state=self.connection_state,
+            )
         )
         self.keep_alive_requests += 1
         await self.context.mark_request()
@@ -246,7 +273,9 @@ class HttpToolsProtocol:
     async def stream_send(self, event: Any) -> None:
         if isinstance(event, Response):
             if event.status_code < 200:
-                await self.send(RawData(data=self._head(event.status_code, event.headers, informational=True)))
+                await self.send(
+                    RawData(data=self._head(event.status_code, event.headers, informational=True))
+                )
                 return
             self.response_started = True
             head = self._head(event.status_code, event.headers)

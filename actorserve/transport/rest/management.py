@@ -69,7 +69,9 @@ class ManagementViews:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         encoding = request.headers.get("Content-Encoding")
         if encoding is not None:  # inflating up to max_body_bytes takes a while: off the event loop
-            body = await trio.to_thread.run_sync(decompress_body, body, encoding, self.settings.max_body_bytes)
+            body = await trio.to_thread.run_sync(
+                decompress_body, body, encoding, self.settings.max_body_bytes
+            )
         if not body.strip():
             return {}
         obj = loads(body)
@@ -104,7 +106,9 @@ class ManagementViews:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise BadInput(f"'workers' must be an integer >= 1, got {workers!r}")
         grace = body.get("grace_period")
-        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0):
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0
+        ):
             raise BadInput(f"'grace_period' must be a number of seconds >= 0, got {grace!r}")
         await self.engine.set_workers(name, workers, version, grace=grace)
         return response(json_reply(description_json(await self.engine.describe(name, version))))

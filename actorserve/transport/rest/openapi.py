@@ -29,7 +29,9 @@ def _json(schema: Json) -> Json:
 
 _ERROR = {"description": "error", "content": _json(_ref("Error"))}
 _ERRORS: Final = {str(code): _ERROR for code in (400, 404, 408, 409, 413, 429, 500, 503)}
-_UNAUTHORIZED: Final = {"401": {"description": "missing or wrong bearer token", "content": _json(_ref("Error"))}}
+_UNAUTHORIZED: Final = {
+    "401": {"description": "missing or wrong bearer token", "content": _json(_ref("Error"))}
+}
 _EVENT_STREAM: Final[Json] = {"text/event-stream": {"schema": {"type": "string"}}}
 _SSE: Final = {
     "description": "server-sent events: one `data:` event per response; an `event: error` ends a failed stream",
@@ -45,7 +47,9 @@ _SEQUENCE_HEADERS: Final = [
 ]
 
 
-def _op(summary: str, responses: Json, *, body: Json | None = None, secured: bool = False, **extra: Any) -> Json:
+def _op(
+    summary: str, responses: Json, *, body: Json | None = None, secured: bool = False, **extra: Any
+) -> Json:
     op: Json = {"summary": summary, "responses": {**responses, **(_UNAUTHORIZED if secured else {})}}
     if body is not None:
         op["requestBody"] = {"required": True, "content": body}
@@ -73,45 +77,65 @@ def _model_paths() -> Json:
     ops: dict[str, Json] = {
         "": {"get": _op("Model metadata", _ok(_ref("ModelMetadata")))},
         "/ready": {"get": _op("Model readiness", _ok(_ref("ModelReady")))},
-        "/config": {"get": _op("Triton's model configuration (inputs, outputs, batching, instances)", _ok(_ref("Object")))},
+        "/config": {
+            "get": _op(
+                "Triton's model configuration (inputs, outputs, batching, instances)", _ok(_ref("Object"))
+            )
+        },
         "/stats": {"get": _op("Triton's inference statistics of the model", _ok(_ref("Object")))},
         "/infer": {
             "post": _op(
-                "Inference", _ok(_ref("InferenceResponse")), body=_INFER_BODY,
-                parameters=_SEQUENCE_HEADERS, description=_INFERENCE_AUTH,
+                "Inference",
+                _ok(_ref("InferenceResponse")),
+                body=_INFER_BODY,
+                parameters=_SEQUENCE_HEADERS,
+                description=_INFERENCE_AUTH,
             )
         },
         "/infer_stream": {
             "post": _op(
-                "Streaming inference", {"200": _SSE, **_ERRORS}, body=_INFER_BODY,
-                parameters=_SEQUENCE_HEADERS, description=_INFERENCE_AUTH,
+                "Streaming inference",
+                {"200": _SSE, **_ERRORS},
+                body=_INFER_BODY,
+                parameters=_SEQUENCE_HEADERS,
+                description=_INFERENCE_AUTH,
             )
         },
         "/generate": {
             "post": _op(
                 "Generate (Triton's generate extension, or OIP tensors)",
                 _ok({"oneOf": [_ref("GenerateResponse"), _ref("InferenceResponse")]}),
-                body=_GENERATE_BODY, parameters=_SEQUENCE_HEADERS, description=_INFERENCE_AUTH,
+                body=_GENERATE_BODY,
+                parameters=_SEQUENCE_HEADERS,
+                description=_INFERENCE_AUTH,
             )
         },
         "/generate_stream": {
             "post": _op(
-                "Streaming generate", {"200": _SSE, **_ERRORS}, body=_GENERATE_BODY,
-                parameters=_SEQUENCE_HEADERS, description=_INFERENCE_AUTH,
+                "Streaming generate",
+                {"200": _SSE, **_ERRORS},
+                body=_GENERATE_BODY,
+                parameters=_SEQUENCE_HEADERS,
+                description=_INFERENCE_AUTH,
             ),
             "get": _op(
                 "Streaming generate for EventSource: every query parameter is an input (text_input=...); "
                 "the stream ends with `event: end`",
                 {"200": _SSE, **_ERRORS},
-                parameters=[{"name": "text_input", "in": "query", "required": False, "schema": {"type": "string"}}],
+                parameters=[
+                    {"name": "text_input", "in": "query", "required": False, "schema": {"type": "string"}}
+                ],
                 description=_INFERENCE_AUTH,
             ),
         },
-    }  # fmt: skip
+    }
     paths: Json = {}
     for suffix, methods in ops.items():
         paths[f"/v2/models/{{name}}{suffix}"] = {"parameters": [_NAME], **methods}
-        paths[f"/v2/models/{{name}}/versions/{{version}}{suffix}"] = {"parameters": [_NAME, _VERSION], **methods}
+        paths[f"/v2/models/{{name}}/versions/{{version}}{suffix}"] = {
+            "parameters": [_NAME, _VERSION],
+            **methods,
+        }
     return paths
 
 
@@ -157,7 +181,11 @@ def _schemas() -> Json:
         },
         "ModelReady": {
             "type": "object",
-            "properties": {"name": {"type": "string"}, "version": {"type": "string"}, "ready": {"type": "boolean"}},
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "ready": {"type": "boolean"},
+            },
         },
         "Live": {"type": "object", "properties": {"live": {"type": "boolean"}}},
         "Ready": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
@@ -218,7 +246,11 @@ def _schemas() -> Json:
         "GenerateResponse": {
             "type": "object",
             "required": ["model_name"],
-            "properties": {"model_name": {"type": "string"}, "model_version": {"type": "string"}, "text_output": {}},
+            "properties": {
+                "model_name": {"type": "string"},
+                "model_version": {"type": "string"},
+                "text_output": {},
+            },
             "additionalProperties": True,
         },
         "RepositoryIndexRequest": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
@@ -238,8 +270,16 @@ def _schemas() -> Json:
         "RepositoryRequest": {"type": "object", "properties": {"parameters": _ref("Parameters")}},
         "Empty": {"type": "object"},
         "Object": {"type": "object", "additionalProperties": True},
-        "Workers": {"type": "object", "required": ["workers"], "properties": {"workers": {"type": "integer"}}},
-        "DefaultVersion": {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}},
+        "Workers": {
+            "type": "object",
+            "required": ["workers"],
+            "properties": {"workers": {"type": "integer"}},
+        },
+        "DefaultVersion": {
+            "type": "object",
+            "required": ["version"],
+            "properties": {"version": {"type": "string"}},
+        },
     }
 
 
@@ -250,9 +290,16 @@ def _torchserve_paths() -> Json:
     version = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
     any_body = {"required": False, "content": {"application/octet-stream": {"schema": {}}, **_json({})}}
     answer = _ok(_ref("Object"))
-    predict = {"post": {**_op("TorchServe: a prediction", answer, description=_INFERENCE_AUTH), "requestBody": any_body}}
+    predict = {
+        "post": {
+            **_op("TorchServe: a prediction", answer, description=_INFERENCE_AUTH),
+            "requestBody": any_body,
+        }
+    }
     predict["put"] = predict["post"]
-    explain = {"post": _op("TorchServe: explanations (not implemented: 501)", answer, description=_INFERENCE_AUTH)}
+    explain = {
+        "post": _op("TorchServe: explanations (not implemented: 501)", answer, description=_INFERENCE_AUTH)
+    }
     manage = partial(_op, secured=True)
     one_model = {
         "get": manage("TorchServe: describe a model", answer),
@@ -290,13 +337,19 @@ def openapi_document() -> Json:
         **_model_paths(),
         "/v2/repository/index": {
             "get": _op("Every model version and its state", _ok(_ref("RepositoryIndex"))),
-            "post": {**_op("Every model version and its state", _ok(_ref("RepositoryIndex"))), "requestBody": index_body},
+            "post": {
+                **_op("Every model version and its state", _ok(_ref("RepositoryIndex"))),
+                "requestBody": index_body,
+            },
         },
         "/v2/models/stats": {"get": _op("Triton's inference statistics of every model", _ok(_ref("Object")))},
         "/v2/repository/models/{name}": {
             "parameters": [_NAME],
-            "get": _op("Describe a model: workers, batching, sequences, queue depths, state", _ok(_ref("Object")),
-                       secured=True),
+            "get": _op(
+                "Describe a model: workers, batching, sequences, queue depths, state",
+                _ok(_ref("Object")),
+                secured=True,
+            ),
         },
         "/v2/repository/models/{name}/versions/{version}": {
             "parameters": [_NAME, _VERSION],
@@ -304,18 +357,30 @@ def openapi_document() -> Json:
         },
         "/v2/repository/models/{name}/workers": {
             "parameters": [_NAME],
-            "post": _op("Set the number of workers (replicas) at run time", _ok(_ref("Object")),
-                        body=_json(_ref("Workers")), secured=True),
+            "post": _op(
+                "Set the number of workers (replicas) at run time",
+                _ok(_ref("Object")),
+                body=_json(_ref("Workers")),
+                secured=True,
+            ),
         },
         "/v2/repository/models/{name}/versions/{version}/workers": {
             "parameters": [_NAME, _VERSION],
-            "post": _op("Set the number of workers of one version", _ok(_ref("Object")),
-                        body=_json(_ref("Workers")), secured=True),
+            "post": _op(
+                "Set the number of workers of one version",
+                _ok(_ref("Object")),
+                body=_json(_ref("Workers")),
+                secured=True,
+            ),
         },
         "/v2/repository/models/{name}/default_version": {
             "parameters": [_NAME],
-            "post": _op("Set the version served when a request names none", _ok(_ref("Object")),
-                        body=_json(_ref("DefaultVersion")), secured=True),
+            "post": _op(
+                "Set the version served when a request names none",
+                _ok(_ref("Object")),
+                body=_json(_ref("DefaultVersion")),
+                secured=True,
+            ),
         },
         "/v2/repository/models/{name}/load": {
             "parameters": [_NAME],
@@ -327,7 +392,11 @@ def openapi_document() -> Json:
         "/v2/repository/models/{name}/unload": {
             "parameters": [_NAME],
             "post": {
-                **_op("Unload a model (in-flight requests get the grace period)", _ok(_ref("Empty")), secured=True),
+                **_op(
+                    "Unload a model (in-flight requests get the grace period)",
+                    _ok(_ref("Empty")),
+                    secured=True,
+                ),
                 "requestBody": repository_body,
             },
         },
@@ -339,15 +408,23 @@ def openapi_document() -> Json:
         "/v1/completions": {
             "post": _op(
                 "OpenAI API: a completion (stream: true answers server-sent events); see OpenAI's API reference",
-                {"200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}}, **_ERRORS},
-                body=_json(_ref("Object")), description=_INFERENCE_AUTH,
+                {
+                    "200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}},
+                    **_ERRORS,
+                },
+                body=_json(_ref("Object")),
+                description=_INFERENCE_AUTH,
             )
         },
         "/v1/chat/completions": {
             "post": _op(
                 "OpenAI API: a chat completion (stream: true answers server-sent events); see OpenAI's API reference",
-                {"200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}}, **_ERRORS},
-                body=_json(_ref("Object")), description=_INFERENCE_AUTH,
+                {
+                    "200": {"description": "OK", "content": {**_json(_ref("Object")), **_EVENT_STREAM}},
+                    **_ERRORS,
+                },
+                body=_json(_ref("Object")),
+                description=_INFERENCE_AUTH,
             )
         },
         **_torchserve_paths(),
@@ -357,7 +434,9 @@ def openapi_document() -> Json:
                 {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}},
             )
         },
-        DOCUMENT_PATH: {"get": _op("This document", {"200": {"description": "OK", "content": _json({"type": "object"})}})},
+        DOCUMENT_PATH: {
+            "get": _op("This document", {"200": {"description": "OK", "content": _json({"type": "object"})}})
+        },
     }
     return {
         "openapi": "3.1.0",

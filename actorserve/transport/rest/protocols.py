@@ -123,9 +123,19 @@ class ProtocolWrapper(HypercornProtocolWrapper):
     HTTP/1.1 on httptools when the config asks for it, and the close shielded for both
     HTTP/1.1 protocols of a marked config."""
 
-    def __init__(self, app: Any, config: Config, context: Any, task_group: Any, state: Any, ssl: bool,
-                 client: Any, server: Any, send: Callable[[Event], Awaitable[None]],
-                 alpn_protocol: str | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: Any,
+        task_group: Any,
+        state: Any,
+        ssl: bool,
+        client: Any,
+        server: Any,
+        send: Callable[[Event], Awaitable[None]],
+        alpn_protocol: str | None = None,
+    ) -> None:
         #: the client sent bytes since the idle timeout was last armed (:func:`_idle_timeout`)
         self.bytes_seen = False
         #: the connection is closed (the client hung up, or the server closed it)
@@ -136,7 +146,9 @@ class ProtocolWrapper(HypercornProtocolWrapper):
         if parser is not None:
             send = _shielded_ends(send)
         if alpn_protocol == "h2" or parser != "httptools":
-            super().__init__(app, config, context, task_group, state, ssl, client, server, send, alpn_protocol)
+            super().__init__(
+                app, config, context, task_group, state, ssl, client, server, send, alpn_protocol
+            )
             return
         # the attributes hypercorn's wrapper keeps (its handle() switches to HTTP/2 with them)
         self.app, self.config, self.context, self.task_group = app, config, context, task_group

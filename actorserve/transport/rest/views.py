@@ -94,7 +94,9 @@ class RestViews:
             return response(json_reply({"ready": True}))
         infos = await self.engine.models()
         loading = [f"{m.name}:{m.version}" for m in infos if m.state is ModelState.LOADING]
-        unloading = [f"{m.name}:{m.version}" for m in infos if not m.ready and m.state is not ModelState.LOADING]
+        unloading = [
+            f"{m.name}:{m.version}" for m in infos if not m.ready and m.state is not ModelState.LOADING
+        ]
         if loading:
             why = f"not ready: {', '.join(loading)}"
         elif unloading and len(unloading) < len(infos):  # one model is being unloaded
@@ -104,7 +106,9 @@ class RestViews:
         return response(error_reply(ModelNotReady(why)))
 
     async def server_metadata(self) -> Response:
-        return response(json_reply({"name": "actorserve", "version": __version__, "extensions": list(EXTENSIONS)}))
+        return response(
+            json_reply({"name": "actorserve", "version": __version__, "extensions": list(EXTENSIONS)})
+        )
 
     async def model_metadata(self, name: str, version: str | None = None) -> Response:
         return response(json_reply(metadata_json(await self.engine.metadata(name, version))))
@@ -112,7 +116,9 @@ class RestViews:
     async def model_ready(self, name: str, version: str | None = None) -> Response:
         info = await self.engine.model_info(name, version)
         if not info.ready:
-            raise ModelNotReady(f"model {name!r} version {info.version!r} is not ready ({info.state.lower()})")
+            raise ModelNotReady(
+                f"model {name!r} version {info.version!r} is not ready ({info.state.lower()})"
+            )
         return response(json_reply({"name": info.name, "version": info.version, "ready": True}))
 
     async def repository_index(self) -> Response:

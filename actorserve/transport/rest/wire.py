@@ -103,7 +103,13 @@ class RequestHeaders:
 
 
 _WANTED_HEADERS: Final = frozenset(
-    {"content-length", "content-encoding", "accept-encoding", "inference-header-content-length", *SEQUENCE_HEADERS}
+    {
+        "content-length",
+        "content-encoding",
+        "accept-encoding",
+        "inference-header-content-length",
+        *SEQUENCE_HEADERS,
+    }
 )
 _NO_HEADERS: Final = RequestHeaders()
 
@@ -151,7 +157,9 @@ def no_route_reply(method: str, path: str) -> HttpReply:
 
 
 def method_not_allowed_reply(method: str, path: str, allowed: Iterable[str]) -> HttpReply:
-    return json_reply({"error": f"method {method} is not allowed on {path}"}, 405, [("Allow", ", ".join(allowed))])
+    return json_reply(
+        {"error": f"method {method} is not allowed on {path}"}, 405, [("Allow", ", ".join(allowed))]
+    )
 
 
 # -- gzip ----------------------------------------------------------------------------------
@@ -287,7 +295,9 @@ def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
     return request
 
 
-def _binary_input(obj: dict[str, Any], params: dict[str, Any], binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _binary_input(
+    obj: dict[str, Any], params: dict[str, Any], binary: memoryview, offset: int
+) -> tuple[Tensor, int]:
     name = obj.get("name")
     if not isinstance(name, str):
         raise BadInput(f"input without a string 'name': {str(obj)[:100]}")

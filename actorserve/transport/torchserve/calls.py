@@ -114,7 +114,9 @@ def answer_error(answer: envelope.Answer) -> TsError:
             return TsError(answer.status, str(parsed.get("type", "")), parsed["message"])
     except ValueError:
         pass
-    return TsError(answer.status, "InternalServerException", message or answer.body.decode("utf-8", "replace"))
+    return TsError(
+        answer.status, "InternalServerException", message or answer.body.decode("utf-8", "replace")
+    )
 
 
 @attrs.frozen

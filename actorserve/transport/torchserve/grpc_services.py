@@ -48,11 +48,19 @@ STREAM2_INFLIGHT: Final = 16
 
 #: TorchServe's GRPCUtils.getGRPCStatusCode
 _CODES: Final = {
-    400: Status.INVALID_ARGUMENT, 401: Status.UNAUTHENTICATED, 403: Status.PERMISSION_DENIED,
-    404: Status.NOT_FOUND, 409: Status.ABORTED, 413: Status.RESOURCE_EXHAUSTED,
-    429: Status.RESOURCE_EXHAUSTED, 416: Status.OUT_OF_RANGE, 499: Status.CANCELLED,
-    501: Status.UNIMPLEMENTED, 503: Status.UNAVAILABLE, 504: Status.DEADLINE_EXCEEDED,
-}  # fmt: skip
+    400: Status.INVALID_ARGUMENT,
+    401: Status.UNAUTHENTICATED,
+    403: Status.PERMISSION_DENIED,
+    404: Status.NOT_FOUND,
+    409: Status.ABORTED,
+    413: Status.RESOURCE_EXHAUSTED,
+    429: Status.RESOURCE_EXHAUSTED,
+    416: Status.OUT_OF_RANGE,
+    499: Status.CANCELLED,
+    501: Status.UNIMPLEMENTED,
+    503: Status.UNAVAILABLE,
+    504: Status.DEADLINE_EXCEEDED,
+}
 
 #: the Java package of TorchServe's exceptions that are not in ``org.pytorch.serve.http``
 _PACKAGES: Final = {
@@ -60,7 +68,9 @@ _PACKAGES: Final = {
     "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
 }
 
-Track = Callable[[Callable[[Stream[Any, Any]], Awaitable[None]]], Callable[[Stream[Any, Any]], Awaitable[None]]]
+Track = Callable[
+    [Callable[[Stream[Any, Any]], Awaitable[None]]], Callable[[Stream[Any, Any]], Awaitable[None]]
+]
 
 
 def grpc_code(http: int) -> Status:
@@ -157,7 +167,10 @@ class TorchServeGrpc:
                 self._track(self._stream_predictions), server_stream, PredictionsRequest, PredictionResponse
             ),
             INFERENCE + "StreamPredictions2": Handler(
-                self._track(self._stream_predictions2), Cardinality.STREAM_STREAM, PredictionsRequest, PredictionResponse
+                self._track(self._stream_predictions2),
+                Cardinality.STREAM_STREAM,
+                PredictionsRequest,
+                PredictionResponse,
             ),
         }
         operations: list[tuple[str, Any, Callable[[Any], Awaitable[Reply]]]] = [
@@ -180,7 +193,9 @@ class TorchServeGrpc:
         return Served({path: h for path, h in self.__mapping__().items() if path.startswith(prefix)})
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
-        return Wire(stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes)
+        return Wire(
+            stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes
+        )
 
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
@@ -300,7 +315,9 @@ class TorchServeGrpc:
                             for answer in answers:
                                 reply = PredictionResponse(prediction=answer.body, sequence_id=sequence_id)
                                 if not envelope.ok_status(answer.status):
-                                    reply = PredictionResponse(sequence_id=sequence_id, status=handler_status(answer_error(answer)))
+                                    reply = PredictionResponse(
+                                        sequence_id=sequence_id, status=handler_status(answer_error(answer))
+                                    )
                                 batch.append(reply)
                             await turn.wait()
                             await out.send(batch)
@@ -344,8 +361,11 @@ class TorchServeGrpc:
 
     async def _register(self, m: pm.RegisterModelRequest) -> Reply:
         options = {"url": m.url, "model_name": m.model_name, "handler": m.handler}
-        for key, value in (("batch_size", m.batch_size), ("max_batch_delay", m.max_batch_delay),
-                           ("initial_workers", m.initial_workers)):  # fmt: skip
+        for key, value in (
+            ("batch_size", m.batch_size),
+            ("max_batch_delay", m.max_batch_delay),
+            ("initial_workers", m.initial_workers),
+        ):
             if value:
                 options[key] = str(value)
         return await self.management.register(options)

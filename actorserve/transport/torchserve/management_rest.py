@@ -54,14 +54,18 @@ class TorchServeManagement:
         # would turn ``%252F`` into a ``/`` inside a name
         parts = path.strip("/").split("/")[1:]
         method: str = scope["method"]
-        options = dict(parse_qsl(scope.get("query_string", b"").decode("utf-8", "replace"), keep_blank_values=True))
+        options = dict(
+            parse_qsl(scope.get("query_string", b"").decode("utf-8", "replace"), keep_blank_values=True)
+        )
         try:
             reply = await self._route(method, parts, options)
         except Exception as exc:
             await send_error(send, ts_error(exc))
             return True
         if reply is None:
-            await send_error(send, TsError(405, "MethodNotAllowedException", f"{method} {path} is not allowed"))
+            await send_error(
+                send, TsError(405, "MethodNotAllowedException", f"{method} {path} is not allowed")
+            )
         else:
             await send_json(send, reply.code, reply.json())
         return True
@@ -70,7 +74,9 @@ class TorchServeManagement:
         manage = self.management
         if not parts:
             if method == "GET":
-                return await manage.list_models(_int_option(options, "limit"), _int_option(options, "next_page_token"))
+                return await manage.list_models(
+                    _int_option(options, "limit"), _int_option(options, "next_page_token")
+                )
             if method == "POST":
                 return await manage.register(options)
             return None

@@ -37,8 +37,14 @@ _PREDICTIONS: Final = re.compile(r"/predictions/([^/]+)(?:/([^/]+))?/?")
 _EXPLANATIONS: Final = re.compile(r"/explanations/([^/]+)(?:/([^/]+))?/?")
 
 
-async def send_json(send: ASGISend, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])]
+async def send_json(
+    send: ASGISend, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -54,7 +60,9 @@ def _content_type(answer: envelope.Answer) -> bytes:
     return b"application/json" if stripped in (b"{", b"[") else b"text/plain"
 
 
-def _headers(answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: str | None) -> list[tuple[bytes, bytes]]:
+def _headers(
+    answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: str | None
+) -> list[tuple[bytes, bytes]]:
     raw = [(b"content-type", _content_type(answer))]
     headers = dict(answer.headers)
     if sequence_id is not None:
@@ -94,33 +102,50 @@ class TorchServeInference:
         method: str = scope["method"]
         if path == "/ping":
             if method != "GET":
-                await send_error(send, TsError(405, "MethodNotAllowedException", f"{method} /ping is not allowed"))
+                await send_error(
+                    send, TsError(405, "MethodNotAllowedException", f"{method} /ping is not allowed")
+                )
                 return True
             healthy = await self.engine.ready()
             status = "Healthy" if healthy else "Unhealthy"
             await send_json(send, 200 if healthy else 500, json.dumps({"status": status}, indent=2).encode())
             return True
         if _EXPLANATIONS.fullmatch(path):
-            await send_error(send, TsError(
-                501, "ServiceUnavailableException",
-                "explanations are not supported by actorserve (TorchServe's Captum explanations); "
-                "call /predictions, or have the handler explain inside its answer",
-            ))  # fmt: skip
+            await send_error(
+                send,
+                TsError(
+                    501,
+                    "ServiceUnavailableException",
+                    "explanations are not supported by actorserve (TorchServe's Captum explanations); "
+                    "call /predictions, or have the handler explain inside its answer",
+                ),
+            )
             return True
         match = _PREDICTIONS.fullmatch(path)
         if match is None:
             return False
         if method not in ("POST", "PUT"):
-            await send_error(send, TsError(405, "MethodNotAllowedException", f"{method} {path}: use POST or PUT"))
+            await send_error(
+                send, TsError(405, "MethodNotAllowedException", f"{method} {path}: use POST or PUT")
+            )
             return True
         await self._predict(scope, receive, send, match[1], match[2])
         return True
 
-    async def _predict(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None) -> None:
+    async def _predict(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None
+    ) -> None:
         try:
             body = await read_body(receive, self.limit, _header(scope, b"content-length"))
         except BodyTooLarge:
-            await send_error(send, TsError(413, "RequestTooLargeException", f"request body is over {self.limit} bytes (max_body_bytes)"))
+            await send_error(
+                send,
+                TsError(
+                    413,
+                    "RequestTooLargeException",
+                    f"request body is over {self.limit} bytes (max_body_bytes)",
+                ),
+            )
             return
         except BodyTimeout as exc:
             await send_error(send, TsError(408, "RequestTimeoutException", str(exc)))
@@ -154,7 +179,9 @@ class TorchServeInference:
             async with self.predictor.stream(call) as (responses, sequence_id):
                 answers = await first_answers(responses)
                 if not answers:
-                    await send_error(send, TsError(503, "InternalServerException", "the model gave no answer"))
+                    await send_error(
+                        send, TsError(503, "InternalServerException", "the model gave no answer")
+                    )
                     return
                 first = answers[0]
                 if not envelope.ok_status(first.status):
@@ -162,10 +189,13 @@ class TorchServeInference:
                     await send_json(send, error.code, error.json(), _headers(first, names, sequence_id)[1:])
                     return
                 started = True
-                await send({
-                    "type": "http.response.start", "status": first.status,
-                    "headers": _headers(first, names, sequence_id),
-                })  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": first.status,
+                        "headers": _headers(first, names, sequence_id),
+                    }
+                )
                 while answers:
                     for answer in answers:
                         await send({"type": "http.response.body", "body": answer.body, "more_body": True})
@@ -177,5 +207,3 @@ class TorchServeInference:
             await send_error(send, ts_error(exc))
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-

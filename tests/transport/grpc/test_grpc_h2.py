@@ -95,7 +95,11 @@ async def test_send_many_is_one_send_data_after_the_headers() -> None:
     assert stream._stream.sent[0][1] == {":status": "200", "content-type": "application/grpc+proto"}
     first = unframe(stream._stream.sent[1][1])
     assert [pb.ModelStreamInferResponse.FromString(b).infer_response.id for _, b in first] == ["a", "b", "c"]
-    assert (stream._send_message_done, stream._messages_sent, stream._stream.connection.messages_sent) == (True, 4, 4)
+    assert (stream._send_message_done, stream._messages_sent, stream._stream.connection.messages_sent) == (
+        True,
+        4,
+        4,
+    )
 
 
 async def test_send_many_compresses_each_message_when_the_call_asked() -> None:
@@ -107,7 +111,9 @@ async def test_send_many_compresses_each_message_when_the_call_asked() -> None:
     assert headers["grpc-encoding"] == "gzip"
     assert headers["grpc-accept-encoding"] == ACCEPT_ENCODING
     assert stream._send_initial_metadata_done  # so grpclib sends trailers, not headers again
-    ids = [pb.ModelStreamInferResponse.FromString(gzip.decompress(b)).infer_response.id for _, b in unframe(data)]
+    ids = [
+        pb.ModelStreamInferResponse.FromString(gzip.decompress(b)).infer_response.id for _, b in unframe(data)
+    ]
     assert ids == ["a", "b"]
 
 

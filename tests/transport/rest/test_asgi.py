@@ -101,16 +101,23 @@ async def test_stream_headers_first_response_first_and_disconnect_cancels(
     engine: Engine, nursery: trio.Nursery
 ) -> None:
     app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
-    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["q"]}],
-            "parameters": {"n_tokens": 10_000, "delay": 0.001}}  # fmt: skip
+    body = {
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["q"]}],
+        "parameters": {"n_tokens": 10_000, "delay": 0.001},
+    }
     client = Client(json.dumps(body).encode())
     await run(app, client, "/v2/models/streamer/infer_stream", nursery)
     with trio.fail_after(TIMEOUT):
         await client.started.wait()
     start = client.sent[0]
     assert (start["status"], start["headers"]) == (
-        200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-    )  # fmt: skip
+        200,
+        [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ],
+    )
     assert (await engine.statistics("streamer")).inflight == 1  # the first response came before the headers
     with trio.fail_after(TIMEOUT):
         while len(client.bodies) < 3:  # noqa: ASYNC110 (the fake client has no event per chunk)
@@ -138,11 +145,16 @@ async def test_a_lone_event_is_written_at_once(engine: Engine, nursery: trio.Nur
     gate.gates["g"].set()
     with trio.fail_after(TIMEOUT):
         await client.done.wait()
-    assert client.bodies[1:] == [b'data: {"model_name":"gate","model_version":"1","id":"lone","outputs":'
-                                 b'[{"name":"index","shape":[1],"datatype":"INT64","data":[1]}]}\n\n', b""]  # fmt: skip
+    assert client.bodies[1:] == [
+        b'data: {"model_name":"gate","model_version":"1","id":"lone","outputs":'
+        b'[{"name":"index","shape":[1],"datatype":"INT64","data":[1]}]}\n\n',
+        b"",
+    ]
 
 
-async def test_a_stream_that_fell_behind_catches_up_in_one_write(engine: Engine, nursery: trio.Nursery) -> None:
+async def test_a_stream_that_fell_behind_catches_up_in_one_write(
+    engine: Engine, nursery: trio.Nursery
+) -> None:
     """The reader blocks on the first chunk while the batch model steps on; once it
     reads again, everything that waited goes out as one chunk."""
     app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))

@@ -32,7 +32,14 @@ def imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("module", ["wire.py", "generate.py", "sse.py"])
 def test_wire_modules_import_no_io_library(module: str) -> None:
     for name in imports(PACKAGE / module):
-        assert name.split(".")[0] not in ("trio", "quart", "quart_trio", "hypercorn", "werkzeug", "asyncio"), name
+        assert name.split(".")[0] not in (
+            "trio",
+            "quart",
+            "quart_trio",
+            "hypercorn",
+            "werkzeug",
+            "asyncio",
+        ), name
 
 
 @pytest.mark.parametrize("module", sorted(p.name for p in PACKAGE.glob("*.py")))

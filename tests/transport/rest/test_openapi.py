@@ -24,13 +24,18 @@ HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 #: and transport/torchserve/ (no table): test_the_routes_matched_by_path_answer checks
 #: that each is served
 OPENAI_ROUTES = {
-    ("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
 }
 TORCHSERVE_ROUTES = {
     ("GET", "/ping"),
     *((m, p) for m in ("POST", "PUT") for p in ("/predictions/{model}", "/predictions/{model}/{version}")),
-    ("POST", "/explanations/{model}"), ("POST", "/explanations/{model}/{version}"),
-    ("GET", "/models"), ("POST", "/models"),
+    ("POST", "/explanations/{model}"),
+    ("POST", "/explanations/{model}/{version}"),
+    ("GET", "/models"),
+    ("POST", "/models"),
     *((m, p) for m in ("GET", "PUT", "DELETE") for p in ("/models/{model}", "/models/{model}/{version}")),
     ("PUT", "/models/{model}/{version}/set-default"),
 }
@@ -44,7 +49,9 @@ async def engine() -> AsyncIterator[Engine]:
 
 def documented() -> set[tuple[str, str]]:
     paths = openapi_document()["paths"]
-    return {(method.upper(), path) for path, item in paths.items() for method in item if method in HTTP_METHODS}
+    return {
+        (method.upper(), path) for path, item in paths.items() for method in item if method in HTTP_METHODS
+    }
 
 
 def served(engine: Engine) -> set[tuple[str, str]]:
@@ -76,8 +83,12 @@ async def test_every_route_served_is_documented_and_nothing_else(engine: Engine)
 
 def test_management_routes_say_they_need_a_token() -> None:
     paths = openapi_document()["paths"]
-    secured = {path for path, item in paths.items() for op in item.values()
-               if isinstance(op, dict) and op.get("security")}  # fmt: skip
+    secured = {
+        path
+        for path, item in paths.items()
+        for op in item.values()
+        if isinstance(op, dict) and op.get("security")
+    }
     assert secured == {path for path in paths if path.startswith(("/v2/repository/models/", "/models"))}
     assert len(secured) == 11  # 7 of the repository API, 4 of TorchServe's management API
 
@@ -86,8 +97,12 @@ def test_operations_with_a_body_document_its_refusals() -> None:
     """Every operation that takes a body says it may be refused: 413 past max_body_bytes
     (announced or read), 408 past read_timeout (tests/reliability/test_rel_badinput_*)."""
     paths = openapi_document()["paths"]
-    with_body = [(method, path, op) for path, item in paths.items() for method, op in item.items()
-                 if isinstance(op, dict) and "requestBody" in op]  # fmt: skip
+    with_body = [
+        (method, path, op)
+        for path, item in paths.items()
+        for method, op in item.items()
+        if isinstance(op, dict) and "requestBody" in op
+    ]
     assert len(with_body) >= 20
     assert [(m, p) for m, p, op in with_body if not {"408", "413"} <= set(op["responses"])] == []
 

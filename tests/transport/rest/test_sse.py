@@ -77,7 +77,10 @@ async def written(first: list[int], rest: Batches, *, end_event: bool = False) -
 async def test_one_chunk_per_batch_in_order() -> None:
     rest = Batches([[3], [4, 5, 6]])
     assert await written([1, 2], rest) == [
-        b"data: 1\n\ndata: 2\n\n", b"data: 3\n\n", b"data: 4\n\ndata: 5\n\ndata: 6\n\n", b""
+        b"data: 1\n\ndata: 2\n\n",
+        b"data: 3\n\n",
+        b"data: 4\n\ndata: 5\n\ndata: 6\n\n",
+        b"",
     ]
     assert rest.asked == 3  # the last ask ended the stream
 
@@ -107,7 +110,10 @@ async def test_an_encoding_bug_is_an_error_event() -> None:
         chunks.append(chunk)
 
     tail = await sse.write_events([1], Batches([]), broken, send)
-    assert (chunks, tail) == ([], b'event: error\ndata: {"error":"internal error: KeyError","status":500}\n\n')
+    assert (chunks, tail) == (
+        [],
+        b'event: error\ndata: {"error":"internal error: KeyError","status":500}\n\n',
+    )
 
 
 async def test_cancellation_propagates() -> None:

@@ -28,11 +28,20 @@ from actorserve.types import InferenceResponse, Tensor
 def test_transport_parameters_never_reach_the_engine() -> None:
     """binary_data_size / binary_data / binary_data_output are stripped from the request,
     its inputs and its requested outputs."""
-    head = json.dumps({
-        "inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [2], "parameters": {"binary_data_size": 2, "k": 1}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True, "class_count": 0}}],
-        "parameters": {"binary_data_output": False, "binary_data_size": 3, "keep": True},
-    }).encode()  # fmt: skip
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "UINT8",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": 2, "k": 1},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True, "class_count": 0}}],
+            "parameters": {"binary_data_output": False, "binary_data_size": 3, "keep": True},
+        }
+    ).encode()
     headers = RequestHeaders(inference_header_length=str(len(head)))
     request, encoding = decode_infer_request(head + b"\x01\x02", headers)
     assert request.parameters == {"keep": True}
@@ -43,14 +52,25 @@ def test_transport_parameters_never_reach_the_engine() -> None:
 
 
 def test_binary_and_json_inputs_keep_their_order() -> None:
-    head = json.dumps({"inputs": [
-        {"name": "a", "datatype": "INT8", "shape": [1], "data": [5]},
-        {"name": "b", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}},
-        {"name": "c", "datatype": "INT8", "shape": [1], "data": [7]},
-        {"name": "d", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}},
-    ]}).encode()  # fmt: skip
-    request, _ = decode_infer_request(head + b"\x06\x08", RequestHeaders(inference_header_length=str(len(head))))
-    assert [(t.name, t.data.tolist()) for t in request.inputs] == [("a", [5]), ("b", [6]), ("c", [7]), ("d", [8])]
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "a", "datatype": "INT8", "shape": [1], "data": [5]},
+                {"name": "b", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}},
+                {"name": "c", "datatype": "INT8", "shape": [1], "data": [7]},
+                {"name": "d", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}},
+            ]
+        }
+    ).encode()
+    request, _ = decode_infer_request(
+        head + b"\x06\x08", RequestHeaders(inference_header_length=str(len(head)))
+    )
+    assert [(t.name, t.data.tolist()) for t in request.inputs] == [
+        ("a", [5]),
+        ("b", [6]),
+        ("c", [7]),
+        ("d", [8]),
+    ]
 
 
 def test_sequence_headers_become_parameters() -> None:
@@ -59,19 +79,33 @@ def test_sequence_headers_become_parameters() -> None:
     assert request.parameters == {"sequence_id": "42", "sequence_start": "true"}
     none, _ = decode_infer_request(b'{"inputs": []}', RequestHeaders(sequence=(("sequence_id", "0"),)))
     assert none.parameters == {}
-    same, _ = decode_infer_request(b'{"inputs": [], "parameters": {"sequence_end": true}}',
-                                   RequestHeaders(sequence=(("sequence_end", "1"),)))  # fmt: skip
+    same, _ = decode_infer_request(
+        b'{"inputs": [], "parameters": {"sequence_end": true}}',
+        RequestHeaders(sequence=(("sequence_end", "1"),)),
+    )
     assert same.parameters == {"sequence_end": True}
     with pytest.raises(BadInput, match="disagrees"):
-        decode_infer_request(b'{"inputs": [], "parameters": {"sequence_end": true}}',
-                             RequestHeaders(sequence=(("sequence_end", "false"),)))  # fmt: skip
+        decode_infer_request(
+            b'{"inputs": [], "parameters": {"sequence_end": true}}',
+            RequestHeaders(sequence=(("sequence_end", "false"),)),
+        )
 
 
 @pytest.mark.parametrize(
     ("header", "accepted"),
-    [(None, False), ("", False), ("gzip", True), ("br, gzip", True), ("deflate", False), ("gzip;q=0", False),
-     ("gzip;q=0.5", True), ("*", True), ("GZIP", True), ("identity", False)],
-)  # fmt: skip
+    [
+        (None, False),
+        ("", False),
+        ("gzip", True),
+        ("br, gzip", True),
+        ("deflate", False),
+        ("gzip;q=0", False),
+        ("gzip;q=0.5", True),
+        ("*", True),
+        ("GZIP", True),
+        ("identity", False),
+    ],
+)
 def test_gzip_needs_the_client_to_accept_it(header: str | None, accepted: bool) -> None:
     assert should_gzip(2000, False, header, 1024) is accepted
 
@@ -108,15 +142,21 @@ def test_error_replies() -> None:
     assert reply.headers == [("Content-Type", "application/json"), ("Retry-After", "1")]
     bug = error_reply(KeyError("secret"))
     assert (bug.status, bug.body) == (500, b'{"error":"internal error: KeyError"}')
-    assert too_large_reply(10).body == b'{"error":"the request body is larger than 10 bytes (max_body_bytes)"}'
+    assert (
+        too_large_reply(10).body == b'{"error":"the request body is larger than 10 bytes (max_body_bytes)"}'
+    )
 
 
 def test_encode_infer_response_json_and_binary() -> None:
     response = InferenceResponse(
-        model_name="m", model_version="1", parameters={"sequence_id": 7},
-        outputs=[Tensor("a", (2,), "INT8", np.array([1, 2], dtype=np.int8)),
-                 Tensor("b", (1,), "INT8", np.array([3], dtype=np.int8))],
-    )  # fmt: skip
+        model_name="m",
+        model_version="1",
+        parameters={"sequence_id": 7},
+        outputs=[
+            Tensor("a", (2,), "INT8", np.array([1, 2], dtype=np.int8)),
+            Tensor("b", (1,), "INT8", np.array([3], dtype=np.int8)),
+        ],
+    )
     plain = encode_infer_response(response)
     assert plain.headers == [("sequence-id", "7"), ("Content-Type", "application/json")]
     assert json.loads(plain.body)["outputs"][0]["data"] == [1, 2]
