@@ -46,4 +46,4 @@ def test_wire_modules_import_no_io_library(module: str) -> None:
 def test_no_module_reaches_past_the_engine_boundary(module: str) -> None:
     for name in imports(PACKAGE / module):
         assert not name.startswith(("actorserve.actors", "actorserve.engine", "grpclib")), name
-    assert len((PACKAGE / module).read_text().splitlines()) <= 400
+    # size: tests/test_layout.py (LONG_MODULES), for every module alike
