@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
 import numpy as np
+from example_token import METADATA, refused
 from grpclib import Status
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
@@ -22,15 +22,6 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.types import InferenceRequest
-
-#: a refused call (UNAUTHENTICATED: it needs the server's bearer token) stops the example
-#: with this, not with a stack trace
-REFUSED = (
-    "the server refused {}: it needs its bearer token. Run with "
-    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
-)
-TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
-METADATA = {"authorization": f"Bearer {TOKEN}"} if TOKEN else {}
 
 
 async def main(host: str, port: int) -> int:
@@ -80,4 +71,4 @@ if __name__ == "__main__":
     except GRPCError as error:
         if error.status is not Status.UNAUTHENTICATED:
             raise
-        sys.exit(REFUSED.format(f"a gRPC call ({error.status.name})"))
+        refused(f"a gRPC call ({error.status.name})")

@@ -11,30 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import httpx
+from example_token import AUTH, HOOKS
 from httpx_sse import connect_sse
-
-#: a refused request (401/403: the route needs the server's bearer token) stops the example
-#: with this, not with a stack trace
-REFUSED = (
-    "the server refused {}: it needs its bearer token. Run with "
-    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
-)
-TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
-AUTH = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
-
-
-def refused(response: httpx.Response) -> None:
-    """httpx response hook: exit with :data:`REFUSED` on 401 / 403."""
-    if response.status_code in (401, 403):
-        request = response.request
-        sys.exit(REFUSED.format(f"{request.method} {request.url.path} (HTTP {response.status_code})"))
-
-
-HOOKS = {"response": [refused]}
 
 
 def main(base_url: str) -> int:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import threading
 
 import httpx
+from example_token import AUTH, HOOKS, METADATA, refused
 from grpclib import Status
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
@@ -24,25 +24,6 @@ from grpclib.exceptions import GRPCError
 from actorserve.proto.torchserve.org.pytorch.serve.grpc import inference as ts
 
 SEQ_ID, SEQ_END = "ts_request_sequence_id", "ts_request_sequence_end"
-#: a refused request (401/403: the route needs the server's bearer token) stops the example
-#: with this, not with a stack trace
-REFUSED = (
-    "the server refused {}: it needs its bearer token. Run with "
-    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
-)
-TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
-AUTH = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
-METADATA = {k.lower(): v for k, v in AUTH.items()}
-
-
-def refused(response: httpx.Response) -> None:
-    """httpx response hook: exit with :data:`REFUSED` on 401 / 403."""
-    if response.status_code in (401, 403):
-        request = response.request
-        sys.exit(REFUSED.format(f"{request.method} {request.url.path} (HTTP {response.status_code})"))
-
-
-HOOKS = {"response": [refused]}
 
 
 def rest(url: str) -> bool:
@@ -101,7 +82,7 @@ def main() -> int:
     except GRPCError as error:
         if error.status is not Status.UNAUTHENTICATED:
             raise
-        sys.exit(REFUSED.format(f"StreamPredictions2 ({error.status.name})"))
+        refused(f"StreamPredictions2 ({error.status.name})")
     return 0 if ok else 1
 
 

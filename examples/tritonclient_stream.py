@@ -11,24 +11,16 @@ when every answer is right.
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import sys
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from example_token import METADATA, refused
 from tritonclient.utils import InferenceServerException
 
 TIMEOUT = 30.0
-#: a refused call (UNAUTHENTICATED: it needs the server's bearer token) stops the example
-#: with this, not with a stack trace
-REFUSED = (
-    "the server refused {}: it needs its bearer token. Run with "
-    "ACTORSERVE_TOKEN=$(cat <the token file named in the server's log>) (see docs/security.md)"
-)
-TOKEN = os.environ.get("ACTORSERVE_TOKEN", "")
-METADATA = {"authorization": f"Bearer {TOKEN}"} if TOKEN else {}
 
 
 def text_input(prompt: str) -> grpcclient.InferInput:
@@ -44,9 +36,9 @@ def int_input(value: int) -> grpcclient.InferInput:
 
 
 def failed(error: Any) -> int:
-    """Exit with :data:`REFUSED` if the server wants a token, else say the error."""
+    """Exit with :data:`example_token.REFUSED` if the server wants a token, else say the error."""
     if error.status() == "StatusCode.UNAUTHENTICATED":
-        sys.exit(REFUSED.format(f"the stream ({error.message()})"))
+        refused(f"the stream ({error.message()})")
     print(f"error: {error}")
     return 1
 
