@@ -36,6 +36,10 @@ from actorserve.settings import Settings
 pytest.importorskip("transformers")
 
 TIMEOUT = 60.0
+#: the runtime picks CUDA when there is one; the oracle runs where it runs. The tests load
+#: in float32 everywhere (bf16, the CUDA default, is checked on its own below): greedy
+#: equality token for token across batch shapes holds in float32, not in bf16.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [
     "ROMEO:\n",
     "First Citizen:\nBefore we proceed any further, hear me speak.\n",
@@ -51,20 +55,21 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("llm")
-    return {arch: build(root / arch, arch) for arch in ("gpt2", "llama")}
+    return {arch: build(root / arch, arch, dtype="float32") for arch in ("gpt2", "llama")}
 
 
 class Oracle:
     """``transformers``' own greedy generation of a checkpoint."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+        self.model = model.to(DEVICE).eval()
         self.tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
     def ids(self, prompt: str, max_tokens: int) -> tuple[list[int], list[int]]:
-        ids = self.tok(prompt, return_tensors="pt").input_ids
+        ids = self.tok(prompt, return_tensors="pt").input_ids.to(DEVICE)
         with torch.inference_mode():
             out = self.model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
@@ -95,7 +100,7 @@ async def llm_engine(folder: Path, **parameters: Any) -> AsyncIterator[tuple[Eng
     data = {
         "name": "llm",
         "implementation": "transformers",
-        "parameters": parameters,
+        "parameters": {"dtype": "float32", **parameters},
         "sequence": {"idle_timeout_ms": 60_000, "max_sequences": 64},
     }
     with trio.fail_after(TIMEOUT):
@@ -148,6 +153,22 @@ async def test_greedy_equals_generate_alone_and_16_at_once(
             for i in range(6):
                 nursery.start_soon(together, i)
         assert [burst[i] for i in range(6)] == [oracle.text(same[i % 3], 5 + i) for i in range(6)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="checks the CUDA defaults; no GPU here")
+async def test_cuda_loads_in_bf16_by_default_and_greedy_matches(folders: dict[str, Path]) -> None:
+    """On a GPU with bf16 the runtime loads in bf16 unless told otherwise; one greedy
+    request matches transformers' own bf16 generate on the same device."""
+    oracle = Oracle(folders["llama"], dtype=torch.bfloat16)
+    data = {"name": "llm", "implementation": "transformers"}
+    with trio.fail_after(TIMEOUT):
+        async with actorserve.open_engine([model_settings_from_dict(data, folder=folders["llama"])]) as engine:
+            model = engine.model("llm")
+            assert isinstance(model, TransformersModel)
+            assert model.device.type == "cuda"
+            assert model.dtype == torch.bfloat16
+            for prompt in PROMPTS[:3]:
+                assert await text(engine, prompt, temperature=0, max_tokens=8) == oracle.text(prompt, 8)
 
 
 def test_detokenizer_pieces_are_final_and_whole_characters(oracles: dict[str, Oracle]) -> None:
@@ -299,7 +320,11 @@ async def test_every_front_door(
     import openai
     import tritonclient.grpc as grpcclient
 
-    data = {"name": "llm", "implementation": "actorserve.models.llm.TransformersModel"}
+    data = {
+        "name": "llm",
+        "implementation": "actorserve.models.llm.TransformersModel",
+        "parameters": {"dtype": "float32"},
+    }
     settings = Settings(
         models=(model_settings_from_dict(data, folder=folders["gpt2"]),),
         host="127.0.0.1",

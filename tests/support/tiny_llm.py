@@ -49,8 +49,10 @@ def build(
     std: float = 0.3,
     vocab_size: int = 400,
     context: int = 256,
+    dtype: str | None = None,
 ) -> Path:
-    """Save a ``transformers`` checkpoint and a model-settings.json into ``folder``."""
+    """Save a ``transformers`` checkpoint and a model-settings.json into ``folder`` (its
+    ``dtype`` parameter when given; the runtime's default otherwise)."""
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
     tok = tokenizer(vocab_size)
@@ -87,6 +89,8 @@ def build(
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    settings = {"name": folder.name, "implementation": "transformers"}
+    settings: dict[str, Any] = {"name": folder.name, "implementation": "transformers"}
+    if dtype is not None:
+        settings["parameters"] = {"dtype": dtype}
     (folder / "model-settings.json").write_text(json.dumps(settings))
     return folder
