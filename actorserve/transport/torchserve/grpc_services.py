@@ -3,7 +3,7 @@
 StreamPredictions, StreamPredictions2) and ``...management.ManagementAPIsService``.
 
 Handlers run on grpclib's asyncio loop and reach the engine in one trio task per call
-(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Unary
+(:func:`~actorserve.transport.grpchost.bridge.to_trio`), like the Triton service. Unary
 ``Predictions`` answers the handler's first response, as TorchServe does. Errors are
 TorchServe's: its HTTP code mapped to a gRPC status (``GRPCUtils``), the message as the
 details; on StreamPredictions2 an error is a response whose ``status`` is a
@@ -35,13 +35,18 @@ from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
 )
 from ...settings import Settings
 from ...torchserve import envelope
-from ..grpc.bridge import to_aio, to_trio
-from ..grpc.h2 import Wire
+from ..auth import Scope
+from ..grpchost.bridge import to_aio, to_trio
+from ..grpchost.calls import call_exchange
+from ..grpchost.door import Calls
+from ..grpchost.h2 import Wire
 from .calls import Call, Predictor, TsError, TsRefusal, answer_error, first_answers, ts_error
 from .management import Management, Reply
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
 MANAGEMENT: Final = "/org.pytorch.serve.grpc.management.ManagementAPIsService/"
+#: the prefix of each service's methods, by the name of the port that serves it alone
+PORT_PREFIXES: Final = {"inference": INFERENCE, "management": MANAGEMENT}
 
 #: requests of one StreamPredictions2 call running at once before it stops reading
 STREAM2_INFLIGHT: Final = 16
@@ -67,10 +72,6 @@ _PACKAGES: Final = {
     "ModelNotFoundException": "org.pytorch.serve.archive.model",
     "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
 }
-
-Track = Callable[
-    [Callable[[Stream[Any, Any]], Awaitable[None]]], Callable[[Stream[Any, Any]], Awaitable[None]]
-]
 
 
 def grpc_code(http: int) -> Status:
@@ -135,28 +136,28 @@ def _bad_request(message: str) -> TsRefusal:
     return TsRefusal(TsError(500, "BadRequestException.()", message))
 
 
-class Served:
-    """Handlers as grpclib serves them (an object with ``__mapping__``)."""
-
-    def __init__(self, handlers: dict[str, Handler]) -> None:
-        self.handlers = handlers
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return self.handlers
-
-
 class TorchServeGrpc:
-    """Both services' handlers; ``track`` wraps a handler that works (the gRPC server's
-    call counting and drain)."""
+    """The door: both services' handlers on the gRPC host, whose ``calls.tracked`` wraps
+    each handler that works (call counting and drain)."""
 
-    def __init__(self, engine: EngineAPI, settings: Settings, track: Track) -> None:
+    def __init__(self, engine: EngineAPI, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
         self.predictor = Predictor(engine)
         self.management = Management(engine)
-        self._track = track
 
-    def __mapping__(self) -> dict[str, Handler]:
+    @staticmethod
+    def auth_scope(method: str) -> Scope | None:
+        """Every inference method but ``Ping`` is inference; every management method is
+        management (by service, so a method added later is covered)."""
+        if method.startswith(INFERENCE) and method != INFERENCE + "Ping":
+            return Scope.INFERENCE
+        if method.startswith(MANAGEMENT):
+            return Scope.MANAGEMENT
+        return None
+
+    def handlers(self, calls: Calls) -> dict[str, Handler]:
+        self._track = calls.tracked
         unary, server_stream = Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM
         handlers = {
             INFERENCE + "Ping": Handler(self._ping, unary, Empty, TorchServeHealthResponse),
@@ -186,12 +187,6 @@ class TorchServeGrpc:
             handlers[MANAGEMENT + name] = Handler(handler, unary, request_type, pm.ManagementResponse)
         return handlers
 
-    def only(self, service: str) -> Served:
-        """One of the two services alone (``"inference"`` or ``"management"``), for a
-        port of its own: the other's methods are UNIMPLEMENTED there."""
-        prefix = {"inference": INFERENCE, "management": MANAGEMENT}[service]
-        return Served({path: h for path, h in self.__mapping__().items() if path.startswith(prefix)})
-
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
         return Wire(
             stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes
@@ -200,6 +195,14 @@ class TorchServeGrpc:
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
         message = await wire.recv_one()
+        exchange = call_exchange()
+        name = getattr(message, "model_name", None)
+        if exchange is not None and name:  # the model a call names: the access line, the metrics
+            version = getattr(message, "model_version", None) or None
+            if recv_type is PredictionsRequest:
+                exchange.model_request(name, version)
+            else:
+                exchange.model, exchange.version = name, version
         return wire, message
 
     # -- inference ------------------------------------------------------------------------

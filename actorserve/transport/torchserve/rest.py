@@ -25,6 +25,7 @@ from ...limits import PARSE_IN_THREAD_BYTES
 from ...torchserve import envelope
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
+from ..exchange import Exchange
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
 from .forms import split_body
@@ -97,7 +98,9 @@ class TorchServeInference:
             return Scope.INFERENCE
         return None
 
-    async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
+    async def serve(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, exchange: Exchange | None = None
+    ) -> bool:
         path: str = scope["path"]
         method: str = scope["method"]
         if path == "/ping":
@@ -129,11 +132,19 @@ class TorchServeInference:
                 send, TsError(405, "MethodNotAllowedException", f"{method} {path}: use POST or PUT")
             )
             return True
-        await self._predict(scope, receive, send, match[1], match[2])
+        if exchange is not None:  # the model it names: the metrics' labels
+            exchange.model_request(match[1], match[2])
+        await self._predict(scope, receive, send, match[1], match[2], exchange)
         return True
 
     async def _predict(
-        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None
+        self,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        model: str,
+        version: str | None,
+        exchange: Exchange | None,
     ) -> None:
         try:
             body = await read_body(receive, self.limit, _header(scope, b"content-length"))
@@ -168,7 +179,8 @@ class TorchServeInference:
         call = Call(model, version, inputs, headers)
         with trio.CancelScope() as scope_:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(cancel_on_disconnect, receive, scope_)
+                disconnected = exchange.note_disconnect if exchange is not None else None
+                nursery.start_soon(cancel_on_disconnect, receive, scope_, disconnected)
                 await self._answer(send, call)
                 nursery.cancel_scope.cancel()
 
