@@ -149,6 +149,6 @@ class RestViews:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         headers = RequestHeaders.from_lookup(request.headers.get)
         extensions: Any = request.scope.get("extensions") or {}
-        exchange: Exchange | None = extensions.get("actorserve")  # set by RestApp
+        exchange: Exchange | None = extensions.get("actorserve")  # set by OipRest (the door)
         limit = self.settings.max_body_bytes
         return response(await infer_reply(self.engine, name, version, body, headers, limit, exchange))
