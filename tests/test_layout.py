@@ -217,6 +217,21 @@ def test_the_hosts_import_no_door() -> None:
     assert "actorserve.transport.rest.protocols" in edges["actorserve.transport.httphost.serve"]
 
 
+def test_torchserve_and_its_door_meet_only_through_the_engine_api() -> None:
+    """The engine-side ``torchserve/`` (handlers, archives) and TorchServe's door share
+    only the engine API (``torchserve_envelope`` is part of it)."""
+    engine_side = "actorserve.torchserve"
+    door = "actorserve.transport.torchserve"
+    wrong = {
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        for target in targets
+        if (name.startswith(door) and (target == engine_side or target.startswith(engine_side + ".")))
+        or (name.startswith(engine_side + ".") and in_transport(target))
+    }
+    assert wrong == set()
+
+
 def test_the_door_checks_see_a_door_importing_another() -> None:
     assert door_of("actorserve.transport.openai.routes") == "actorserve.transport.openai"
     assert door_of("actorserve.transport.rest.protocols") is None  # the host's, for now

@@ -35,8 +35,8 @@ from ...errors import (
     SequenceNotFound,
     ShuttingDown,
 )
-from ...torchserve import envelope
-from ...torchserve.envelope import HeaderNames
+from ...torchserve_envelope import SEQUENCE_PLATFORM, Answer, HeaderNames, make_request
+from ...torchserve_envelope import answer as answer_of
 
 #: how long a model's "has sequence batching" is remembered, in seconds
 PLATFORM_TTL: Final = 2.0
@@ -105,7 +105,7 @@ def ts_error(error: BaseException) -> TsError:
     return TsError(500, "InternalServerException", f"internal error: {type(error).__name__}")
 
 
-def answer_error(answer: envelope.Answer) -> TsError:
+def answer_error(answer: Answer) -> TsError:
     """A handler's failed answer (status >= 400) as an error."""
     message = answer.message
     try:
@@ -144,7 +144,7 @@ class Predictor:
         if cached is not None and cached[0] > now:
             return cached[1]
         platform = (await self.engine.metadata(model, version)).platform
-        value = platform == envelope.SEQUENCE_PLATFORM
+        value = platform == SEQUENCE_PLATFORM
         if len(self._sequence_models) > 1024:
             self._sequence_models.clear()
         self._sequence_models[key] = (now + PLATFORM_TTL, value)
@@ -183,7 +183,7 @@ class Predictor:
             attempts = [{**base, "sequence_start": start}, {**base, "sequence_start": not start}]
         async with contextlib.AsyncExitStack() as stack:
             for number, parameters in enumerate(attempts):
-                request = envelope.make_request(
+                request = make_request(
                     call.inputs, headers, model=call.model, version=call.version, parameters=parameters
                 )
                 stream = self.engine.infer_stream(request, model=call.model, version=call.version)
@@ -207,9 +207,9 @@ def _flag(headers: Mapping[str, str], name: str) -> bool:
         return False
 
 
-async def first_answers(responses: ResponseIterator) -> list[envelope.Answer]:
+async def first_answers(responses: ResponseIterator) -> list[Answer]:
     """The answers already waiting (at least one), or [] at the end."""
     try:
-        return [envelope.answer(r) for r in await responses.next_batch()]
+        return [answer_of(r) for r in await responses.next_batch()]
     except StopAsyncIteration:
         return []

@@ -34,7 +34,7 @@ from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
     TorchServeHealthResponse,
 )
 from ...settings import Settings
-from ...torchserve import envelope
+from ...torchserve_envelope import ok_status
 from ..auth import Scope
 from ..grpchost.bridge import to_aio, to_trio
 from ..grpchost.calls import call_exchange
@@ -229,7 +229,7 @@ class TorchServeGrpc:
             raise grpc_error(ts_error(exc)) from None
         if not answers:
             raise grpc_error(TsError(503, "InternalServerException", "the model gave no answer"))
-        if not envelope.ok_status(answers[0].status):
+        if not ok_status(answers[0].status):
             raise grpc_error(answer_error(answers[0]))
         await to_aio(wire.send, PredictionResponse(prediction=answers[0].body))
 
@@ -243,7 +243,7 @@ class TorchServeGrpc:
                 while answers := await first_answers(responses):
                     replies: list[PredictionResponse] = []
                     for answer in answers:
-                        if not envelope.ok_status(answer.status):
+                        if not ok_status(answer.status):
                             if replies:
                                 await to_aio(wire.send_many, replies)
                             raise grpc_error(answer_error(answer))
@@ -317,7 +317,7 @@ class TorchServeGrpc:
                             batch = []
                             for answer in answers:
                                 reply = PredictionResponse(prediction=answer.body, sequence_id=sequence_id)
-                                if not envelope.ok_status(answer.status):
+                                if not ok_status(answer.status):
                                     reply = PredictionResponse(
                                         sequence_id=sequence_id, status=handler_status(answer_error(answer))
                                     )

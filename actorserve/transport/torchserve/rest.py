@@ -22,7 +22,7 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...limits import PARSE_IN_THREAD_BYTES
-from ...torchserve import envelope
+from ...torchserve_envelope import STREAM_NEXT, Answer, HeaderNames, ok_status
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
@@ -54,22 +54,20 @@ async def send_error(send: ASGISend, error: TsError) -> None:
     await send_json(send, error.code, error.json())
 
 
-def _content_type(answer: envelope.Answer) -> bytes:
+def _content_type(answer: Answer) -> bytes:
     if answer.content_type:
         return answer.content_type.encode("latin-1")
     stripped = answer.body.lstrip()[:1]
     return b"application/json" if stripped in (b"{", b"[") else b"text/plain"
 
 
-def _headers(
-    answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: str | None
-) -> list[tuple[bytes, bytes]]:
+def _headers(answer: Answer, names: HeaderNames, sequence_id: str | None) -> list[tuple[bytes, bytes]]:
     raw = [(b"content-type", _content_type(answer))]
     headers = dict(answer.headers)
     if sequence_id is not None:
         headers.setdefault(names.sequence_id, sequence_id)
     for key, value in headers.items():
-        if key.lower() not in ("content-type", "content-length", "transfer-encoding", envelope.STREAM_NEXT):
+        if key.lower() not in ("content-type", "content-length", "transfer-encoding", STREAM_NEXT):
             raw.append((key.lower().encode("latin-1"), str(value).encode("latin-1", "replace")))
     return raw
 
@@ -196,7 +194,7 @@ class TorchServeInference:
                     )
                     return
                 first = answers[0]
-                if not envelope.ok_status(first.status):
+                if not ok_status(first.status):
                     error = answer_error(first)
                     await send_json(send, error.code, error.json(), _headers(first, names, sequence_id)[1:])
                     return
