@@ -161,9 +161,7 @@ class Recorder:
         if exchange.first_at is not None:  # a stream: its gaps so far were kept locally
             self.metrics.flush()
         if exchange.inference and exchange.model is not None:
-            # a 404 of an inference request is a model (or version) that does not exist,
-            # whichever door answered it: its name came from the client
-            not_found = exchange.not_found or outcome_status == 404
+            not_found = exchange.not_found
             model = "" if not_found else exchange.model
             version = "" if not_found else exchange.version or ""
             if outcome_status is None:

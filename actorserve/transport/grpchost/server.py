@@ -1,8 +1,8 @@
 """``serve_grpc``: the gRPC host's listening sockets, grpclib's loop, and the drain.
 
-:func:`serve_grpc` serves the gRPC doors it is given (:class:`.door.GrpcDoor`) and owns the loop (a trio-asyncio loop inside the caller's trio run, see
-:mod:`.bridge`), the grpclib server and, unless the caller passed one, the listening
-socket. Cancelling it drains: new calls get UNAVAILABLE, in-flight calls get
+:func:`serve_grpc` serves the gRPC doors it is given (:class:`.door.GrpcDoor`) and owns
+the loop (a trio-asyncio loop inside the caller's trio run, see :mod:`.bridge`), the
+grpclib servers and, unless the caller passed one, the listening socket. Cancelling it drains: new calls get UNAVAILABLE, in-flight calls get
 ``settings.grace_period`` seconds (shielded), then what is left is cancelled and every
 connection closed. The trio sides of calls live in trio-asyncio's own nursery, which the
 outside cancellation does not reach until then.

@@ -186,6 +186,7 @@ class OpenAIRoutes:
                 prompts = list(call.prompts)
             runs = plan_choices(spec, prompts, call.options, call.n, spec.chat_stop if chat else ())
         except Exception as exc:
+            _note_missing(exchange, exc)
             await _send_error(send, exc)
             return
         call_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
@@ -196,6 +197,7 @@ class OpenAIRoutes:
         try:
             await run_all(self.engine, spec, call.model, runs)
         except Exception as exc:
+            _note_missing(exchange, exc)
             await _send_error(send, exc)
             return
         sequence_id = runs[0].sequence_id
@@ -260,6 +262,16 @@ class OpenAIRoutes:
             if failed is None and call.include_usage:
                 await body(shape.usage(total_usage(runs)))
         await body(DONE, more=False)
+
+
+def _note_missing(exchange: Exchange | None, error: BaseException) -> None:
+    """Tell the exchange (metrics) that the request named a model that does not exist
+    (its name came from the client: it is not a label)."""
+    missing = isinstance(error, ModelNotFound) or (
+        isinstance(error, OpenAIError) and error.code == "model_not_found"
+    )
+    if exchange is not None and missing:
+        exchange.not_found = True
 
 
 def _with_sequence(shape: ChunkShape, sequence_id: str) -> ChunkShape:

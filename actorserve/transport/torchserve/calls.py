@@ -105,6 +105,12 @@ def ts_error(error: BaseException) -> TsError:
     return TsError(500, "InternalServerException", f"internal error: {type(error).__name__}")
 
 
+def names_no_model(error: TsError) -> bool:
+    """``error`` says the model (or version) a request named does not exist: its name
+    came from the client, so it is no metrics label."""
+    return error.type in ("ModelNotFoundException", "ModelVersionNotFoundException")
+
+
 def answer_error(answer: Answer) -> TsError:
     """A handler's failed answer (status >= 400) as an error."""
     message = answer.message

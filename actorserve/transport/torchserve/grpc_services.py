@@ -36,11 +36,21 @@ from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
 from ...settings import Settings
 from ...torchserve_envelope import ok_status
 from ..auth import Scope
+from ..exchange import Exchange
 from ..grpchost.bridge import to_aio, to_trio
 from ..grpchost.calls import call_exchange
 from ..grpchost.door import Calls
 from ..grpchost.h2 import Wire
-from .calls import Call, Predictor, TsError, TsRefusal, answer_error, first_answers, ts_error
+from .calls import (
+    Call,
+    Predictor,
+    TsError,
+    TsRefusal,
+    answer_error,
+    first_answers,
+    names_no_model,
+    ts_error,
+)
 from .management import Management, Reply
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
@@ -72,6 +82,14 @@ _PACKAGES: Final = {
     "ModelNotFoundException": "org.pytorch.serve.archive.model",
     "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
 }
+
+
+def _noted(exchange: Exchange | None, error: TsError) -> TsError:
+    """``error``, noted in the call's exchange when it says the model does not exist (its
+    name came from the client: no metrics label)."""
+    if exchange is not None and names_no_model(error):
+        exchange.not_found = True
+    return error
 
 
 def grpc_code(http: int) -> Status:
@@ -215,9 +233,11 @@ class TorchServeGrpc:
 
     async def _predictions(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, PredictionsRequest)
-        await to_trio(self._predict_unary, wire, message)
+        await to_trio(self._predict_unary, wire, message, call_exchange())
 
-    async def _predict_unary(self, wire: Wire, message: PredictionsRequest) -> None:
+    async def _predict_unary(
+        self, wire: Wire, message: PredictionsRequest, exchange: Exchange | None
+    ) -> None:
         """Answered with the handler's first response, as TorchServe's ``GRPCJob``
         completes a unary call on it: a handler that sends intermediate responses is
         answered with the first of them, and the rest of the request is cancelled
@@ -226,7 +246,7 @@ class TorchServeGrpc:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
                 answers = await first_answers(responses)
         except Exception as exc:
-            raise grpc_error(ts_error(exc)) from None
+            raise grpc_error(_noted(exchange, ts_error(exc))) from None
         if not answers:
             raise grpc_error(TsError(503, "InternalServerException", "the model gave no answer"))
         if not ok_status(answers[0].status):
@@ -235,9 +255,11 @@ class TorchServeGrpc:
 
     async def _stream_predictions(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, PredictionsRequest)
-        await to_trio(self._predict_stream, wire, message)
+        await to_trio(self._predict_stream, wire, message, call_exchange())
 
-    async def _predict_stream(self, wire: Wire, message: PredictionsRequest) -> None:
+    async def _predict_stream(
+        self, wire: Wire, message: PredictionsRequest, exchange: Exchange | None
+    ) -> None:
         try:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
                 while answers := await first_answers(responses):
@@ -252,7 +274,7 @@ class TorchServeGrpc:
         except GRPCError:
             raise
         except Exception as exc:
-            raise grpc_error(ts_error(exc)) from None
+            raise grpc_error(_noted(exchange, ts_error(exc))) from None
 
     async def _stream_predictions2(self, stream: Stream[Any, Any]) -> None:
         wire = self._wire(stream, PredictionsRequest)

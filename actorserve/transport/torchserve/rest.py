@@ -27,7 +27,7 @@ from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
 from ..receive import Disconnected, cancel_on_disconnect, read_body
-from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
+from .calls import Call, Predictor, TsError, answer_error, first_answers, names_no_model, ts_error
 from .forms import split_body
 
 ASGIScope = Mapping[str, Any]
@@ -179,10 +179,10 @@ class TorchServeInference:
             async with trio.open_nursery() as nursery:
                 disconnected = exchange.note_disconnect if exchange is not None else None
                 nursery.start_soon(cancel_on_disconnect, receive, scope_, disconnected)
-                await self._answer(send, call)
+                await self._answer(send, call, exchange)
                 nursery.cancel_scope.cancel()
 
-    async def _answer(self, send: ASGISend, call: Call) -> None:
+    async def _answer(self, send: ASGISend, call: Call, exchange: Exchange | None) -> None:
         names = self.predictor.names
         started = False
         try:
@@ -214,6 +214,9 @@ class TorchServeInference:
             if started:  # nothing left to tell the client but the end of the body
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            await send_error(send, ts_error(exc))
+            error = ts_error(exc)
+            if exchange is not None and names_no_model(error):
+                exchange.not_found = True
+            await send_error(send, error)
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
