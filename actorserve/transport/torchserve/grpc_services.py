@@ -5,10 +5,10 @@ StreamPredictions, StreamPredictions2) and ``...management.ManagementAPIsService
 Handlers run on grpclib's asyncio loop and reach the engine in one trio task per call
 (:func:`~actorserve.transport.grpchost.bridge.to_trio`), like the Triton service. Unary
 ``Predictions`` answers the handler's first response, as TorchServe does. Errors are
-TorchServe's: its HTTP code mapped to a gRPC status (``GRPCUtils``), the message as the
-details; on StreamPredictions2 an error is a response whose ``status`` is a
-``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open (a request with
-neither a sequence id nor a start is refused so).
+TorchServe's (:mod:`.grpc_errors`): its HTTP code mapped to a gRPC status
+(``GRPCUtils``), the message as the details; on StreamPredictions2 an error is a response
+whose ``status`` is a ``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays
+open (a request with neither a sequence id nor a start is refused so).
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import trio
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ...api import EngineAPI
-from ...proto.torchserve.google.protobuf import Any as PbAny
 from ...proto.torchserve.google.protobuf import Empty
-from ...proto.torchserve.google.rpc import ErrorInfo
-from ...proto.torchserve.google.rpc import Status as RpcStatus
 from ...proto.torchserve.org.pytorch.serve.grpc import management as pm
 from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
     PredictionResponse,
@@ -48,9 +45,9 @@ from .calls import (
     TsRefusal,
     answer_error,
     first_answers,
-    names_no_model,
     ts_error,
 )
+from .grpc_errors import grpc_code, grpc_error, handler_status, noted, rpc_status
 from .management import Management, Reply
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
@@ -60,62 +57,6 @@ PORT_PREFIXES: Final = {"inference": INFERENCE, "management": MANAGEMENT}
 
 #: requests of one StreamPredictions2 call running at once before it stops reading
 STREAM2_INFLIGHT: Final = 16
-
-#: TorchServe's GRPCUtils.getGRPCStatusCode
-_CODES: Final = {
-    400: Status.INVALID_ARGUMENT,
-    401: Status.UNAUTHENTICATED,
-    403: Status.PERMISSION_DENIED,
-    404: Status.NOT_FOUND,
-    409: Status.ABORTED,
-    413: Status.RESOURCE_EXHAUSTED,
-    429: Status.RESOURCE_EXHAUSTED,
-    416: Status.OUT_OF_RANGE,
-    499: Status.CANCELLED,
-    501: Status.UNIMPLEMENTED,
-    503: Status.UNAVAILABLE,
-    504: Status.DEADLINE_EXCEEDED,
-}
-
-#: the Java package of TorchServe's exceptions that are not in ``org.pytorch.serve.http``
-_PACKAGES: Final = {
-    "ModelNotFoundException": "org.pytorch.serve.archive.model",
-    "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
-}
-
-
-def _noted(exchange: Exchange | None, error: TsError) -> TsError:
-    """``error``, noted in the call's exchange when it says the model does not exist (its
-    name came from the client: no metrics label)."""
-    if exchange is not None and names_no_model(error):
-        exchange.not_found = True
-    return error
-
-
-def grpc_code(http: int) -> Status:
-    if http in _CODES:
-        return _CODES[http]
-    return Status.OK if 200 <= http < 300 else Status.INTERNAL
-
-
-def grpc_error(error: TsError) -> GRPCError:
-    return GRPCError(grpc_code(error.code), error.message)
-
-
-def rpc_status(error: TsError) -> RpcStatus:
-    """An in-band StreamPredictions2 error; its ``ErrorInfo`` reason is the exception's
-    Java name as TorchServe gives it (a reason with a dot in it is given whole)."""
-    reason = error.type or "InternalServerException"
-    if "." not in reason:
-        reason = f"{_PACKAGES.get(reason, 'org.pytorch.serve.http')}.{reason}"
-    detail = PbAny.pack(ErrorInfo(reason=reason))
-    return RpcStatus(code=grpc_code(error.code).value, message=error.message, details=[detail])
-
-
-def handler_status(error: TsError) -> RpcStatus:
-    """A handler's failed answer in band: TorchServe's worker reports every one as
-    ``InternalServerException`` (``GRPCJob.sendError``), whatever the handler raised."""
-    return rpc_status(TsError(error.code, "InternalServerException", error.message))
 
 
 class _Turn:
@@ -246,7 +187,7 @@ class TorchServeGrpc:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
                 answers = await first_answers(responses)
         except Exception as exc:
-            raise grpc_error(_noted(exchange, ts_error(exc))) from None
+            raise grpc_error(noted(exchange, ts_error(exc))) from None
         if not answers:
             raise grpc_error(TsError(503, "InternalServerException", "the model gave no answer"))
         if not ok_status(answers[0].status):
@@ -274,7 +215,7 @@ class TorchServeGrpc:
         except GRPCError:
             raise
         except Exception as exc:
-            raise grpc_error(_noted(exchange, ts_error(exc))) from None
+            raise grpc_error(noted(exchange, ts_error(exc))) from None
 
     async def _stream_predictions2(self, stream: Stream[Any, Any]) -> None:
         wire = self._wire(stream, PredictionsRequest)
