@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -35,6 +35,7 @@ from .api import (
 from .catalog import UNLOADED, Catalog, Watchers, version_key
 from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .exceptiongroups import raise_single
 from .loadfailure import explain, underlying
 from .metrics import Metrics
 from .model import BatchModel, Model
@@ -371,17 +372,6 @@ async def _checked(
     async for request in requests:
         contract.check(request)
         yield request
-
-
-def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
-    """Re-raise a group holding one error (however deeply nested) as that error, so a
-    caller's ``except OSError`` or ``except ModelNotFound`` works; else the group."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    if error is group:
-        raise group
-    raise error from error.__cause__
 
 
 @asynccontextmanager
