@@ -56,7 +56,9 @@ class Engine:
     def __init__(
         self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None
     ) -> None:
-        self.settings, self.metrics = settings, Metrics()  # metrics: where its models record (GET /metrics)
+        self.settings = settings
+        #: where the hosts record (batches, steps, sequences, rejections; GET /metrics)
+        self.metrics = Metrics()
         self.repository = repository or ModelRepository()
         #: why versions that are not served are not (the repository index shows it)
         self.catalog = Catalog()
@@ -160,17 +162,19 @@ class Engine:
         if grace is None:
             grace = self.settings.grace_period
         versions = self._hosts.get(name)
-        if not versions or (version and version not in versions):
-            raise ModelNotFound(
-                f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded"
-            )
+        if not versions:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        if version and version not in versions:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
         hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
             self.watchers.changed()  # drain marks it UNLOADING before it first yields
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
-            current = self._hosts.get(name, {})  # again: a load may have replaced it meanwhile
+            # Look again after the drain: another unload may have removed this host and
+            # a load put a new one (or a new table) in its place, which stays.
+            current = self._hosts.get(name, {})
             if current.get(host.version) is host:
                 del current[host.version]
                 self.catalog.failed(host.name, host.version, UNLOADED)
