@@ -163,6 +163,14 @@ def test_actors_import_no_transport() -> None:
     assert wrong == set()
 
 
+def test_the_fronts_engine_client_does_not_import_the_engine() -> None:
+    """The front's end of the engine link (ipc/client.py) implements EngineAPI over the
+    link; a helper it shares with the engine lives beside both (exceptiongroups.py)."""
+    edges = graph()
+    for name in ("actorserve.ipc.client", "actorserve.ipc.call_ends"):
+        assert "actorserve.engine" not in edges[name], name
+
+
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     edges = graph()
     assert "actorserve.actors.host" in edges["actorserve.engine"]
