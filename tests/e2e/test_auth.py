@@ -35,7 +35,7 @@ from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
 from actorserve.transport.grpc import TritonGrpc
 from actorserve.transport.openai import OpenAIRoutes
-from actorserve.transport.rest.management import auth_scope as management_scope
+from actorserve.transport.rest.management_routes import auth_scope as management_scope
 from actorserve.transport.torchserve import TorchServeInference, TorchServeManagement
 from actorserve.transport.torchserve.grpc_services import TorchServeGrpc
 

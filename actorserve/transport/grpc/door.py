@@ -12,8 +12,8 @@ from ...api import EngineAPI
 from ...settings import Settings
 from ..auth import Scope
 from ..grpchost.door import Calls
-from .management import SERVICE as MANAGEMENT_SERVICE
-from .management import ManagementService
+from .management_service import SERVICE as MANAGEMENT_SERVICE
+from .management_service import ManagementService
 from .service import SERVICE, InferenceService
 
 #: methods of ``GRPCInferenceService`` with this prefix (load, unload, whatever is added

@@ -54,9 +54,9 @@ from ...settings import Settings, SettingsError
 from ...version import __version__
 from ..exchange import Exchange
 from ..grpchost.bridge import to_trio
-from ..grpchost.calls import call_exchange
 from ..grpchost.door import Calls
 from ..grpchost.h2 import Wire
+from ..grpchost.interceptor import call_exchange
 from ..grpchost.status import log, status_error
 from ..triton import UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
 from .routing import SequenceWire, echo_sequence, parameter_sequence_id
@@ -76,7 +76,7 @@ EXTENSIONS: Final = (
 )
 
 #: The RPCs of this service that manage models (the auth seam: with
-#: ``actorserve.v1.Management``, see .management, these need a management token).
+#: ``actorserve.v1.Management``, see .management_service, these need a management token).
 MANAGEMENT_METHODS: Final = ("RepositoryModelLoad", "RepositoryModelUnload")
 
 #: Metadata header with which a Triton client asks for a gRPC status instead of an
@@ -191,7 +191,7 @@ class InferenceService:
         }
 
     def tracked(self, func: _Method) -> _Method:
-        """``func`` counted and drained by the host (for .management's handlers too)."""
+        """``func`` counted and drained by the host (for .management_service's handlers too)."""
         return self.calls.tracked(func)
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:

@@ -5,7 +5,7 @@ grpclib runs on asyncio only, so this package holds actorserve's asyncio code:
 - :mod:`.server` — :func:`serve_grpc`: sockets, loop, drain, for the doors it is given;
 - :mod:`.host` — :class:`GrpcHost`: the grpclib servers, call counting and the drain;
 - :mod:`.door` — :class:`GrpcDoor`: what a door declares (its methods and their scopes);
-- :mod:`.calls` — the token check and the call's record around every method;
+- :mod:`.interceptor` — the token check and the call's record around every method;
 - :mod:`.bridge` — how asyncio and trio call each other (trio-asyncio, one thread);
 - :mod:`.h2` — every use of grpclib's private API (headers, compression, framing);
 - :mod:`.status` — exceptions to gRPC statuses.

@@ -1,7 +1,7 @@
 """:class:`GrpcHost`: what every gRPC call of every door shares, on the asyncio side.
 
 It builds grpclib servers from the doors' handlers (:meth:`GrpcHost.start`), wraps every
-method in the token check and the call's record (:func:`.calls.guarded`), counts the
+method in the token check and the call's record (:func:`.interceptor.guarded`), counts the
 calls that work (:meth:`GrpcHost.tracked`) and drains them (:meth:`GrpcHost.shut_down`).
 :func:`.server.serve_grpc` runs it on the trio-asyncio loop.
 """
@@ -22,9 +22,9 @@ from ...replica import REPLICA_HEADER, replica_id
 from ...settings import Settings
 from ..auth import Guard
 from ..exchange import Recorder
-from .calls import guarded
 from .door import GrpcDoor, Method
 from .h2 import GrpclibServer
+from .interceptor import guarded
 from .status import log, shutting_down
 
 

@@ -26,8 +26,8 @@ from ..httphost.door import UNTIMED_RECEIVE_KEY
 from ..httphost.replies import ASGIApp
 from ..receive import too_large
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
-from .management import MANAGEMENT_PREFIX, ManagementViews, register_management
-from .management import auth_scope as management_scope
+from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
+from .management_routes import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
 from .sse import END_FRAME, error_frame
 from .views import RestViews, http_error_reply, response
@@ -156,7 +156,7 @@ def create_door(
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
     route("/v2/models/stats", "model_stats", ("GET",))  # every model's (Triton)
     # Management (load, unload, workers, default version, describe): one place, see
-    # management.py; the token check (transport/auth.py) covers them by their prefix.
+    # management_routes.py; the token check (transport/auth.py) covers them by their prefix.
     register_management(app, ManagementViews(engine, settings))
     document = openapi_document()
 

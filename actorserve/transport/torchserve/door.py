@@ -17,7 +17,7 @@ from ..auth import Scope
 from ..exchange import Exchange
 from ..httphost.replies import ASGIApp
 from ..receive import too_large
-from .calls import TsError, ts_error
+from .errors import TsError, ts_error
 from .management_rest import TorchServeManagement, not_on_management_port, on_management_port
 from .rest import ASGIReceive, ASGIScope, ASGISend, TorchServeInference, send_error, send_json
 

@@ -14,7 +14,7 @@ from ...proto.torchserve.google.protobuf import Any as PbAny
 from ...proto.torchserve.google.rpc import ErrorInfo
 from ...proto.torchserve.google.rpc import Status as RpcStatus
 from ..exchange import Exchange
-from .calls import TsError, names_no_model
+from .errors import TsError, names_no_model
 
 #: TorchServe's GRPCUtils.getGRPCStatusCode
 _CODES: Final = {

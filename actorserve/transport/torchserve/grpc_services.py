@@ -35,20 +35,13 @@ from ...torchserve_envelope import ok_status
 from ..auth import Scope
 from ..exchange import Exchange
 from ..grpchost.bridge import to_aio, to_trio
-from ..grpchost.calls import call_exchange
 from ..grpchost.door import Calls
 from ..grpchost.h2 import Wire
-from .calls import (
-    Call,
-    Predictor,
-    TsError,
-    TsRefusal,
-    answer_error,
-    first_answers,
-    ts_error,
-)
+from ..grpchost.interceptor import call_exchange
+from .errors import TsError, TsRefusal, answer_error, ts_error
 from .grpc_errors import grpc_code, grpc_error, handler_status, noted, rpc_status
-from .management import Management, Reply
+from .management_ops import Management, Reply
+from .predictions import Call, Predictor, first_answers
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
 MANAGEMENT: Final = "/org.pytorch.serve.grpc.management.ManagementAPIsService/"

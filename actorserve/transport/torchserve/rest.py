@@ -27,8 +27,9 @@ from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
 from ..receive import Disconnected, cancel_on_disconnect, read_body
-from .calls import Call, Predictor, TsError, answer_error, first_answers, names_no_model, ts_error
+from .errors import TsError, answer_error, names_no_model, ts_error
 from .forms import split_body
+from .predictions import Call, Predictor, first_answers
 
 ASGIScope = Mapping[str, Any]
 ASGIReceive = Callable[[], Awaitable[Any]]
