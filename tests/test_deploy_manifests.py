@@ -3,17 +3,20 @@ transformer is a label on every object and selector), then every object's fields
 the server's behaviour depends on (and the core kinds against the Kubernetes schemas,
 with kubernetes-validate): probes on the health routes, a grace period that
 covers the drain, settings that exist, h2c for gRPC, the KServe runtime's contract,
-the routers' sticky key. ``nginx -t`` on deploy/nginx (HAProxy's ``-c``:
-tests/e2e/test_deploy_haproxy.py)."""
+the routers' sticky key; the KServe, Istio and Gateway API objects strictly against
+their CRDs' schemas, vendored in tests/data/crds (jsonschema). ``nginx -t`` on
+deploy/nginx (HAProxy's ``-c``: tests/e2e/test_deploy_haproxy.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonschema
 import pytest
 import yaml
 
@@ -23,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "kustomize" / "base"
 FIELDS = {field.name for field in attrs.fields(Settings)}
+#: the CRDs' openAPIV3Schema, vendored (tests/data/crds/README.md says from where)
+CRDS = ROOT / "tests" / "data" / "crds"
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -147,6 +152,69 @@ def test_the_routers_stick_on_the_sequence_id_header() -> None:
     assert grpc["spec"]["rules"][0]["matches"][0]["method"]["service"] == "inference.GRPCInferenceService"
     nginx = (DEPLOY / "nginx" / "nginx.conf").read_text()
     assert nginx.count("hash $http_sequence_id consistent;") == 2
+
+
+def strict(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever it lists ``properties`` and
+    keeps no unknown fields: the API server prunes an unknown field (kubectl
+    ``--validate=strict`` refuses it), so a misspelt field must fail here."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+OBJECT_FIELDS: dict[str, Any] = {
+    "apiVersion": {"type": "string"},
+    "kind": {"type": "string"},
+    "metadata": {"type": "object"},
+}
+
+
+def crd_validator(kind: str, version: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((CRDS / f"{kind.lower()}-{version}.json").read_text())
+    # the API server knows these of every object; some CRDs (Istio's) do not list them
+    schema["properties"] = {**OBJECT_FIELDS, **schema["properties"]}
+    return jsonschema.Draft4Validator(strict(schema))
+
+
+CUSTOM_OBJECTS = [
+    ("kserve/cluster-serving-runtime.yaml", 0),
+    ("kserve/inference-service.yaml", 0),
+    ("istio/destination-rule.yaml", 0),
+    ("gateway-api/routes.yaml", 0),
+    ("gateway-api/routes.yaml", 1),
+]
+
+
+@pytest.mark.parametrize(("path", "index"), CUSTOM_OBJECTS)
+def test_the_custom_objects_are_valid_against_their_crd_schemas(path: str, index: int) -> None:
+    obj = load(DEPLOY / path)[index]
+    version = obj["apiVersion"].rsplit("/", 1)[1]
+    errors = [e.message for e in crd_validator(obj["kind"], version).iter_errors(obj)]
+    assert errors == []
+
+
+def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
+    """The check above is strict: an unknown field and a wrong enum value fail."""
+    (rule,) = load(DEPLOY / "istio" / "destination-rule.yaml")
+    hashing = rule["spec"]["trafficPolicy"]["loadBalancer"]["consistentHash"]
+    hashing["httpHeadrName"] = hashing.pop("httpHeaderName")
+    assert not crd_validator("DestinationRule", "v1").is_valid(rule)
+    (runtime,) = load(DEPLOY / "kserve" / "cluster-serving-runtime.yaml")
+    runtime["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    assert not crd_validator("ClusterServingRuntime", "v1alpha1").is_valid(runtime)
+    http, _ = load(DEPLOY / "gateway-api" / "routes.yaml")
+    http["spec"]["rules"][0]["matches"][0]["path"]["type"] = "Glob"
+    assert not crd_validator("HTTPRoute", "v1").is_valid(http)
 
 
 def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:
