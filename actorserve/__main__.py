@@ -40,6 +40,7 @@ from .settings import (
     LOG_FORMATS,
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
+    SEQUENCE_HEADER_PRESETS,
     BadSetting,
     Settings,
     SettingsError,
@@ -141,6 +142,11 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
         click.STRING,
         "this server's name behind a proxy: the actorserve-replica header, the /metrics label, the "
         "prefix of server-made sequence ids (default: the host name; docs/deploy.md)",
+    ),
+    "sequence_headers": (
+        click.Choice(SEQUENCE_HEADER_PRESETS),
+        "which REST headers carry a sequence's id: oip (sequence-id), torchserve "
+        "(ts_request_sequence_id) or sagemaker (X-Amzn-SageMaker-Session-Id; docs/deploy.md#header-presets)",
     ),
     "token_file": (
         click.Path(dir_okay=False),

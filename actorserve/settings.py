@@ -33,6 +33,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MODEL_SETTINGS_FILE",
+    "SEQUENCE_HEADER_PRESETS",
     "BadSetting",
     "ModelSettings",
     "SequenceSettings",
@@ -97,6 +98,8 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
 
 
 HTTP_PARSERS = ("httptools", "h11")
+#: ``sequence_headers`` presets (actorserve/transport/rest/sequence_headers.py)
+SEQUENCE_HEADER_PRESETS = ("oip", "torchserve", "sagemaker")
 
 
 def _one_of(*choices: str) -> _Validator:
@@ -247,6 +250,10 @@ class Settings:
     #: gRPC metadata, the replica label on /metrics, the prefix of server-made sequence
     #: ids (None: the host name; see docs/deploy.md).
     replica_id: str | None = attrs.field(default=None, validator=_replica_id)
+    #: which REST headers carry a sequence's id: ``oip`` (``sequence-id``), ``torchserve``
+    #: (``ts_request_sequence_id``) or ``sagemaker`` (its stateful session headers; see
+    #: docs/deploy.md#header-presets).
+    sequence_headers: str = attrs.field(default="oip", validator=_one_of(*SEQUENCE_HEADER_PRESETS))
     #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
     #: never a flag, and removes that variable from its environment).
     token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)
