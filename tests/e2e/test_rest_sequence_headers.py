@@ -23,7 +23,9 @@ TIMEOUT = 20.0
 URL = "/v2/models/accumulator/infer"
 #: SageMaker runtime's SessionIdHeader and NewSessionResponseHeader patterns (max 256)
 SESSION_ID = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
-NEW_SESSION_ANSWER = re.compile(r"([a-zA-Z0-9](?:-*[a-zA-Z0-9])*);\sExpires=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
+NEW_SESSION_ANSWER = re.compile(
+    r"([a-zA-Z0-9](?:-*[a-zA-Z0-9])*);\sExpires=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)"
+)
 SESSION = "X-Amzn-SageMaker-Session-Id"
 NEW = "X-Amzn-SageMaker-New-Session-Id"
 CLOSED = "X-Amzn-SageMaker-Closed-Session-Id"
