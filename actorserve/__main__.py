@@ -80,7 +80,7 @@ _SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
     "drain_timeout": (
         click.FLOAT,
         "seconds a SIGTERM'd server keeps serving its open sequences (not ready, new starts refused "
-        "503) before the shutdown; 0: off; the one-process shape only (docs/deploy.md#drain)",
+        "503) before the shutdown; 0: off (docs/deploy.md#drain)",
     ),
     "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
     "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
@@ -278,10 +278,6 @@ def cli(
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
-        if (
-            settings.drain_timeout and settings.api_workers
-        ):  # the fronts hold no sequences: not built there yet
-            raise BadSetting("drain_timeout", "needs --api-workers 0 (the one-process shape), for now")
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

@@ -198,8 +198,8 @@ class Settings:
     #: seconds in-flight requests get to finish on shutdown before they are cancelled.
     grace_period: float = attrs.field(default=10.0, validator=_seconds)
     #: seconds a SIGTERM'd server keeps serving its open sequences before the shutdown
-    #: above (not ready, new sequence starts refused 503 / UNAVAILABLE; 0: off). The
-    #: one-process shape only, for now (the CLI refuses it with api_workers); docs/deploy.md#drain.
+    #: above (not ready, new sequence starts refused 503 / UNAVAILABLE; 0: off). In both
+    #: process shapes; docs/deploy.md#drain.
     drain_timeout: float = attrs.field(default=0.0, validator=_seconds)
     #: gzip non-streaming REST responses larger than this when the client accepts gzip.
     gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))

@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
+from actorserve.processes import KILL_AFTER
 from actorserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,11 +105,13 @@ def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
     (container,) = pod["containers"]
     env = env_of(container)
     assert env["ACTORSERVE_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["ACTORSERVE_API_WORKERS"] == "0"  # the drain needs the one-process shape
+    # the default shape (fronts and an engine process): the fronts, then the engine, stop
+    shape_stops = 1 if env.get("ACTORSERVE_API_WORKERS") == "0" else 2
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + float(env["ACTORSERVE_GRACE_PERIOD"])
+    stop = shape_stops * (float(env["ACTORSERVE_GRACE_PERIOD"]) + KILL_AFTER)
+    needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + stop
     assert pod["terminationGracePeriodSeconds"] > needed  # else the kubelet kills a draining pod
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/models"}
     assert container["args"] == ["/mnt/models"]
@@ -242,4 +245,4 @@ def test_the_images_install_the_package_and_serve_the_model_mount() -> None:
     for name in ("Dockerfile", "Dockerfile.cuda"):
         text = (DEPLOY / "image" / name).read_text()
         assert "pip install --no-cache-dir ." in text and 'CMD ["/mnt/models"]' in text
-        assert "ACTORSERVE_API_WORKERS=0" in text
+        assert "ACTORSERVE_API_WORKERS" not in text  # the default shape: the drain works in both
