@@ -75,6 +75,12 @@ async def test_sagemaker_sessions_open_continue_and_close(launch: Launch, fast_p
             URL, json=add(5), headers={SESSION: other_id, "sequence-end": "true", "sequence-id": "x"}
         )
         assert (total(closed), closed.headers[CLOSED]) == (105, other_id)
+        # a start asked for as a parameter (no NEW_SESSION) gets an id in SageMaker's format too
+        by_parameter = await client.post(URL, json=add(7, sequence_start=True, sequence_cancel=False))
+        made = NEW_SESSION_ANSWER.fullmatch(by_parameter.headers[NEW])
+        assert made is not None and made_by(made[1]) == "pod-1-zone" and total(by_parameter) == 7
+        cancelled = await client.post(URL, json=add(0, sequence_cancel=True), headers={SESSION: made[1]})
+        assert cancelled.headers[CLOSED] == made[1]
 
 
 async def test_sagemaker_new_session_disagreeing_with_the_body_is_refused(launch: Launch) -> None:

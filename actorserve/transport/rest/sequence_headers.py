@@ -63,9 +63,14 @@ class SequenceNaming:
         return [(self.echo, value)]
 
     def give_id(self, request: InferenceRequest) -> None:
-        """A start asked for with ``new_value`` (and no id in the body) gets its id here,
-        in this preset's format: the engine would make one SageMaker refuses."""
-        request.parameters.setdefault("sequence_id", new_sequence_id(self.replica, sagemaker=True))
+        """With a preset that has ``new_value`` (SageMaker's), a start without an id
+        (``NEW_SESSION``, or ``sequence_start`` alone) gets its id here, in the preset's
+        format: the engine would make one SageMaker refuses."""
+        parameters = request.parameters
+        if self.new_value is None or parameters.get("sequence_id") not in (None, "", 0, "0"):
+            return
+        if _true(parameters.get("sequence_start")):
+            parameters["sequence_id"] = new_sequence_id(self.replica, sagemaker=True)
 
 
 def expires(idle_timeout_ms: int, now: float | None = None) -> str:
@@ -97,9 +102,11 @@ def naming_for(preset: str, replica: str) -> SequenceNaming:
 
 
 def sequence_flags(request: InferenceRequest) -> tuple[bool, bool]:
-    """(starts, ends) of a request, read before the engine takes its parameters."""
+    """(starts, ends) of a request, read before the engine takes its parameters (a
+    ``sequence_cancel`` ends its sequence too)."""
     parameters = request.parameters
-    return _true(parameters.get("sequence_start")), _true(parameters.get("sequence_end"))
+    ends = _true(parameters.get("sequence_end")) or _true(parameters.get("sequence_cancel"))
+    return _true(parameters.get("sequence_start")), ends
 
 
 def _true(value: object) -> bool:

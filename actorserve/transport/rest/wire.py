@@ -352,7 +352,6 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
             continue
         if param == "sequence_id" and value == headers.naming.new_value:
             param, value = "sequence_start", "true"  # SageMaker's NEW_SESSION
-            headers.naming.give_id(request)
         existing = request.parameters.get(param)
         if existing is None:
             request.parameters[param] = value
@@ -366,6 +365,7 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
                 f"header {param.replace('_', '-')!r} ({value!r}) disagrees with parameter "
                 f"{param!r} ({existing!r})"
             )
+    headers.naming.give_id(request)  # SageMaker's preset: its own id format for a start
 
 
 # -- responses ---------------------------------------------------------------------------
