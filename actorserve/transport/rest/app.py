@@ -33,12 +33,12 @@ from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from ..receive import body_deadline, too_large
 from ..torchserve import TorchServeInference, TorchServeManagement, not_on_management_port, on_management_port
-from ..torchserve.calls import TsError
+from ..torchserve.errors import TsError
 from ..torchserve.rest import send_error as send_ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
-from .management import MANAGEMENT_PREFIX, ManagementViews, register_management
-from .management import auth_scope as management_scope
+from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
+from .management_routes import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
 from .sequence_headers import naming_for
 from .target import refusal
@@ -285,7 +285,7 @@ def create_app(
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
     route("/v2/models/stats", "model_stats", ("GET",))  # every model's (Triton)
     # Management (load, unload, workers, default version, describe): one place, see
-    # management.py; the token check (transport/auth.py) covers them by their prefix.
+    # management_routes.py; the token check (transport/auth.py) covers them by their prefix.
     register_management(app, ManagementViews(engine, settings))
     document = openapi_document()
 

@@ -1,7 +1,7 @@
 """The Quart views of the endpoints off the hot path: health, server and model
 metadata, readiness, Triton's model config and statistics, the repository index, and
 ``infer`` when the raw path is turned off (for comparisons). The management routes
-(load, unload, workers, ...) are in :mod:`.management`.
+(load, unload, workers, ...) are in :mod:`.management_routes`.
 
 Views call only :class:`~actorserve.api.EngineAPI` and raise domain errors; the error
 handler registered in :mod:`.app` turns them into JSON with the table's status.
