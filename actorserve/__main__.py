@@ -41,7 +41,6 @@ from .settings import (
     LOG_FORMATS,
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
-    SEQUENCE_HEADER_PRESETS,
     BadSetting,
     Settings,
     SettingsError,
@@ -95,7 +94,7 @@ _SETTINGS_OPTIONS: dict[str, click.ParamType[Any]] = {
     "max_archive_bytes": click.INT,
     "max_archive_members": click.INT,
     "replica_id": click.STRING,
-    "sequence_headers": click.Choice(SEQUENCE_HEADER_PRESETS),
+    "sequence_headers": click.STRING,
     "token_file": click.Path(dir_okay=False),
 }
 

@@ -6,6 +6,7 @@ Nothing here is read at import time; callers load settings and pass them down.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
@@ -101,6 +102,27 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
 HTTP_PARSERS = ("httptools", "h11")
 #: ``sequence_headers`` presets (actorserve/transport/rest/sequence_headers.py)
 SEQUENCE_HEADER_PRESETS = ("oip", "torchserve", "sagemaker")
+#: a ``sequence_headers`` value of one's own: the header's name (an HTTP token)
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+#: headers the server reads or sends for something else: never a sequence's id
+_TAKEN_HEADERS = frozenset(
+    {
+        *("sequence-start", "sequence-end", "sequence-cancel", "actorserve-replica"),
+        *("content-length", "content-encoding", "content-type", "accept-encoding"),
+        *("inference-header-content-length", "authorization", "host", "connection"),
+    }
+)
+
+
+def _sequence_headers(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value in SEQUENCE_HEADER_PRESETS:
+        return
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value) or value.lower() in _TAKEN_HEADERS:
+        raise BadSetting(
+            attribute.name,
+            f"must be {', '.join(SEQUENCE_HEADER_PRESETS)} or a header name (letters, digits, '-', '_') "
+            "the server does not read for something else",
+        )
 
 
 def _one_of(*choices: str) -> _Validator:
@@ -432,12 +454,13 @@ class Settings:
     )
     sequence_headers: str = attrs.field(
         default="oip",
-        validator=_one_of(*SEQUENCE_HEADER_PRESETS),
+        validator=_sequence_headers,
         metadata=_help(
             "which REST headers carry a sequence's id: 'oip' (sequence-id), 'torchserve' "
-            "(ts_request_sequence_id) or 'sagemaker' (SageMaker's stateful session headers: "
+            "(ts_request_sequence_id), 'sagemaker' (SageMaker's stateful session headers: "
             "X-Amzn-SageMaker-Session-Id, answered with X-Amzn-SageMaker-New-Session-Id / "
-            "-Closed-Session-Id; see docs/deploy.md#header-presets)"
+            "-Closed-Session-Id), or a header name of your own, read and echoed (see "
+            "docs/deploy.md#header-presets)"
         ),
     )
     token: str | None = attrs.field(

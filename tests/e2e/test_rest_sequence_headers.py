@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from actorserve.replica import made_by, new_sequence_id, not_held
+from actorserve.settings import BadSetting, Settings
 from actorserve.transport.rest.sequence_headers import NEVER, expires
 
 if TYPE_CHECKING:
@@ -124,6 +125,26 @@ async def test_the_sse_stream_names_a_new_sagemaker_session(launch: Launch) -> N
             answer = NEW_SESSION_ANSWER.fullmatch(reply.headers[NEW])
             body = (await reply.aread()).decode()
         assert answer is not None and f'"sequence_id":"{answer[1]}"' in body
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["raw", "quart"])
+async def test_a_header_name_of_ones_own(launch: Launch, fast_path: bool) -> None:
+    server = await launch(fast_path=fast_path, sequence_headers="X-Chat-Session")
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        opened = await client.post(URL, json=add(2), headers={"sequence-start": "true"})
+        sid = opened.headers["x-chat-session"]
+        later = await client.post(URL, json=add(3), headers={"x-chat-session": sid})
+        assert (total(later), later.headers["X-Chat-Session"], "sequence-id" in later.headers) == (
+            5,
+            sid,
+            False,
+        )
+
+
+@pytest.mark.parametrize("value", ["sequence-end", "Content-Length", "two words", "", "-x"])
+def test_a_header_the_server_reads_otherwise_is_refused(value: str) -> None:
+    with pytest.raises(BadSetting, match="sequence_headers must be oip, torchserve, sagemaker or a header"):
+        Settings(sequence_headers=value)
 
 
 def test_expires_is_sagemakers_utc_second() -> None:

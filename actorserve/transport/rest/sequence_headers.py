@@ -97,8 +97,10 @@ PRESETS: Final = {
 
 
 def naming_for(preset: str, replica: str) -> SequenceNaming:
-    """The naming of ``--sequence-headers`` ``preset`` on replica ``replica``."""
-    return attrs.evolve(PRESETS[preset], replica=replica)
+    """The naming of ``--sequence-headers`` ``preset`` on replica ``replica``; a value
+    that is not a preset is a header name of the operator's own, read and echoed."""
+    naming = PRESETS.get(preset) or SequenceNaming(request=preset.lower(), echo=preset)
+    return attrs.evolve(naming, replica=replica)
 
 
 def sequence_flags(request: InferenceRequest) -> tuple[bool, bool]:
