@@ -422,6 +422,7 @@ class InferenceService:
         wire = self._wire(stream, InferRequestDecoder)
         if isinstance(wire, SequenceWire):
             echo_sequence(stream, wire.sequence_id)
+            wire.name_first_start = replica_id(self.settings.replica_id)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":

@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI
 from ...metrics import CONTENT_TYPE, Metrics
+from ...replica import replica_id
 from ...settings import Settings
 from ..access import AccessLog
 from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
@@ -39,6 +40,7 @@ from .cors import Cors
 from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
 from .management_routes import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
+from .sequence_headers import naming_for
 from .target import refusal
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply, too_large_reply
@@ -83,7 +85,8 @@ class RestApp:
         self.fast_path = fast_path
         self.recorder = recorder
         self.guard = guard if guard is not None and guard.active else None
-        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
+        naming = naming_for(settings.sequence_headers, replica_id(settings.replica_id))
+        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder, naming)
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
         #: TorchServe's inference paths (/ping, /predictions, /explanations)
