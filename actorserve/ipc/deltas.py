@@ -30,10 +30,14 @@ import numpy as np
 from .. import errors
 from ..codecs import MAX_DIMS
 from ..raw import tensor_to_raw
-from ..types import DATATYPES, InferenceResponse, Tensor, numpy_dtype
+from ..types import DATATYPES, InferenceResponse, Tensor
 from .values import Plain, WireError, tensor_from_plain
 
 _LEN: Final = struct.Struct("<I")
+#: numeric OIP datatype -> little-endian numpy dtype
+_RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
+}
 
 #: the constants of a stream: model name, version, id, then per output name, datatype
 #: and parameters
@@ -49,18 +53,16 @@ def _raw(tensor: Tensor) -> bytes:
         raise errors.BadInput(
             f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
         )
-    if tensor.datatype == "BYTES":
+    dtype = _RAW_DTYPES.get(tensor.datatype)
+    if dtype is None:  # BYTES
         if count == 1:  # one string: a streamed text piece, the common case
             value = data.reshape(-1)[0]
             item = value if isinstance(value, bytes) else str(value).encode()
             return _LEN.pack(len(item)) + item
         return tensor_to_raw(tensor)
-    dtype = numpy_dtype(tensor.datatype)
-    if data.dtype != dtype:  # raw bytes must be the declared width
-        data = np.asarray(data, dtype=dtype)
-    if data.dtype.byteorder == ">":
-        data = data.astype(data.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(data).tobytes()
+    if data.dtype != dtype:  # raw bytes are little-endian and the declared width
+        data = data.astype(dtype)
+    return data.tobytes()  # C order, whatever the array's strides
 
 
 class DeltaEncoder:
@@ -70,26 +72,16 @@ class DeltaEncoder:
 
     def __init__(self) -> None:
         self._head: _Head | None = None
-        self._shapes: list[tuple[int, ...]] | None = None
+        self._shapes: list[list[int]] | None = None
 
     def event(self, response: InferenceResponse) -> list[Any]:
         """``response`` as an event; :class:`BadInput` if a tensor's data does not fit
         its shape (nothing is remembered then)."""
         outputs = response.outputs
         raws = [_raw(t) for t in outputs]
-        shapes = [tuple(t.shape) for t in outputs]
+        shapes = [list(t.shape) for t in outputs]
         head = self._head
-        if (
-            head is None
-            or response.model_name != head[0]
-            or response.model_version != head[1]
-            or response.id != head[2]
-            or len(outputs) != len(head[3])
-            or any(
-                t.name != name or t.datatype != datatype or t.parameters != parameters
-                for t, name, datatype, parameters in zip(outputs, head[3], head[4], head[5], strict=False)
-            )
-        ):
+        if head is None or not _same_head(response, head):
             head = (
                 response.model_name,
                 response.model_version,
@@ -100,11 +92,26 @@ class DeltaEncoder:
                 tuple(dict(t.parameters) for t in outputs),
             )
             self._head, self._shapes = head, shapes
-            return [response.parameters, raws, shapes, list(head)]
+            return [response.parameters, raws, shapes, [*head[:3], *map(list, head[3:])]]
         if shapes != self._shapes:
             self._shapes = shapes
             return [response.parameters, raws, shapes]
         return [response.parameters, raws]
+
+
+def _same_head(response: InferenceResponse, head: _Head) -> bool:
+    outputs = response.outputs
+    if (
+        response.model_name != head[0]
+        or response.model_version != head[1]
+        or response.id != head[2]
+        or len(outputs) != len(head[3])
+    ):
+        return False
+    for tensor, name, datatype, parameters in zip(outputs, head[3], head[4], head[5], strict=True):
+        if tensor.name != name or tensor.datatype != datatype or tensor.parameters != parameters:
+            return False
+    return True
 
 
 #: raw bytes -> an output's data, for one output of known name, datatype and shape
@@ -220,9 +227,3 @@ def _builder(name: str, datatype: str, shape: tuple[int, ...], parameters: dict[
         return tensor_from_plain([name, datatype, list(shape), raw, parameters]).data
 
     return general
-
-
-#: numeric OIP datatype -> little-endian numpy dtype
-_RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
-    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
-}

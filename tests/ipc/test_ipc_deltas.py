@@ -52,8 +52,8 @@ def over_the_wire(events: list[Any]) -> list[Any]:
 def test_constants_cross_once_and_each_event_carries_only_what_changed() -> None:
     encoder = DeltaEncoder()
     first, second, last = (encoder.event(r) for r in (token(0), token(1), token(2, finish_reason="length")))
-    assert first[3] == ["streamer", "1", "r1", ("text_output", "index"), ("BYTES", "INT64"), ({}, {})]
-    assert first[2] == [(1,), (1,)]
+    assert first[3] == ["streamer", "1", "r1", ["text_output", "index"], ["BYTES", "INT64"], [{}, {}]]
+    assert first[2] == [[1], [1]]
     assert second == [{}, [b"\x05\x00\x00\x00tok:1", np.int64(1).tobytes()]]
     assert last[0] == {"finish_reason": "length"} and len(last) == 2
     decoder = DeltaDecoder()
