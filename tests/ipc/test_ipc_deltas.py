@@ -1,6 +1,7 @@
 """A stream's responses as deltas (actorserve.ipc.deltas), with plain values: any sequence
-of responses survives the round trip exactly, what is constant crosses once, and a
-malformed event is a WireError."""
+of responses survives the round trip exactly, what is constant crosses once, a malformed
+event is a WireError, and the outbox joins the entries of several streams into one
+message without reordering anything."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from actorserve.ipc.frames import (
     encode_stream_entry,
     encode_stream_outputs,
 )
+from actorserve.ipc.outbox import Outbox
 from actorserve.ipc.values import WireError, plain_default
 from actorserve.types import InferenceResponse, Tensor
 
@@ -153,3 +155,29 @@ def test_a_nearly_valid_event_is_a_wire_error_or_decodes(data: st.DataObject) ->
 def test_malformed_events_are_wire_errors(events: list[Any]) -> None:
     with pytest.raises(WireError):
         DeltaDecoder().responses(events)
+
+
+async def test_entries_join_only_the_message_queued_last() -> None:
+    """Entries queued one after the other share one message; anything queued between
+    them (a stream's Opened, another's End) starts a new one, so order is kept; a
+    message never grows past the given size."""
+    outbox = Outbox(max_messages=16, max_bytes=1 << 20)
+    entries = [encode_stream_entry(i, [[{}, [b"x" * 10]]]) for i in range(5)]
+    outbox.put_urgent(b"A")
+    await outbox.put_entry(entries[0], 1000)
+    await outbox.put_entry(entries[1], 1000)
+    outbox.put_urgent(b"B")
+    await outbox.put_entry(entries[2], 1000)
+    await outbox.put_entry(entries[3], len(entries[2]) + 1)  # would pass the size: a new message
+    await outbox.put_entry(entries[4], 1000)
+    taken = await outbox.take(1 << 20)
+    assert taken == [
+        b"A",
+        encode_stream_outputs(entries[:2]),
+        b"B",
+        encode_stream_outputs(entries[2:3]),
+        encode_stream_outputs(entries[3:]),
+    ]
+    assert len(outbox) == 0
+    await outbox.put_entry(entries[0], 1000)  # the taken message is closed: a new one
+    assert await outbox.take(1 << 20) == [encode_stream_outputs(entries[:1])]
