@@ -94,6 +94,7 @@ _SETTINGS_OPTIONS: dict[str, click.ParamType[Any]] = {
     "max_archive_bytes": click.INT,
     "max_archive_members": click.INT,
     "replica_id": click.STRING,
+    "sequence_headers": click.STRING,
     "token_file": click.Path(dir_okay=False),
 }
 
@@ -225,10 +226,6 @@ def cli(
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
-        if (
-            settings.drain_timeout and settings.api_workers
-        ):  # the fronts hold no sequences: not built there yet
-            raise BadSetting("drain_timeout", "needs --api-workers 0 (the one-process shape), for now")
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

@@ -6,6 +6,7 @@ Nothing here is read at import time; callers load settings and pass them down.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
@@ -34,6 +35,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MODEL_SETTINGS_FILE",
+    "SEQUENCE_HEADER_PRESETS",
     "BadSetting",
     "ModelSettings",
     "SequenceSettings",
@@ -98,6 +100,29 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
 
 
 HTTP_PARSERS = ("httptools", "h11")
+#: ``sequence_headers`` presets (actorserve/transport/rest/sequence_headers.py)
+SEQUENCE_HEADER_PRESETS = ("oip", "torchserve", "sagemaker")
+#: a ``sequence_headers`` value of one's own: the header's name (an HTTP token)
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+#: headers the server reads or sends for something else: never a sequence's id
+_TAKEN_HEADERS = frozenset(
+    {
+        *("sequence-start", "sequence-end", "sequence-cancel", "actorserve-replica"),
+        *("content-length", "content-encoding", "content-type", "accept-encoding"),
+        *("inference-header-content-length", "authorization", "host", "connection"),
+    }
+)
+
+
+def _sequence_headers(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value in SEQUENCE_HEADER_PRESETS:
+        return
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value) or value.lower() in _TAKEN_HEADERS:
+        raise BadSetting(
+            attribute.name,
+            f"must be {', '.join(SEQUENCE_HEADER_PRESETS)} or a header name (letters, digits, '-', '_') "
+            "the server does not read for something else",
+        )
 
 
 def _one_of(*choices: str) -> _Validator:
@@ -259,8 +284,8 @@ class Settings:
         metadata=_help(
             "seconds a server that got SIGTERM keeps serving the sequences it holds before the shutdown of "
             "--grace-period: meanwhile it is not ready, new sequence starts are refused 503 with "
-            "Retry-After (gRPC UNAVAILABLE); it ends early once no sequence is open; '0': off. The "
-            "one-process shape (--api-workers 0) only, for now (see docs/deploy.md#drain)"
+            "Retry-After (gRPC UNAVAILABLE); it ends early once no sequence is open; '0': off. Both "
+            "process shapes (see docs/deploy.md#drain)"
         ),
     )
     gzip_min_bytes: int = attrs.field(
@@ -425,6 +450,17 @@ class Settings:
             "response and in every gRPC response's initial metadata, a label on /metrics, and the prefix "
             "of the sequence ids the server makes; 1 to 63 letters, digits, '.' or '-' (default: the host "
             "name; see docs/deploy.md#replica-identity)"
+        ),
+    )
+    sequence_headers: str = attrs.field(
+        default="oip",
+        validator=_sequence_headers,
+        metadata=_help(
+            "which REST headers carry a sequence's id: 'oip' (sequence-id), 'torchserve' "
+            "(ts_request_sequence_id), 'sagemaker' (SageMaker's stateful session headers: "
+            "X-Amzn-SageMaker-Session-Id, answered with X-Amzn-SageMaker-New-Session-Id / "
+            "-Closed-Session-Id), or a header name of your own, read and echoed (see "
+            "docs/deploy.md#header-presets)"
         ),
     )
     token: str | None = attrs.field(

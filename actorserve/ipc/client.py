@@ -43,7 +43,7 @@ from ..api import (
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
 from ..types import InferenceRequest, InferenceResponse
-from .call_ends import LinkStatistics, RemoteResponses, _ClientCall
+from .call_ends import LinkStatistics, Outputs, RemoteResponses, _ClientCall
 from .frames import (
     DEFAULT_LIMITS,
     Ack,
@@ -61,8 +61,8 @@ from .frames import (
     OpenStream,
     OpenStreamIn,
     Reply,
-    Responses,
     StreamInputEnd,
+    StreamOutputs,
     StreamRequest,
     encode_frame,
     encode_message,
@@ -151,6 +151,14 @@ class EngineClient:
             self._lose(f"the engine sent a malformed frame ({exc})")
 
     def _deliver(self, message: Message) -> None:
+        if isinstance(message, StreamOutputs):
+            calls = self._calls
+            for call_id, events in message.entries:
+                stream = calls.get(call_id)
+                if stream is not None:  # else a call we left: its outputs crossed our cancel
+                    stream.inbox.append(Outputs(events))
+                    stream.arrived.unpark_all()
+            return
         if isinstance(message, ModelsChanged):
             self._models.clear()
             self._models_generation += 1
@@ -162,7 +170,7 @@ class EngineClient:
             call.credit += message.count
             call.credit_lot.unpark_all()
             return
-        if not isinstance(message, (Reply, Opened, Responses, End, Failed)):
+        if not isinstance(message, (Reply, Opened, End, Failed)):
             raise WireError(f"an engine may not send {type(message).__name__}")
         if isinstance(message, (Reply, End, Failed)):
             call.finished = True

@@ -27,6 +27,7 @@ from ..catalog import Watchers
 from ..errors import ActorServeError, BadInput, ModelFailed
 from ..types import InferenceRequest, InferenceResponse
 from .call_ends import RequestFeed
+from .deltas import DeltaEncoder
 from .frames import (
     DEFAULT_LIMITS,
     Ack,
@@ -36,6 +37,7 @@ from .frames import (
     End,
     Failed,
     FrameDecoder,
+    FrameTooLarge,
     Infer,
     LinkLimits,
     Message,
@@ -44,11 +46,11 @@ from .frames import (
     OpenStream,
     OpenStreamIn,
     Reply,
-    Responses,
     StreamInputEnd,
     StreamRequest,
     encode_frame,
     encode_message,
+    encode_stream_entry,
 )
 from .outbox import Outbox
 from .values import UNARY_METHODS, WireError, error_to_plain, response_to_plain
@@ -304,8 +306,11 @@ class FrontConnection:
         return to_plain(result)
 
     async def _pump(self, call_id: int, call: _OpenCall, responses: ResponseIterator) -> None:
-        """Send a stream's responses, each batch the engine has waiting as one message,
-        while the front has credit left."""
+        """Send a stream's responses while the front has credit left: every batch the
+        engine has waiting becomes one entry (its deltas, :mod:`.deltas`), joined with the
+        other streams' entries of the same wake-up into one message."""
+        deltas = DeltaEncoder()
+        limit = self._max_message - 8  # a StreamOutputs header is under 8 bytes
         while True:
             while call.credit <= 0:
                 await call.credit_lot.park()
@@ -314,16 +319,24 @@ class FrontConnection:
             except StopAsyncIteration:
                 return
             call.credit -= len(batch)
-            for message in self._encode_responses(call_id, batch):
-                await self._outbox.put(message)
+            for entry in self._encode_entries(call_id, deltas, batch, limit):
+                await self._outbox.put_entry(entry, limit)
 
-    def _encode_responses(self, call_id: int, batch: list[InferenceResponse]) -> list[bytes]:
+    def _encode_entries(
+        self, call_id: int, deltas: DeltaEncoder, batch: list[InferenceResponse], limit: int
+    ) -> list[bytes]:
+        """``batch`` as one entry, or one per response if together they are too large; a
+        response that cannot cross is the model's failure (it fails this call only)."""
         try:
-            return [self._encode_output(functools.partial(Responses, call_id, tuple(batch)))]
-        except ModelFailed:
-            if len(batch) == 1:
-                raise
-        return [self._encode_output(functools.partial(Responses, call_id, (r,))) for r in batch]
+            events = [deltas.event(r) for r in batch]
+            try:
+                return [encode_stream_entry(call_id, events, limit)]
+            except FrameTooLarge:
+                if len(batch) == 1:
+                    raise
+            return [encode_stream_entry(call_id, [event], limit) for event in events]
+        except BadInput as exc:
+            raise ModelFailed(f"the engine cannot send the model's output: {exc.message}") from None
 
     def _encode_output(self, message: Callable[[], Message]) -> bytes:
         """A message carrying a model's output; one that cannot cross (a tensor whose

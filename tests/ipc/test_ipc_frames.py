@@ -29,6 +29,7 @@ from actorserve.api import (
     TensorMetadata,
 )
 from actorserve.codecs import tensor_from_numpy
+from actorserve.ipc.deltas import DeltaDecoder, DeltaEncoder
 from actorserve.ipc.frames import (
     Ack,
     Call,
@@ -44,8 +45,8 @@ from actorserve.ipc.frames import (
     OpenStream,
     OpenStreamIn,
     Reply,
-    Responses,
     StreamInputEnd,
+    StreamOutputs,
     StreamRequest,
     encode_frame,
     encode_message,
@@ -111,12 +112,16 @@ def test_every_datatype_and_parameters_survive(
         model_version="2",
     )
     response = InferenceResponse("m", [tensor], model_version="2", id="r1", parameters=params)
-    (got_infer, got_responses) = round_trip(Infer(7, request, "m", None), Responses(7, (response, response)))
-    assert isinstance(got_infer, Infer) and isinstance(got_responses, Responses)
+    deltas = DeltaEncoder()
+    events = [deltas.event(response), deltas.event(response)]
+    (got_infer, got_outputs) = round_trip(Infer(7, request, "m", None), StreamOutputs(0, ((7, events),)))
+    assert isinstance(got_infer, Infer) and isinstance(got_outputs, StreamOutputs)
     assert (got_infer.id, got_infer.model, got_infer.version) == (7, "m", None)
     assert got_infer.request == request
-    assert got_responses.responses == (response, response)
-    out = got_responses.responses[0].outputs[0].data
+    ((call_id, got_events),) = got_outputs.entries
+    got_responses = DeltaDecoder().responses(got_events)
+    assert call_id == 7 and got_responses == [response, response]
+    out = got_responses[0].outputs[0].data
     assert out.dtype == array.dtype and out.shape == array.shape
 
 
@@ -146,7 +151,7 @@ def test_every_message_kind_round_trips() -> None:
         Cancel(3),
         Reply(1, [1, "x", None]),
         Opened(3),
-        Responses(3, ()),
+        StreamOutputs(0, ((3, []), (5, [[{}, []]]))),
         End(3),
         Failed(2, "ModelNotFound", "model 'x' is not loaded"),
         Credit(4, 1),

@@ -28,6 +28,7 @@ from strategies import arrays, json_values, msgpack_values, mutated, oip_request
 from actorserve.codecs import request_from_json, request_to_json, tensor_from_numpy
 from actorserve.errors import BadInput
 from actorserve.ipc import frames as ipc
+from actorserve.ipc.deltas import DeltaEncoder
 from actorserve.ipc.values import UNARY_METHODS, WireError
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_from_pb, request_to_pb, response_from_pb, response_to_pb
@@ -222,7 +223,7 @@ def valid_messages(pairs: list[tuple[str, np.ndarray[Any, Any]]]) -> list[Any]:
         ipc.Cancel(3),
         ipc.Reply(1, [1, 2]),
         ipc.Opened(3),
-        ipc.Responses(3, (response,)),
+        ipc.StreamOutputs(0, ((3, [DeltaEncoder().event(response)]),)),
         ipc.End(3),
         ipc.Failed(2, "BadInput", "no"),
         ipc.Credit(4, 1),

@@ -50,6 +50,7 @@ from ...proto.inference import (
     ServerReadyResponse,
 )
 from ...proto.upb import InferRequestDecoder, request_of, response_message
+from ...replica import replica_id
 from ...settings import Settings, SettingsError
 from ...version import __version__
 from ..exchange import Exchange
@@ -322,6 +323,7 @@ class InferenceService:
         wire = self._wire(stream, InferRequestDecoder)
         if isinstance(wire, SequenceWire):
             echo_sequence(stream, wire.sequence_id)
+            wire.name_first_start = replica_id(self.settings.replica_id)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.calls.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":

@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI
 from ...errors import ShuttingDown
+from ...replica import replica_id
 from ...settings import Settings
 from ..auth import Scope
 from ..exchange import Exchange, Recorder
@@ -29,6 +30,7 @@ from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, r
 from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
 from .management_routes import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
+from .sequence_headers import naming_for
 from .sse import END_FRAME, error_frame
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, json_bytes, json_reply, method_not_allowed_reply, too_large_reply
@@ -69,7 +71,8 @@ class OipRest:
         self.quart = quart
         self.lifespan: ASGIApp | None = quart  # type: ignore[assignment]  # Quart's startup and shutdown
         self.fast_path = fast_path
-        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
+        naming = naming_for(settings.sequence_headers, replica_id(settings.replica_id))
+        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder, naming)
 
     @staticmethod
     def claims(path: str) -> bool:
