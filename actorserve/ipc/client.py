@@ -13,12 +13,14 @@ stream's :meth:`~actorserve.api.ResponseIterator.next_batch` returns every respo
 received for it so far; consuming them gives the engine credit to send more, so a slow
 reader holds at most a window of responses here and the rest waits in the engine.
 
-Only ``model_info`` and ``metadata`` answers are remembered (asked before every gRPC
-stream message, OpenAI completion and REST ``text_input`` generate): the engine pushes
-:class:`~actorserve.ipc.frames.ModelsChanged` on every load, unload, default version or
-workers change, and the client forgets them all. Every other method is one round trip. When the engine goes away (the
-connection closes or breaks) every open call, and every later one, fails with
-:class:`~actorserve.errors.ShuttingDown`.
+Every unary method is one :meth:`EngineClient.call` of its record
+(:mod:`actorserve.unary`). Only the answers of the table's ``remembered`` rows
+(``model_info`` and ``metadata``, asked before every gRPC stream message, OpenAI
+completion and REST ``text_input`` generate) are remembered, keyed by the record: the
+engine pushes :class:`~actorserve.ipc.frames.ModelsChanged` on every load, unload,
+default version or workers change, and the client forgets them all. Every other call is
+one round trip. When the engine goes away (the connection closes or breaks) every open
+call, and every later one, fails with :class:`~actorserve.errors.ShuttingDown`.
 """
 
 from __future__ import annotations

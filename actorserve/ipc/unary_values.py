@@ -217,6 +217,8 @@ Codec = tuple[Callable[[Any], Plain], Callable[[Plain], Any]]
 _CODECS: Final[dict[Any, Codec]] = {
     type(None): (_none_to_plain, _none_from_plain),
     bool: (bool, lambda plain: _bool(plain)),
+    int: (int, lambda plain: _int(plain)),
+    str: (str, lambda plain: _str(plain)),
     ModelInfo: (_info_to_plain, _info_from_plain),
     ModelMetadata: (_metadata_to_plain, _metadata_from_plain),
     RepositoryEntry: (_entry_to_plain, _entry_from_plain),
@@ -235,8 +237,8 @@ def _codec(result: Any) -> Codec:
     )
 
 
-#: unary call record -> the codec of its answer (a KeyError at import: a record whose
-#: result type has no codec above)
+#: unary call record -> the codec of its answer, made once (a KeyError at import: a
+#: record whose result type has no codec above)
 _RESULTS: Final[dict[type[UnaryCall[Any]], Codec]] = {
     record: _codec(result_type(record)) for record in UNARY_CALLS
 }
@@ -245,7 +247,8 @@ _RESULTS: Final[dict[type[UnaryCall[Any]], Codec]] = {
 def result_codec(record: type[UnaryCall[Any]]) -> Codec:
     """(to plain, from plain) of the answer to a unary call, by its record's result type
     (:func:`actorserve.unary.result_type`); the decoder raises :class:`WireError`."""
-    return _RESULTS[record]
+    codec = _RESULTS.get(record)
+    return _codec(result_type(record)) if codec is None else codec
 
 
 def call_to_plain(request: UnaryCall[Any]) -> tuple[str, dict[str, Plain]]:

@@ -4,14 +4,18 @@ BadInput while the link serves on."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 from link_support import engine_and_path
 
+from actorserve.api import EngineAPI, UnaryCall
 from actorserve.errors import BadInput, ModelNotFound
 from actorserve.ipc import open_engine_client
 from actorserve.ipc.frames import Call, Failed, FrameDecoder, Message, Reply, encode_frame, encode_message
 from actorserve.unary import (
+    BY_NAME,
+    UNARY_CALLS,
     Describe,
     GetInferenceStatistics,
     GetMetadata,
@@ -24,6 +28,7 @@ from actorserve.unary import (
     SetWorkers,
     Unload,
     WaitIdle,
+    route,
 )
 
 
@@ -48,6 +53,32 @@ async def test_client_call_answers_as_the_engine_call() -> None:
         await client.call(WaitIdle())
         with pytest.raises(ModelNotFound, match="'gate' is not loaded"):
             await client.call(GetModelInfo("gate"))
+
+
+@attrs.frozen
+class NameOf(UnaryCall[str]):
+    """A call that is only a record and a row: no EngineAPI or EngineClient method."""
+
+    name: str
+    version: str | None = None
+
+
+async def test_a_new_row_is_served_in_both_shapes_with_no_other_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe of docs/architecture.md ("A new engine-link message"): a record and its
+    row (here over an existing engine method, so no Engine edit) and both Engine.call and
+    EngineClient.call serve it; its result type (str) crosses by the codec table."""
+    row = route("name_of", NameOf, lambda engine, r: _version_name(engine, r))
+    monkeypatch.setitem(UNARY_CALLS, NameOf, row)
+    monkeypatch.setitem(BY_NAME, "name_of", row)
+    async with engine_and_path() as (engine, path), open_engine_client(path) as client:
+        assert await engine.call(NameOf("rec")) == await client.call(NameOf("rec", "1")) == "rec/1"
+        with pytest.raises(ModelNotFound, match="'nope' is not loaded"):
+            await client.call(NameOf("nope"))
+
+
+async def _version_name(engine: EngineAPI, request: NameOf) -> str:
+    info = await engine.model_info(request.name, request.version)
+    return f"{info.name}/{info.version}"
 
 
 async def exchange(stream: trio.SocketStream, decoder: FrameDecoder, message: Message) -> Message:
