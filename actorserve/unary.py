@@ -6,13 +6,14 @@ is a ``UnaryCall[None]``), and one row of :data:`UNARY_CALLS`: its name on the e
 link and the engine coroutine it runs. Everything else follows from the table:
 
 - ``Engine.call`` runs a record in process (:func:`dispatch`);
-- the engine link (:mod:`actorserve.ipc.unary_values`) sends a record as its name and fields,
-  and its result by the codec of the record's result type; the engine side decodes it
-  and calls ``engine.call``; ``EngineClient``'s named methods are each one ``call``.
+- the engine link (:mod:`actorserve.ipc.unary_values`) sends a record as its name and
+  fields, and its result by the codec of the record's result type; the engine side
+  decodes it and calls ``engine.call``; ``EngineClient``'s named methods are each one
+  ``call``.
 
 Adding a management method is a record here, a row in :data:`UNARY_CALLS` and the
-method on :class:`~actorserve.engine.Engine` (docs/architecture.md, "A new engine-link
-message"). The fields of a record are the method's parameters, by the same names: the
+method on :class:`~actorserve.engine.Engine` (docs/architecture.md, "Which files a
+newcomer edits"). The fields of a record are the method's parameters, by the same names: the
 link checks each value it receives against the field's annotation
 (:func:`~actorserve.ipc.unary_values.call_from_plain`), so a field is ``str``, ``int``,
 ``float``, ``bool`` or ``Mapping[str, Any]``, optionally ``| None``.
