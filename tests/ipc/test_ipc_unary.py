@@ -55,6 +55,20 @@ async def test_client_call_answers_as_the_engine_call() -> None:
             await client.call(GetModelInfo("gate"))
 
 
+async def test_the_named_methods_and_call_share_what_is_remembered() -> None:
+    """model_info / metadata look their remembered answer up without building a record
+    (the hot path); call(record) finds the same answer, and each asks once."""
+    async with engine_and_path() as (_, path), open_engine_client(path) as client:
+        info = await client.call(GetModelInfo("streamer"))
+        meta = await client.metadata("streamer", "1")
+        sent = client.link_statistics().messages_sent
+        assert await client.model_info("streamer") is info
+        assert await client.call(GetMetadata("streamer", "1")) is meta
+        assert client.link_statistics().messages_sent == sent
+        assert await client.model_info("streamer", "1") == info  # another key: one round trip
+        assert client.link_statistics().messages_sent == sent + 1
+
+
 @attrs.frozen
 class NameOf(UnaryCall[str]):
     """A call that is only a record and a row: no EngineAPI or EngineClient method."""
