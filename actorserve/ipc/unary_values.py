@@ -202,6 +202,13 @@ def _inference_statistics_from_plain(plain: Plain) -> InferenceStatistics:
     return stats
 
 
+def _state(plain: Plain) -> ModelState:
+    try:
+        return ModelState(plain)
+    except ValueError:
+        raise WireError(f"unknown model state {_short(plain)}") from None
+
+
 def _none_to_plain(value: None) -> Plain:
     return None
 
@@ -255,8 +262,8 @@ def call_to_plain(request: UnaryCall[Any]) -> tuple[str, dict[str, Plain]]:
     """A unary call as its link name and its fields (the :class:`~.frames.Call` message)."""
     row = UNARY_CALLS[type(request)]
     return row.name, {
-        field.name: dict(value) if isinstance(value := getattr(request, field.name), Mapping) else value
-        for field in attrs.fields(row.record)
+        argument.name: dict(value) if isinstance(value := getattr(request, argument.name), Mapping) else value
+        for argument in _arguments(row.record)
     }
 
 
@@ -266,45 +273,67 @@ def call_from_plain(name: str, args: Mapping[str, Plain]) -> UnaryCall[Any]:
     row = BY_NAME.get(name)
     if row is None:
         raise errors.BadInput(f"the engine has no method {name!r}")
-    fields = attrs.fields(row.record)
-    unexpected = set(args) - {field.name for field in fields}
+    arguments = _arguments(row.record)
+    unexpected = args.keys() - {argument.name for argument in arguments}
     if unexpected:
         raise errors.BadInput(f"{name}: unexpected arguments {sorted(unexpected)}")
     values = {}
-    for field in fields:
-        if field.name not in args:
-            if field.default is attrs.NOTHING:
-                raise errors.BadInput(f"{name}: {field.name} is required")
-            continue
-        values[field.name] = _argument(name, field.name, str(field.type), args[field.name])
+    for argument in arguments:
+        if argument.name in args:
+            values[argument.name] = argument.checked(name, args[argument.name])
+        elif argument.required:
+            raise errors.BadInput(f"{name}: {argument.name} is required")
     return typing.cast(UnaryCall[Any], row.record(**values))
 
 
-#: a record field's annotation -> (what it must be, the check)
-_ARGUMENTS: Final[dict[str, tuple[str, Callable[[Plain], bool]]]] = {
+#: a record field's annotation (less ``| None``) -> (what it must be, the check)
+_CHECKS: Final[dict[str, tuple[str, Callable[[Plain], bool]]]] = {
     "str": ("a string", lambda v: isinstance(v, str)),
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
     "bool": ("a boolean", lambda v: isinstance(v, bool)),
     "Mapping[str, Any]": ("a map", lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
 }
 
 
-def _argument(method: str, field: str, annotation: str, value: Plain) -> Plain:
-    optional = annotation.endswith(" | None")
-    what, check = _ARGUMENTS[annotation.removesuffix(" | None")]
-    if (value is None and optional) or (value is not None and check(value)):
-        return value
-    raise errors.BadInput(
-        f"{method}: {field} must be {what}{' or nil' if optional else ''}, got {_short(value)}"
-    )
+@attrs.frozen
+class _Argument:
+    """A record's field as the link checks it."""
+
+    name: str
+    required: bool
+    #: None is allowed (the annotation ends ``| None``)
+    optional: bool
+    what: str
+    check: Callable[[Plain], bool]
+
+    def checked(self, method: str, value: Plain) -> Plain:
+        if (value is None and self.optional) or (value is not None and self.check(value)):
+            return value
+        nil = " or nil" if self.optional else ""
+        raise errors.BadInput(f"{method}: {self.name} must be {self.what}{nil}, got {_short(value)}")
 
 
-def _state(plain: Plain) -> ModelState:
-    try:
-        return ModelState(plain)
-    except ValueError:
-        raise WireError(f"unknown model state {_short(plain)}") from None
+def _read_arguments(record: type[Any]) -> tuple[_Argument, ...]:
+    arguments = []
+    for field in attrs.fields(record):
+        annotation = str(field.type)
+        what, check = _CHECKS[annotation.removesuffix(" | None")]
+        required = field.default is attrs.NOTHING
+        arguments.append(_Argument(field.name, required, annotation.endswith(" | None"), what, check))
+    return tuple(arguments)
+
+
+#: unary call record -> its fields as the link checks them, read once (a KeyError at
+#: import: a field whose annotation the link cannot check)
+_ARGUMENTS: Final[dict[type[UnaryCall[Any]], tuple[_Argument, ...]]] = {
+    record: _read_arguments(record) for record in UNARY_CALLS
+}
+
+
+def _arguments(record: type[Any]) -> tuple[_Argument, ...]:
+    arguments = _ARGUMENTS.get(record)
+    return _read_arguments(record) if arguments is None else arguments
 
 
 __all__ = ["call_from_plain", "call_to_plain", "result_codec"]
