@@ -37,7 +37,6 @@ from .api import (
     RepositoryEntry,
     UnaryCall,
 )
-from .errors import BadInput
 
 T = TypeVar("T")
 R = TypeVar("R", bound=UnaryCall[Any])
@@ -257,10 +256,11 @@ def result_type(record: type[UnaryCall[Any]]) -> Any:
 
 async def dispatch(engine: EngineAPI, request: UnaryCall[T]) -> T:
     """Run ``request`` against ``engine``'s named method, by the table: what
-    ``Engine.call`` does. :class:`BadInput` for a record the table does not know."""
+    ``Engine.call`` does. ``TypeError`` (a bug, not the client's mistake: the link
+    decodes only the table's records) for a record the table does not know."""
     row = UNARY_CALLS.get(type(request))
     if row is None:
-        raise BadInput(f"{type(request).__name__} is not a unary engine call")
+        raise TypeError(f"{type(request).__name__} is not a unary engine call")
     result: T = await row.run(engine, request)
     return result
 

@@ -154,5 +154,5 @@ async def test_a_record_outside_the_table_is_refused() -> None:
         pass
 
     async with actorserve.open_engine([recording_settings("rec")]) as engine:
-        with pytest.raises(BadInput, match="Shutdown is not a unary engine call"):
+        with pytest.raises(TypeError, match="Shutdown is not a unary engine call"):
             await engine.call(Shutdown())
