@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -31,6 +31,7 @@ from .api import (
     ModelStatistics,
     RepositoryEntry,
     ResponseIterator,
+    UnaryCall,
 )
 from .catalog import UNLOADED, Catalog, Watchers, version_key
 from .default_version import DefaultVersions
@@ -44,9 +45,12 @@ from .replica import mint_id, minting, naming, replica_id
 from .repository import ModelRepository
 from .settings import ModelSettings, Settings, SettingsError
 from .types import InferenceRequest, InferenceResponse
+from .unary import dispatch
 from .validation import RequestContract
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Engine:
@@ -340,6 +344,10 @@ class Engine:
         """Return once no request is in flight in any model and no item a caller left
         is still in a batch (woken by the last one leaving; no polling)."""
         await self._inflight.wait_idle()
+
+    async def call(self, request: UnaryCall[T]) -> T:
+        """Run a unary method given as its record (:mod:`actorserve.unary`'s table)."""
+        return await dispatch(self, request)
 
     def model(self, name: str, version: str | None = None, *, replica: int = 0) -> Model:
         """The model object serving ``name`` (in-process only: for embedders and tests

@@ -38,11 +38,9 @@ GENERATED = (
 #: modules allowed past MAX_LINES, each with why (reviewed: an entry is a decision)
 LONG_MODULES: dict[str, str] = {
     "actorserve/actors/batcher.py": "the batch cycle; issue 20 item 7 makes it one class with actors/steploop.py",
-    "actorserve/engine.py": "one thing, the in-process EngineAPI (a method per engine operation); issue 20 item 6's table-driven call() shrinks it",
+    "actorserve/engine.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary ones to it by record)",
     "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link; issue 20's per-step link replaces its per-response half",
-    "actorserve/ipc/engine_side.py": "one thing, the engine's end of the link (a connection's calls, streams and writer); issue 20 item 6's table-driven call() replaces its hand-written _unary",
     "actorserve/ipc/frames.py": "one thing, the link's messages and their codec: a class and an encode/decode pair per message, and the frame around them",
-    "actorserve/ipc/values.py": "one thing, the engine link's value codec: an encode/decode pair per record type",
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",
     "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",

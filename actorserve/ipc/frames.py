@@ -70,7 +70,8 @@ DEFAULT_LIMITS: Final = LinkLimits()
 
 @attrs.frozen(slots=True)
 class Call:
-    """A unary method of :data:`~actorserve.ipc.values.UNARY_METHODS` with its arguments."""
+    """A unary method of :data:`actorserve.unary.UNARY_CALLS`: its name and its record's
+    fields (:func:`~actorserve.ipc.unary_values.call_to_plain`)."""
 
     id: int
     method: str

@@ -126,7 +126,9 @@ async def test_many_streams_share_frames_and_messages() -> None:
         messages = client.link_statistics().messages_received - messages_before - 16  # Opened, End
         assert counts == [30] * 8
         assert frames < 8 * 30 / 4, frames  # without gathering: one per response (240)
-        assert messages <= frames, (messages, frames)  # one per stream per step would be 240
+        # one per stream per step would be 240; a stream's Opened or End queued between two
+        # outputs splits a StreamOutputs message, so a frame may hold two (not a bound of 1)
+        assert messages < 8 * 30 / 4, (messages, frames)
 
 
 async def _batches(responses):  # type: ignore[no-untyped-def]

@@ -51,8 +51,8 @@ from actorserve.ipc.frames import (
     encode_frame,
     encode_message,
 )
+from actorserve.ipc.unary_values import result_codec
 from actorserve.ipc.values import (
-    UNARY_METHODS,
     EngineInternalError,
     WireError,
     error_from_plain,
@@ -62,6 +62,7 @@ from actorserve.ipc.values import (
 from actorserve.settings import SettingsError
 from actorserve.textgen import TextGeneration
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from actorserve.unary import BY_NAME, GetModelInfo
 
 LIMIT = 1 << 20
 
@@ -252,14 +253,14 @@ def test_records_and_results_round_trip() -> None:
             InferenceStatistics("n", "1"),
         ],
     }
-    assert set(values) == set(UNARY_METHODS)
+    assert set(values) == set(BY_NAME)
     for method, value in values.items():
-        _, to_plain, from_plain = UNARY_METHODS[method]
+        to_plain, from_plain = result_codec(BY_NAME[method].record)
         (reply,) = round_trip(Reply(9, to_plain(value)))
         assert isinstance(reply, Reply)
         assert from_plain(reply.value) == value
     with pytest.raises(WireError):
-        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, "", None])
+        result_codec(GetModelInfo)[1](["m", "1", "BROKEN", True, False, 1, 0, "", None])
 
 
 @pytest.mark.parametrize(
