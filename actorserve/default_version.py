@@ -20,7 +20,7 @@ from collections.abc import Collection
 
 from .catalog import version_key
 from .settings import ModelSettings
-from .torchserve.envelope import PLATFORM, SEQUENCE_PLATFORM
+from .torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 
 
 def first_stays_default(settings: ModelSettings) -> bool:

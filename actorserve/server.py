@@ -28,12 +28,10 @@ from typing import Any, cast
 
 import attrs
 import trio
-from hypercorn.config import Sockets as HypercornSockets
-from hypercorn.trio.run import worker_serve
-from hypercorn.utils import wrap_app
 
 from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
+from .doors import create_app, serve_grpc
 from .engine import open_engine
 from .exceptiongroups import raise_single
 from .gauges import watch_engine
@@ -42,16 +40,16 @@ from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log
 from .logformat import quiet_protocol_loggers
 from .metrics import Metrics
 from .models import builtin_settings as builtin_models
-from .replica import REPLICA_HEADER, replica_id
+from .replica import replica_id
 from .repository import ModelRepository
 from .scalein import drain_sequences
 from .settings import Settings, SettingsError
 from .tempdirs import remove_stale
 from .transport.access import AccessLog
 from .transport.auth import Guard
+from .transport.httphost import Drain
+from .transport.httphost.serve import END_MARGIN, serve_http
 from .transport.owner import OwnerScope, OwnerStamp
-from .transport.rest import create_app, protocols
-from .transport.rest.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -212,9 +210,10 @@ async def serve_transports(
             app = create_app(
                 doors, settings, fast_path=rest_fast_path, metrics=metrics, access=access, guard=guard
             )
-            drains.append(Drain(OwnerScope(app, guard) if settings.bind_sequences_to_token else app))
+            owned = OwnerScope(app, guard) if settings.bind_sequences_to_token else app
+            drains.append(Drain(owned, app.door_for))
             server.http_address = await nursery.start(
-                _serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
+                serve_http, drains[-1], listeners.http, settings, http_done, http_stopped
             )
         else:
             http_stopped.set()
@@ -222,9 +221,9 @@ async def serve_transports(
             app = create_app(
                 engine, settings, metrics=metrics, access=access, guard=guard, torchserve_management=True
             )
-            drains.append(Drain(app))
+            drains.append(Drain(app, app.door_for))
             server.extra_addresses["ts_management_http"] = await nursery.start(
-                _serve_http, drains[-1], listeners.ts_management_http, settings, http_done, ts_http_stopped
+                serve_http, drains[-1], listeners.ts_management_http, settings, http_done, ts_http_stopped
             )
         else:
             ts_http_stopped.set()
@@ -265,11 +264,6 @@ async def serve_transports(
         nursery.cancel_scope.cancel()
 
 
-#: seconds after the grace period for the requests it ended to send their last chunk
-#: and for the engine to stop (the transports ended every request by then)
-END_MARGIN = 1.0
-
-
 async def _drain(
     grace: float,
     drains: list[Drain],
@@ -298,44 +292,6 @@ async def _drain(
         http_done.set()
 
 
-async def _serve_http(
-    app: Drain,
-    sock: socket.socket,
-    settings: Settings,
-    done: trio.Event,
-    stopped: trio.Event,
-    *,
-    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """hypercorn's trio worker on the listening socket ``sock``, serving ``app`` (which
-    refuses new requests while draining). ``done`` (no request left) stops accepting and
-    closes the connections, after at most :data:`END_MARGIN` s for their last writes;
-    ``stopped`` is set when it is done."""
-    config = protocols.ServerConfig()
-    config.fixed_headers = ((REPLICA_HEADER.encode(), replica_id(settings.replica_id).encode()),)
-    config.graceful_timeout = END_MARGIN
-    config.keep_alive_timeout = settings.keep_alive_timeout
-    config.backlog = settings.backlog  # unused on our own sockets (listeners.py listens), kept in step
-    config.accesslog = None  # no per-request logging on the hot path
-    config.errorlog = logging.getLogger("hypercorn.error")
-    protocols.install()
-    protocols.use_parser(config, settings.http_parser)
-    try:
-        async with trio.open_nursery() as nursery:
-            # hypercorn.trio.serve() without its own binding: worker_serve takes our socket
-            serve_app = partial(
-                worker_serve,
-                wrap_app(app, config.wsgi_max_body_size, None),
-                config,
-                sockets=HypercornSockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[]),
-                shutdown_trigger=done.wait,
-            )
-            await nursery.start(serve_app)
-            task_status.started(_address(sock))
-    finally:
-        stopped.set()
-
-
 def _address(sock: socket.socket) -> Address:
     host, port = sock.getsockname()[:2]
     return (str(host), int(port))
@@ -350,10 +306,10 @@ async def _start_grpc(
     scope: trio.CancelScope,
     **observers: Any,
 ) -> Address | None:
-    """Start the gRPC transport on ``sock`` and the extra TorchServe ports in ``scope``
+    """Start the gRPC host on ``sock`` and the extra TorchServe ports in ``scope``
     (cancelling it starts gRPC's own drain), or log why it is unavailable and return None."""
     try:
-        from .transport.grpc import serve_grpc
+        from .transport import grpchost  # noqa: F401  # grpclib and trio-asyncio
     except ImportError as exc:
         log.warning("gRPC transport unavailable (%s): serving REST only", exc)
         for unserved in (sock, *torchserve_only.values()):
@@ -376,4 +332,12 @@ async def _start_grpc(
     return (str(host), int(port))
 
 
-__all__ = ["BACKLOG", "ListenError", "Listeners", "Server", "open_listeners", "serve", "serve_transports"]
+__all__ = [
+    "BACKLOG",
+    "ListenError",
+    "Listeners",
+    "Server",
+    "open_listeners",
+    "serve",
+    "serve_transports",
+]

@@ -209,9 +209,9 @@ def serve() -> None:
     import trio
 
     import actorserve
+    from actorserve.doors import serve_grpc
     from actorserve.models import builtin_settings as builtin_models
     from actorserve.settings import Settings
-    from actorserve.transport.grpc import serve_grpc
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from actorserve.default_version import DefaultVersions
 from actorserve.settings import ModelSettings
-from actorserve.torchserve.envelope import PLATFORM, SEQUENCE_PLATFORM
+from actorserve.torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 
 
 def settings(version: str, platform: str = "") -> ModelSettings:

@@ -44,7 +44,6 @@ LONG_MODULES: dict[str, str] = {
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",
     "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",
-    "actorserve/transport/grpc/service.py": "two concerns, the gRPC server's lifecycle and Triton's service: to be split along that seam (issue 21)",
     "actorserve/transport/grpc/streams.py": "one thing, ModelStreamInfer: per-sequence ordering of a call's requests and its responses",
     "actorserve/transport/rest/openapi.py": "one thing, the OpenAPI 3.1 document of the REST surface, mostly data",
     "actorserve/transport/rest/wire.py": "one thing, the OIP REST wire (parse, validate, encode), no I/O",
@@ -161,6 +160,84 @@ def test_actors_import_no_transport() -> None:
         if in_transport(target)
     }
     assert wrong == set()
+
+
+#: the doors: each one package under transport/ (issue 21); the server lists them (doors.py)
+DOORS = {
+    "actorserve.transport.rest": "the OIP's REST API",
+    "actorserve.transport.grpc": "Triton's gRPC services (and actorserve.v1.Management)",
+    "actorserve.transport.openai": "the OpenAI API",
+    "actorserve.transport.torchserve": "TorchServe's REST APIs and gRPC services",
+    "actorserve.transport.playground": "the browser playground",
+}
+#: the hosts: what every request of every door shares; they import no door
+HOSTS = ("actorserve.transport.httphost", "actorserve.transport.grpchost")
+#: modules in a door's package that are the HTTP host's, each with why it is still there
+HOST_MODULES_IN_DOORS = {
+    "actorserve.transport.rest.protocols": "hypercorn's HTTP/1.1 and HTTP/2 protocols; moves to httphost/ after issue 21's write-path round",
+    "actorserve.transport.rest.http1": "the httptools HTTP/1.1 protocol under hypercorn; moves with rest.protocols",
+}
+
+
+def door_of(name: str) -> str | None:
+    if name in HOST_MODULES_IN_DOORS:
+        return None
+    return next((door for door in DOORS if name == door or name.startswith(door + ".")), None)
+
+
+def host_of(name: str) -> str | None:
+    return next((host for host in HOSTS if name == host or name.startswith(host + ".")), None)
+
+
+def test_no_door_imports_another_door() -> None:
+    """A door is one package: it uses the hosts, the transport's shared modules
+    (errors, auth scopes, records) and the engine API, never another door."""
+    wrong = {
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if (door := door_of(name)) is not None
+        for target in targets
+        if door_of(target) not in (None, door)
+    }
+    assert wrong == set()
+
+
+def test_the_hosts_import_no_door() -> None:
+    """The hosts are handed their doors (by actorserve.doors); they never name one."""
+    edges = graph()
+    wrong = {
+        f"{name} -> {target}"
+        for name, targets in edges.items()
+        if host_of(name) is not None
+        for target in targets
+        if door_of(target) is not None
+    }
+    assert wrong == set()
+    assert "actorserve.transport.rest.protocols" in edges["actorserve.transport.httphost.serve"]
+
+
+def test_torchserve_and_its_door_meet_only_through_the_engine_api() -> None:
+    """The engine-side ``torchserve/`` (handlers, archives) and TorchServe's door share
+    only the engine API (``torchserve_envelope`` is part of it)."""
+    engine_side = "actorserve.torchserve"
+    door = "actorserve.transport.torchserve"
+    wrong = {
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        for target in targets
+        if (name.startswith(door) and (target == engine_side or target.startswith(engine_side + ".")))
+        or (name.startswith(engine_side + ".") and in_transport(target))
+    }
+    assert wrong == set()
+
+
+def test_the_door_checks_see_a_door_importing_another() -> None:
+    assert door_of("actorserve.transport.openai.routes") == "actorserve.transport.openai"
+    assert door_of("actorserve.transport.rest.protocols") is None  # the host's, for now
+    assert door_of("actorserve.transport.grpchost.h2") is None
+    assert door_of("actorserve.transport.exchange") is None
+    assert host_of("actorserve.transport.grpchost.h2") == "actorserve.transport.grpchost"
+    assert all(name in modules() for name in [*DOORS, *HOSTS, *HOST_MODULES_IN_DOORS])
 
 
 def test_the_fronts_engine_client_does_not_import_the_engine() -> None:

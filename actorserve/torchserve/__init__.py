@@ -2,8 +2,9 @@
 
 :mod:`.archive` reads archives and model folders into settings, :mod:`.handler_model`
 runs their handlers as a :class:`~actorserve.model.BatchModel`, :mod:`.context` is the
-``context`` they get, and :mod:`.envelope` is how requests and responses travel between
-the TorchServe transports (``actorserve.transport.torchserve``) and the handler model.
+``context`` they get. How requests and responses travel between TorchServe's door
+(``actorserve.transport.torchserve``) and the handler model is part of the engine API,
+:mod:`actorserve.torchserve_envelope`: the door and this package meet only there.
 """
 
 from .archive import Overrides, archive_settings, find_archives, is_archive

@@ -26,7 +26,7 @@ import attrs
 
 from ..settings import ModelSettings, SequenceSettings, SettingsError
 from ..tempdirs import make_temp_folder
-from .envelope import PLATFORM, SEQUENCE_PLATFORM
+from ..torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 
 MANIFEST: Final = "MAR-INF/MANIFEST.json"
 IMPLEMENTATION: Final = "actorserve.torchserve.handler_model.TorchServeModel"

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from .envelope import HeaderNames
+from ..torchserve_envelope import HeaderNames
 
 
 class RequestProcessor:

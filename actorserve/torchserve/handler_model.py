@@ -13,7 +13,7 @@ while the handler runs wait for its next call.
 
 Errors are answered as TorchServe does: a ``PredictionException`` with its code, an out
 of memory 507, any other exception or a wrong return 503 ("Prediction failed"); the
-response carries the status (see :mod:`.envelope`).
+response carries the status (see :mod:`actorserve.torchserve_envelope`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,18 @@ import trio
 
 from ..errors import ModelFailed
 from ..model import BatchModel, StepOutput
+from ..torchserve_envelope import (
+    BODY,
+    HEADERS,
+    PLATFORM,
+    STREAM_NEXT,
+    HeaderNames,
+    make_response,
+    request_headers,
+    request_inputs,
+)
 from ..types import InferenceRequest, InferenceResponse
-from . import envelope
 from .context import Context, Intermediate, IntermediateSink, RequestProcessor, encode_body
-from .envelope import HeaderNames
 from .loader import EntryPoint, load_entry_point, model_folder_importable
 
 log = logging.getLogger(__name__)
@@ -221,10 +229,10 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
 
     def metadata(self) -> dict[str, Any]:
         meta = super().metadata()
-        meta["platform"] = self.settings.platform or envelope.PLATFORM
+        meta["platform"] = self.settings.platform or PLATFORM
         # what TorchServe clients send and get (not enforced: any named inputs pass)
-        meta["inputs"] = meta["inputs"] or [{"name": envelope.BODY, "datatype": "BYTES", "shape": [-1]}]
-        meta["outputs"] = meta["outputs"] or [{"name": envelope.BODY, "datatype": "BYTES", "shape": [1]}]
+        meta["inputs"] = meta["inputs"] or [{"name": BODY, "datatype": "BYTES", "shape": [-1]}]
+        meta["outputs"] = meta["outputs"] or [{"name": BODY, "datatype": "BYTES", "shape": [1]}]
         return meta
 
     # -- the engine's calls ------------------------------------------------------------
@@ -233,14 +241,14 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         return SequenceState(sequence_id)
 
     def begin(self, request: InferenceRequest, state: SequenceState | None) -> TsWork:
-        headers: dict[str, Any] = dict(envelope.request_headers(request))
+        headers: dict[str, Any] = dict(request_headers(request))
         data: dict[str, Any] = {}
-        for name, value, content_type in envelope.request_inputs(request):
+        for name, value, content_type in request_inputs(request):
             data[name] = decode_input(value, content_type)
             headers[name] = {"content-type": content_type}
         if state is not None:
             headers.setdefault(self.header_names.sequence_id, state.sequence_id)
-            if envelope.HEADERS not in request.parameters:  # from an OIP client: its controls
+            if HEADERS not in request.parameters:  # from an OIP client: its controls
                 for key, name in (
                     ("sequence_start", self.header_names.sequence_start),
                     ("sequence_end", self.header_names.sequence_end),
@@ -282,7 +290,7 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             part = event.responses.get(work.request_id)
             if part is not None:
                 body, content_type, status, phrase, headers = part
-                headers.pop(envelope.STREAM_NEXT, None)
+                headers.pop(STREAM_NEXT, None)
                 work.backlog.append(
                     StepOutput(self._response(work, body, content_type, headers, status, phrase))
                 )
@@ -291,7 +299,7 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         self, work: TsWork, body: bytes, content_type: str, headers: dict[str, str], status: int, phrase: str
     ) -> InferenceResponse:
         content_type = headers.pop("content-type", content_type) or content_type
-        return envelope.make_response(
+        return make_response(
             work.request,
             self.name,
             self.version,
@@ -356,7 +364,7 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
                 return self._failed(works, 503, "Unsupported model output data type.")
             status, phrase = context.get_response_status(idx)
             headers = dict(context.get_response_headers(idx))
-            headers.pop(envelope.STREAM_NEXT, None)
+            headers.pop(STREAM_NEXT, None)
             ends = self.header_names.sequence_end in headers and not streams_on
             response = self._response(work, body, "", headers, status, phrase or "")
             responses[work.request_id] = (response, streams_on, ends)
@@ -369,10 +377,10 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         if context.stopping_criteria:
             is_stop = context.stopping_criteria[idx](value)
             if is_stop is not None:
-                context.set_response_header(idx, envelope.STREAM_NEXT, "false" if is_stop else "true")
-        elif context.get_response_headers(idx).get(envelope.STREAM_NEXT) == "true":
-            context.set_response_header(idx, envelope.STREAM_NEXT, "false")
-        return context.get_response_headers(idx).get(envelope.STREAM_NEXT) == "true"
+                context.set_response_header(idx, STREAM_NEXT, "false" if is_stop else "true")
+        elif context.get_response_headers(idx).get(STREAM_NEXT) == "true":
+            context.set_response_header(idx, STREAM_NEXT, "false")
+        return context.get_response_headers(idx).get(STREAM_NEXT) == "true"
 
     def _failed(self, works: list[TsWork], status: int, message: str) -> _Final:
         body = json.dumps(
@@ -380,7 +388,7 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         ).encode()
         responses = {}
         for work in works:
-            response = envelope.make_response(
+            response = make_response(
                 work.request,
                 self.name,
                 self.version,

@@ -1,11 +1,12 @@
 """Bearer-token auth, for every transport: which routes need a token, and the check.
 
 No I/O here (the token file is read by :func:`actorserve.auth.server_tokens`). Which
-scope a REST request is in is said by the door that owns its path, on the one canonical
-path (:mod:`actorserve.transport.rest.target`) that also routes it, after the door's own
-normalisation (the OpenAI door's trailing ``/``); the guard is the one table of which
-scope needs a token (:meth:`Guard.needs`). gRPC methods are classified here by service
-and prefix, so routes or methods added later under the same prefix are covered:
+scope a request is in is said by the door that owns its path or gRPC method (each door's
+``auth_scope``, asked by the HTTP and gRPC hosts), for REST on the one canonical path
+(:mod:`actorserve.transport.httphost.target`) that also routes it, after the door's own
+normalisation (the OpenAI door's trailing ``/``); doors classify by prefix and service, so
+routes or methods added later under the same prefix are covered. The guard is the one
+table of which scope needs a token (:meth:`Guard.needs`). Today's doors say:
 
 - management (unless ``--no-auth``): REST every path under ``/v2/repository/models/``
   (load, unload and whatever else is added there) and TorchServe's ``/models`` paths,
@@ -33,18 +34,6 @@ import hmac
 from collections.abc import Iterable
 from typing import Final
 
-#: gRPC methods (``/package.Service/Method``) with these prefixes are management methods.
-GRPC_MANAGEMENT_PREFIXES: Final = (
-    "/inference.GRPCInferenceService/RepositoryModel",
-    "/actorserve.v1.Management/",
-    "/org.pytorch.serve.grpc.management.ManagementAPIsService/",
-)
-#: gRPC inference methods, and services all of whose methods are inference (but Ping).
-GRPC_INFERENCE: Final = frozenset(
-    {"/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer"}
-)
-GRPC_INFERENCE_PREFIXES: Final = ("/org.pytorch.serve.grpc.inference.InferenceAPIsService/",)
-GRPC_OPEN: Final = frozenset({"/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"})
 #: the REST path of the metrics (``--auth-metrics``)
 METRICS_PATH: Final = "/metrics"
 
@@ -95,16 +84,6 @@ class Guard:
             return scope if self.metrics else None
         return None
 
-    def grpc_scope(self, method: str) -> Scope | None:
-        """The scope a gRPC method (``/package.Service/Method``) needs (None: open)."""
-        if method in GRPC_OPEN:
-            return None
-        if method in GRPC_INFERENCE or method.startswith(GRPC_INFERENCE_PREFIXES):
-            return self.needs(Scope.INFERENCE)
-        if method.startswith(GRPC_MANAGEMENT_PREFIXES):
-            return self.needs(Scope.MANAGEMENT)
-        return None
-
     def allows(self, authorization: str | bytes | None) -> bool:
         """True if ``authorization`` is ``Bearer <token>`` for an accepted token."""
         if authorization is None:
@@ -126,8 +105,6 @@ class Guard:
 
 __all__ = [
     "CHALLENGE",
-    "GRPC_INFERENCE",
-    "GRPC_MANAGEMENT_PREFIXES",
     "METRICS_PATH",
     "UNAUTHORIZED",
     "Guard",

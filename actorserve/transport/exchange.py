@@ -41,6 +41,7 @@ class Exchange:
         "method",
         "model",
         "not_found",
+        "recorder",
         "route",
         "sequence_id",
         "started",
@@ -76,16 +77,22 @@ class Exchange:
         self.last_at = 0.0
         #: the in-flight gauge this exchange counts in, from :meth:`Recorder.open` to its finish
         self.in_flight: InFlight | None = None
+        #: the host's recorder, which finishes this exchange: :meth:`model_request` opens it
+        self.recorder: Recorder | None = None
 
     def note_disconnect(self) -> None:
         """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
         self.disconnected = True
 
     def model_request(self, model: str, version: str | None) -> None:
-        """This is an inference request for ``model`` (``version``: as asked)."""
+        """This is an inference request for ``model`` (``version``: as asked): it counts
+        in the request metrics, and from now in the in-flight gauge (when the host that
+        finishes it gave it its :attr:`recorder`)."""
         self.inference = True
         self.model = model
         self.version = version
+        if self.recorder is not None:
+            self.recorder.open(self)
 
     def outcome(self) -> int | None:
         """The HTTP status the outcome is judged by (an error inside a stream that started

@@ -33,9 +33,11 @@ from actorserve.proto.actorserve.v1 import (
 from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
+from actorserve.transport.grpc import TritonGrpc
 from actorserve.transport.openai import OpenAIRoutes
 from actorserve.transport.rest.management_routes import auth_scope as management_scope
 from actorserve.transport.torchserve import TorchServeInference, TorchServeManagement
+from actorserve.transport.torchserve.grpc_services import TorchServeGrpc
 
 TOKEN = "s3cret-token-for-tests"
 RIGHT = {"Authorization": f"Bearer {TOKEN}"}
@@ -223,15 +225,18 @@ async def test_auth_inference_guards_model_infer_and_stream_infer(launch: Launch
 
 
 def test_the_guard_covers_management_services_by_name() -> None:
+    # gRPC: each door says which of its methods are in which scope, the guard which scopes need a token
     guard = Guard([TOKEN])
-    assert guard.grpc_scope("/actorserve.v1.Management/SetWorkers") is Scope.MANAGEMENT
-    assert guard.grpc_scope("/inference.GRPCInferenceService/RepositoryModelLoad") is Scope.MANAGEMENT
-    assert guard.grpc_scope("/inference.GRPCInferenceService/RepositoryIndex") is None
-    assert guard.grpc_scope("/inference.GRPCInferenceService/ModelInfer") is None
+    assert TritonGrpc.auth_scope("/actorserve.v1.Management/SetWorkers") is Scope.MANAGEMENT
+    assert TritonGrpc.auth_scope("/inference.GRPCInferenceService/RepositoryModelLoad") is Scope.MANAGEMENT
+    assert TritonGrpc.auth_scope("/inference.GRPCInferenceService/RepositoryIndex") is None
+    assert guard.needs(TritonGrpc.auth_scope("/inference.GRPCInferenceService/ModelInfer")) is None
     assert management_scope("/v2/repository/models/m/versions/2/default") is Scope.MANAGEMENT
     assert management_scope("/v2/repository/index") is None
     assert (
-        Guard([TOKEN], inference=True).grpc_scope("/inference.GRPCInferenceService/ModelStreamInfer")
+        Guard([TOKEN], inference=True).needs(
+            TritonGrpc.auth_scope("/inference.GRPCInferenceService/ModelStreamInfer")
+        )
         is Scope.INFERENCE
     )
     assert Guard([TOKEN], management=False).needs(Scope.MANAGEMENT) is None
@@ -251,10 +256,10 @@ def test_the_guard_covers_management_services_by_name() -> None:
     assert TorchServeInference.auth_scope("/ping") is None
     ts_management = "/org.pytorch.serve.grpc.management.ManagementAPIsService/ScaleWorker"
     ts_inference = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
-    assert guard.grpc_scope(ts_management) is Scope.MANAGEMENT
-    assert openai.grpc_scope(ts_inference + "Predictions") is Scope.INFERENCE
-    assert openai.grpc_scope(ts_inference + "StreamPredictions2") is Scope.INFERENCE
-    assert openai.grpc_scope(ts_inference + "Ping") is None
+    assert guard.needs(TorchServeGrpc.auth_scope(ts_management)) is Scope.MANAGEMENT
+    assert openai.needs(TorchServeGrpc.auth_scope(ts_inference + "Predictions")) is Scope.INFERENCE
+    assert openai.needs(TorchServeGrpc.auth_scope(ts_inference + "StreamPredictions2")) is Scope.INFERENCE
+    assert TorchServeGrpc.auth_scope(ts_inference + "Ping") is None
     assert not guard.allows(None) and not guard.allows("Bearer") and not guard.allows("Bearer é")
     assert guard.allows(f"Bearer {TOKEN}") and guard.allows(f"  bearer   {TOKEN} ".encode())
 

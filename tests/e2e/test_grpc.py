@@ -20,11 +20,11 @@ from support.replicas import not_held_message
 from tritonclient.utils import InferenceServerException
 
 import actorserve
+from actorserve.doors import serve_grpc
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.repository import ModelRepository
 from actorserve.settings import Settings
-from actorserve.transport.grpc import serve_grpc
-from actorserve.transport.grpc.server import bind
+from actorserve.transport.grpchost.server import bind
 
 __all__ = ["grpc_server"]
 

@@ -466,7 +466,7 @@ def test_management_service_serves_every_rpc_of_its_proto() -> None:
     from actorserve.transport.grpc.management_service import ManagementService
 
     class NoCalls:
-        def _tracked(self, func: Any) -> Any:
+        def tracked(self, func: Any) -> Any:
             return func
 
     generated = v1.ManagementBase().__mapping__()

@@ -16,7 +16,7 @@ import trio
 from support.rel_badinput import H2Outcome, h2_exchange, launch, send_head
 
 from actorserve.server import Server
-from actorserve.transport.rest.target import refusal
+from actorserve.transport.httphost.target import refusal
 
 TOKEN = "path-attack-token"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"

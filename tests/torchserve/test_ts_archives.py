@@ -14,7 +14,7 @@ import pytest
 from actorserve.repository import ModelRepository
 from actorserve.settings import SettingsError
 from actorserve.torchserve import Overrides, archive_settings
-from actorserve.torchserve.envelope import SEQUENCE_PLATFORM
+from actorserve.torchserve_envelope import SEQUENCE_PLATFORM
 
 Launch = MakeArchive = Any
 

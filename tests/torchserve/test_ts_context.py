@@ -24,7 +24,7 @@ from actorserve.torchserve.context import (
     encode_predict_frame,
     send_intermediate_predict_response,
 )
-from actorserve.torchserve.envelope import HeaderNames, answer, make_request
+from actorserve.torchserve_envelope import HeaderNames, answer, make_request
 from actorserve.types import InferenceRequest
 
 

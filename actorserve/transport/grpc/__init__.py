@@ -1,17 +1,16 @@
-"""The gRPC transport: Triton's ``inference.GRPCInferenceService`` served by grpclib,
-typed against :class:`~actorserve.api.EngineAPI` only.
+"""Triton's gRPC door: ``inference.GRPCInferenceService`` (and ``actorserve.v1.Management``)
+served by the gRPC host (:mod:`actorserve.transport.grpchost`), typed against
+:class:`~actorserve.api.EngineAPI` only.
 
-grpclib runs on asyncio only, so this package holds actorserve's asyncio code:
-
-- :mod:`.server` — :func:`serve_grpc`: socket, loop, drain;
-- :mod:`.bridge` — how asyncio and trio call each other (trio-asyncio, one thread);
+- :mod:`.door` — :class:`TritonGrpc`: the door's methods and the auth scope of each;
 - :mod:`.service` — :class:`InferenceService`: the handlers, unary RPCs;
+- :mod:`.management_service` — ``actorserve.v1.Management``;
 - :mod:`.streams` — ModelStreamInfer (Triton and MLServer dialects), coalesced writes;
-- :mod:`.h2` — every use of grpclib's private API (headers, compression, framing);
-- :mod:`.status` — exceptions to gRPC statuses.
+- :mod:`.routing` — a stream's sequence routing key;
+- :mod:`.triton_pb` — Triton's config and statistics as protobuf.
 """
 
-from .server import serve_grpc
+from .door import TritonGrpc
 from .service import EXTENSIONS, InferenceService
 
-__all__ = ["EXTENSIONS", "InferenceService", "serve_grpc"]
+__all__ = ["EXTENSIONS", "InferenceService", "TritonGrpc"]

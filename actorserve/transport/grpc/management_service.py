@@ -5,7 +5,7 @@ model, set its workers, set its default version), typed against
 
 :meth:`ManagementService.__mapping__` holds every management RPC, and only them; the
 token check wraps every handler of the server by service and method name
-(:func:`.interceptor.guarded`). The OIP's own repository RPCs (RepositoryModelLoad / Unload)
+(:func:`actorserve.transport.grpchost.interceptor.guarded`). The OIP's own repository RPCs (RepositoryModelLoad / Unload)
 live in ``GRPCInferenceService``; ``service.MANAGEMENT_METHODS`` names them.
 """
 
@@ -28,7 +28,7 @@ from ...proto.actorserve.v1 import (
     SetWorkersRequest,
 )
 from ...proto.actorserve.v1 import ModelDescription as ModelDescriptionPb
-from .h2 import Wire
+from ..grpchost.h2 import Wire
 
 SERVICE: Final = "/actorserve.v1.Management/"
 
@@ -43,7 +43,7 @@ class Calls(Protocol):
 
     async def _engine(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> Any: ...
 
-    def _tracked(self, func: Method) -> Method: ...
+    def tracked(self, func: Method) -> Method: ...
 
 
 def description_to_pb(d: ModelDescription) -> ModelDescriptionPb:
@@ -90,7 +90,7 @@ class ManagementService:
         ]
         handlers = {}
         for name, func, request in methods:
-            handlers[SERVICE + name] = Handler(self.calls._tracked(func), unary, request, ModelDescriptionPb)
+            handlers[SERVICE + name] = Handler(self.calls.tracked(func), unary, request, ModelDescriptionPb)
         return handlers
 
     async def _reply(self, wire: Wire, name: str, version: str | None) -> None:

@@ -16,8 +16,8 @@ from grpclib.server import Stream
 from ...proto.inference import InferParameter
 from ...proto.upb import DecodedRequest
 from ...replica import new_sequence_id
-from .h2 import Wire
-from .metadata import add_initial_metadata
+from ..grpchost.h2 import Wire
+from ..grpchost.metadata import add_initial_metadata
 
 #: request metadata naming the call's sequence; a response echoes its sequence's id
 #: in its initial metadata under the same key

@@ -2,10 +2,11 @@
 :class:`~actorserve.api.EngineAPI` only.
 
 Handlers run on grpclib's asyncio loop; each reaches the engine through one
-:func:`~.bridge.to_trio` hop (the engine's state lives on the trio side). A unary call is
+:func:`~actorserve.transport.grpchost.bridge.to_trio` hop (the engine's state lives on the trio side). A unary call is
 one trio task: a client that cancels (or whose deadline passes) cancels the asyncio
 handler, which cancels the trio task, which leaves the engine's request. ModelStreamInfer
-is a :mod:`.streams` call. Call counting and draining live on the asyncio side.
+is a :mod:`.streams` call. Call counting and draining are the gRPC host's
+(:mod:`actorserve.transport.grpchost`).
 
 Errors: domain errors map to a gRPC status through :mod:`actorserve.transport.errors`;
 anything else is a bug, logged with its traceback and sent as INTERNAL.
@@ -13,19 +14,14 @@ anything else is a bug, logged with its traceback and sent as INTERNAL.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
-import trio
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
 from ...api import EngineAPI, ModelState, TensorMetadata
 from ...errors import ModelNotFound
-from ...metrics import Metrics
 from ...proto.inference import (
     ModelConfigRequest,
     ModelConfigResponse,
@@ -54,19 +50,17 @@ from ...proto.inference import (
     ServerReadyResponse,
 )
 from ...proto.upb import InferRequestDecoder, request_of, response_message
-from ...replica import REPLICA_HEADER, replica_id
+from ...replica import replica_id
 from ...settings import Settings, SettingsError
 from ...version import __version__
-from ..access import AccessLog
-from ..auth import Guard
-from ..exchange import Exchange, Recorder
+from ..exchange import Exchange
+from ..grpchost.bridge import to_trio
+from ..grpchost.door import Calls
+from ..grpchost.h2 import Wire
+from ..grpchost.interceptor import call_exchange
+from ..grpchost.status import log, status_error
 from ..triton import UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
-from .bridge import to_trio
-from .h2 import GrpclibServer, Wire
-from .interceptor import call_exchange, guarded
-from .management_service import ManagementService
 from .routing import SequenceWire, echo_sequence, parameter_sequence_id
-from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
 from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
 
@@ -105,22 +99,11 @@ async def _mapping_errors(afn: Callable[..., Awaitable[T]], *args: Any) -> T:
 
 class InferenceService:
     """The grpclib handlers of ``GRPCInferenceService``, registered raw (not through
-    betterproto2's generated base, whose bidi method is half-duplex).
+    betterproto2's generated base, whose bidi method is half-duplex), on the gRPC host
+    (``calls``: the token check, records, call counting and drain are the host's).
+    ``SettingsError`` for a bad ``grpc_stream_*`` setting."""
 
-    :meth:`start` and :meth:`shut_down` run on the asyncio side (``serve_grpc`` calls
-    them); ``SettingsError`` for a bad ``grpc_stream_*`` setting. Calls are recorded in
-    ``metrics`` and ``access`` (the access log, if on); ``guard`` decides which methods,
-    of this service and any other registered beside it, need a bearer token."""
-
-    def __init__(
-        self,
-        engine: EngineAPI,
-        settings: Settings,
-        *,
-        metrics: Metrics | None = None,
-        access: AccessLog | None = None,
-        guard: Guard | None = None,
-    ) -> None:
+    def __init__(self, engine: EngineAPI, settings: Settings, calls: Calls) -> None:
         if settings.grpc_stream_dialect not in ("triton", "mlserver"):
             raise SettingsError(
                 f"grpc_stream_dialect must be 'triton' or 'mlserver', got {settings.grpc_stream_dialect!r}"
@@ -129,67 +112,9 @@ class InferenceService:
             raise SettingsError("grpc_stream_max_inflight must be >= 1")
         self.engine = engine
         self.settings = settings
-        self.recorder = Recorder(metrics if metrics is not None else Metrics(), access)
-        self.guard = guard if guard is not None and guard.active else None
-        #: calls running (asyncio side)
-        self.calls = 0
-        #: refusing new calls (set on the asyncio side, read on both)
-        self.draining = False
-        #: set (on the trio side) when draining starts: streams stop reading then.
-        self.drain_started = trio.Event()
-        self._idle: asyncio.Event | None = None
-        #: the asyncio tasks of the calls running, and those the end of the drain cancelled
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._ended: set[asyncio.Task[Any]] = set()
-
-    # -- lifecycle, on the asyncio side ---------------------------------------------------
-
-    async def start(
-        self, listener: socket.socket, others: Sequence[Any] = (), *, only: bool = False
-    ) -> GrpclibServer:
-        """Serve this service and ``others`` (objects with grpclib's ``__mapping__``), or
-        ``only`` the others (an extra port), with the same guard, records and drain."""
-        self._idle = self._idle or asyncio.Event()
-        server = GrpclibServer(
-            [*([] if only else [self, ManagementService(self.engine, self)]), *others],
-            fixed_metadata=((REPLICA_HEADER, replica_id(self.settings.replica_id)),),
-            idle_timeout=self.settings.grpc_idle_timeout,  # no open stream that long: GOAWAY, closed
-            read_timeout=self.settings.read_timeout,  # a frame started and not finished that long: closed
-        )
-        # every method of every service: the token check (by method path) and the call's record
-        server.wrap_handlers(lambda path, handler: guarded(path, handler, self.guard, self.recorder))
-        # grpclib listens again on the socket it is given (its default backlog: 100)
-        await server.start(sock=listener, backlog=self.settings.backlog)
-        return server
-
-    async def shut_down(self, *servers: GrpclibServer) -> None:
-        """Stop listening, refuse new calls, give the calls in flight the grace period,
-        end the rest with UNAVAILABLE "the server is shutting down", close the
-        connections (of every server :meth:`start` made)."""
-        grace = self.settings.grace_period
-        self.draining = True
-        for server in servers:
-            server.stop_listening()
-        if self.calls:
-            assert self._idle is not None
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
-        if self.calls:
-            log.warning(
-                "gRPC: ending %d call(s) still running after the grace period (UNAVAILABLE)", self.calls
-            )
-            self._ended = set(self._tasks)
-            for task in self._ended:
-                task.cancel()  # each ends with "the server is shutting down" (see _tracked)
-            with contextlib.suppress(asyncio.TimeoutError):
-                assert self._idle is not None
-                await asyncio.wait_for(self._idle.wait(), 1.0)
-        for server in servers:
-            server.close()
-        for server in servers:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(server.wait_closed(), max(grace, 1.0))
-            server.close_connections()
+        #: the gRPC host: call counting, drain, records
+        self.calls = calls
+        self.recorder = calls.recorder
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = Cardinality.UNARY_UNARY
@@ -262,37 +187,13 @@ class InferenceService:
             ),
         ]
         return {
-            SERVICE + name: Handler(self._tracked(func) if work else func, cardinality, request, reply)
+            SERVICE + name: Handler(self.calls.tracked(func) if work else func, cardinality, request, reply)
             for name, func, cardinality, request, reply, work in methods
         }
 
-    def _tracked(self, func: _Method) -> _Method:
-        """Count the call while it runs; refuse it while draining (the other services
-        served beside this one wrap their handlers with it too)."""
-
-        async def handler(stream: Stream[Any, Any]) -> None:
-            if self.draining:
-                raise shutting_down()
-            self.calls += 1
-            task = asyncio.current_task()
-            if task is not None:
-                self._tasks.add(task)
-            try:
-                await func(stream)
-            except asyncio.CancelledError:
-                if task is None or task not in self._ended:
-                    raise
-                task.uncancel()  # the grace period is over: a status, not a cut connection
-                raise shutting_down() from None
-            finally:
-                if task is not None:
-                    self._tasks.discard(task)
-                self.calls -= 1
-                if not self.calls and self._idle is not None:
-                    self._idle.set()
-                    self._idle.clear()  # wakes the current waiter; later ones wait again
-
-        return handler
+    def tracked(self, func: _Method) -> _Method:
+        """``func`` counted and drained by the host (for .management_service's handlers too)."""
+        return self.calls.tracked(func)
 
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
         kind = (
@@ -326,12 +227,12 @@ class InferenceService:
     async def _server_ready(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerReadyRequest)
         ready = await self._engine(self.engine.ready)
-        await wire.send(ServerReadyResponse(ready=ready and not self.draining))
+        await wire.send(ServerReadyResponse(ready=ready and not self.calls.draining))
 
     async def _model_ready(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, ModelReadyRequest)
         ready = await self._engine(_model_is_ready, self.engine, message.name, message.version or None)
-        await wire.send(ModelReadyResponse(ready=ready and not self.draining))
+        await wire.send(ModelReadyResponse(ready=ready and not self.calls.draining))
 
     async def _server_metadata(self, stream: Stream[Any, Any]) -> None:
         wire, _ = await self._request(stream, ServerMetadataRequest)
@@ -423,7 +324,7 @@ class InferenceService:
         if isinstance(wire, SequenceWire):
             echo_sequence(stream, wire.sequence_id)
             wire.name_first_start = replica_id(self.settings.replica_id)
-        max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
+        max_inflight, draining = self.settings.grpc_stream_max_inflight, self.calls.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":
             call = MLServerStream(

@@ -32,9 +32,9 @@ from ...proto.upb import request_of, response_message, stream_response_message
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import http_status
 from ..exchange import Exchange, Recorder
-from .bridge import to_aio
-from .h2 import Wire
-from .status import shutting_down, status_error
+from ..grpchost.bridge import to_aio
+from ..grpchost.h2 import Wire
+from ..grpchost.status import shutting_down, status_error
 
 #: The route of every request of a stream in the access log.
 STREAM_ROUTE: Final = "/inference.GRPCInferenceService/ModelStreamInfer"

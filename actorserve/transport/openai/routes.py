@@ -20,11 +20,13 @@ import orjson
 import trio
 
 from ...api import EngineAPI
-from ...errors import BadInput, ModelNotFound
+from ...errors import BadInput, ModelNotFound, ShuttingDown
 from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
 from ...textgen import TextGeneration
 from ..auth import Scope
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
+from ..exchange import Exchange
+from ..httphost.replies import ASGIApp
 from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
@@ -65,23 +67,44 @@ def _route(path: str) -> str:
 
 
 class OpenAIRoutes:
-    """Serves every path under ``/v1/``. ``limit`` is ``max_body_bytes``."""
+    """The OpenAI door: serves every path under ``/v1/``. ``limit`` is ``max_body_bytes``."""
+
+    #: no framework to start
+    lifespan: ASGIApp | None = None
 
     def __init__(self, engine: EngineAPI, limit: int) -> None:
         self.engine = engine
         self._limit = limit
 
     @staticmethod
+    def claims(path: str) -> bool:
+        return path.startswith("/v1/")
+
+    @staticmethod
+    def bad_target(why: str) -> tuple[int, bytes]:
+        """400 in OpenAI's error shape, for a request the host refuses before routing."""
+        return error_status_and_body(OpenAIError(why, status=400, code="invalid_request"))
+
+    @staticmethod
+    def shutting_down(message: str) -> tuple[int, bytes]:
+        return error_status_and_body(ShuttingDown(message))
+
+    @staticmethod
+    def stream_end(method: str, path: str, message: str) -> bytes:
+        """The error event and ``data: [DONE]``."""
+        return stream_error(ShuttingDown(message)) + DONE
+
+    async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, exchange: Exchange) -> None:
+        await self(scope, receive, send, exchange)
+
+    @staticmethod
     def auth_scope(path: str) -> Scope | None:
         """The scope of a path under ``/v1/``, read as :meth:`__call__` routes it."""
         return Scope.INFERENCE if _route(path) in _INFERENCE else None
 
-    @staticmethod
-    async def refuse(send: ASGISend, message: str) -> None:
-        """400 in OpenAI's error shape, for a request the host refuses before routing."""
-        await _send_error(send, OpenAIError(message, status=400, code="invalid_request"))
-
-    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+    async def __call__(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, exchange: Exchange | None = None
+    ) -> None:
         path = _route(scope["path"])
         method: str = scope["method"]
         if path == "/v1/models" or path.startswith("/v1/models/"):
@@ -113,9 +136,10 @@ class OpenAIRoutes:
         except OpenAIError as exc:
             await _send_error(send, exc)
             return
+        disconnected = exchange.note_disconnect if exchange is not None else None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
-            await self._generate(send, body, headers, chat=path.endswith("/chat/completions"))
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, disconnected)
+            await self._generate(send, body, headers, exchange, chat=path.endswith("/chat/completions"))
             nursery.cancel_scope.cancel()
 
     async def _models(self, send: ASGISend, name: str) -> None:
@@ -141,10 +165,20 @@ class OpenAIRoutes:
             raise _no_model(name, " (it does not generate text)")
         return info.text_generation
 
-    async def _generate(self, send: ASGISend, body: bytes, headers: Mapping[str, str], *, chat: bool) -> None:
+    async def _generate(
+        self,
+        send: ASGISend,
+        body: bytes,
+        headers: Mapping[str, str],
+        exchange: Exchange | None,
+        *,
+        chat: bool,
+    ) -> None:
         try:
             obj = await _loads(body)
             call = parse_chat(obj, headers) if chat else parse_completion(obj, headers)
+            if exchange is not None:  # the model it names: the metrics' labels
+                exchange.model_request(call.model, None)
             spec = await self._text_model(call.model)
             if chat:
                 prompts = [render_chat(call.model, spec.chat_template, call.messages)]
@@ -152,6 +186,7 @@ class OpenAIRoutes:
                 prompts = list(call.prompts)
             runs = plan_choices(spec, prompts, call.options, call.n, spec.chat_stop if chat else ())
         except Exception as exc:
+            _note_missing(exchange, exc)
             await _send_error(send, exc)
             return
         call_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
@@ -162,6 +197,7 @@ class OpenAIRoutes:
         try:
             await run_all(self.engine, spec, call.model, runs)
         except Exception as exc:
+            _note_missing(exchange, exc)
             await _send_error(send, exc)
             return
         sequence_id = runs[0].sequence_id
@@ -226,6 +262,16 @@ class OpenAIRoutes:
             if failed is None and call.include_usage:
                 await body(shape.usage(total_usage(runs)))
         await body(DONE, more=False)
+
+
+def _note_missing(exchange: Exchange | None, error: BaseException) -> None:
+    """Tell the exchange (metrics) that the request named a model that does not exist
+    (its name came from the client: it is not a label)."""
+    missing = isinstance(error, ModelNotFound) or (
+        isinstance(error, OpenAIError) and error.code == "model_not_found"
+    )
+    if exchange is not None and missing:
+        exchange.not_found = True
 
 
 def _with_sequence(shape: ChunkShape, sequence_id: str) -> ChunkShape:

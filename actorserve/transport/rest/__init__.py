@@ -1,4 +1,5 @@
-"""The REST transport: Open Inference Protocol (KServe V2) over HTTP, on hypercorn.
+"""The OIP's REST door: Open Inference Protocol (KServe V2) over HTTP, served by the
+HTTP host (:mod:`actorserve.transport.httphost`).
 
 Layers, each its own module:
 
@@ -8,12 +9,13 @@ Layers, each its own module:
 - :mod:`.sse` — server-sent event framing and the coalescing event writer;
 - :mod:`.asgi` — the raw-ASGI paths: ``infer``, ``generate`` and every stream;
 - :mod:`.views` — the Quart views of the other endpoints;
-- :mod:`.app` — :func:`create_app`: the raw paths first, Quart for the rest.
+- :mod:`.app` — :class:`OipRest`, the door: the raw paths first, Quart for the rest.
 
-Everything is typed against :class:`actorserve.api.EngineAPI`; nothing here knows the
-actors.
+:mod:`.protocols` and :mod:`.http1` (hypercorn's HTTP/1.1 and HTTP/2) are the HTTP
+host's, kept here for now. Everything is typed against
+:class:`actorserve.api.EngineAPI`; nothing here knows the actors.
 """
 
-from .app import RestApp, create_app
+from .app import OipRest, create_door
 
-__all__ = ["RestApp", "create_app"]
+__all__ = ["OipRest", "create_door"]

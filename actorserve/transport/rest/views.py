@@ -152,6 +152,6 @@ class RestViews:
         naming = naming_for(self.settings.sequence_headers, replica_id(self.settings.replica_id))
         headers = RequestHeaders.from_lookup(request.headers.get, naming)
         extensions: Any = request.scope.get("extensions") or {}
-        exchange: Exchange | None = extensions.get("actorserve")  # set by RestApp
+        exchange: Exchange | None = extensions.get("actorserve")  # set by OipRest (the door)
         limit = self.settings.max_body_bytes
         return response(await infer_reply(self.engine, name, version, body, headers, limit, exchange))

@@ -22,7 +22,7 @@ from ...errors import (
     SequenceNotFound,
     ShuttingDown,
 )
-from ...torchserve import envelope
+from ...torchserve_envelope import Answer
 
 #: domain error -> (HTTP status, TorchServe's exception type) as TorchServe answers
 _ERRORS: Final[dict[type[ActorServeError], tuple[int, str]]] = {
@@ -88,7 +88,13 @@ def ts_error(error: BaseException) -> TsError:
     return TsError(500, "InternalServerException", f"internal error: {type(error).__name__}")
 
 
-def answer_error(answer: envelope.Answer) -> TsError:
+def names_no_model(error: TsError) -> bool:
+    """``error`` says the model (or version) a request named does not exist: its name
+    came from the client, so it is no metrics label."""
+    return error.type in ("ModelNotFoundException", "ModelVersionNotFoundException")
+
+
+def answer_error(answer: Answer) -> TsError:
     """A handler's failed answer (status >= 400) as an error."""
     message = answer.message
     try:

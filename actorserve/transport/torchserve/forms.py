@@ -15,7 +15,7 @@ from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDeco
 
 from ...errors import BadInput
 from ...limits import MAX_FORM_FIELDS
-from ...torchserve import envelope
+from ...torchserve_envelope import BODY
 
 
 def split_body(body: bytes, content_type: str, limit: int) -> dict[str, tuple[bytes, str]]:
@@ -33,7 +33,7 @@ def split_body(body: bytes, content_type: str, limit: int) -> dict[str, tuple[by
         delimiter = b"--" + boundary.encode("latin-1")
         _check_fields(body.count(delimiter) - 1)
         return _multipart(body, delimiter[2:], limit)
-    return {envelope.BODY: (body, mime)}
+    return {BODY: (body, mime)}
 
 
 def _check_fields(count: int) -> None:

@@ -3,12 +3,12 @@
 StreamPredictions, StreamPredictions2) and ``...management.ManagementAPIsService``.
 
 Handlers run on grpclib's asyncio loop and reach the engine in one trio task per call
-(:func:`~actorserve.transport.grpc.bridge.to_trio`), like the Triton service. Unary
+(:func:`~actorserve.transport.grpchost.bridge.to_trio`), like the Triton service. Unary
 ``Predictions`` answers the handler's first response, as TorchServe does. Errors are
-TorchServe's: its HTTP code mapped to a gRPC status (``GRPCUtils``), the message as the
-details; on StreamPredictions2 an error is a response whose ``status`` is a
-``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays open (a request with
-neither a sequence id nor a start is refused so).
+TorchServe's (:mod:`.grpc_errors`): its HTTP code mapped to a gRPC status
+(``GRPCUtils``), the message as the details; on StreamPredictions2 an error is a response
+whose ``status`` is a ``google.rpc.Status`` (with an ``ErrorInfo``), and the stream stays
+open (a request with neither a sequence id nor a start is refused so).
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import trio
-from grpclib.const import Cardinality, Handler, Status
+from grpclib.const import Cardinality, Handler
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ...api import EngineAPI
-from ...proto.torchserve.google.protobuf import Any as PbAny
 from ...proto.torchserve.google.protobuf import Empty
-from ...proto.torchserve.google.rpc import ErrorInfo
-from ...proto.torchserve.google.rpc import Status as RpcStatus
 from ...proto.torchserve.org.pytorch.serve.grpc import management as pm
 from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
     PredictionResponse,
@@ -34,70 +31,25 @@ from ...proto.torchserve.org.pytorch.serve.grpc.inference import (
     TorchServeHealthResponse,
 )
 from ...settings import Settings
-from ...torchserve import envelope
-from ..grpc.bridge import to_aio, to_trio
-from ..grpc.h2 import Wire
+from ...torchserve_envelope import ok_status
+from ..auth import Scope
+from ..exchange import Exchange
+from ..grpchost.bridge import to_aio, to_trio
+from ..grpchost.door import Calls
+from ..grpchost.h2 import Wire
+from ..grpchost.interceptor import call_exchange
 from .errors import TsError, TsRefusal, answer_error, ts_error
+from .grpc_errors import grpc_code, grpc_error, handler_status, noted, rpc_status
 from .management_ops import Management, Reply
 from .predictions import Call, Predictor, first_answers
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
 MANAGEMENT: Final = "/org.pytorch.serve.grpc.management.ManagementAPIsService/"
+#: the prefix of each service's methods, by the name of the port that serves it alone
+PORT_PREFIXES: Final = {"inference": INFERENCE, "management": MANAGEMENT}
 
 #: requests of one StreamPredictions2 call running at once before it stops reading
 STREAM2_INFLIGHT: Final = 16
-
-#: TorchServe's GRPCUtils.getGRPCStatusCode
-_CODES: Final = {
-    400: Status.INVALID_ARGUMENT,
-    401: Status.UNAUTHENTICATED,
-    403: Status.PERMISSION_DENIED,
-    404: Status.NOT_FOUND,
-    409: Status.ABORTED,
-    413: Status.RESOURCE_EXHAUSTED,
-    429: Status.RESOURCE_EXHAUSTED,
-    416: Status.OUT_OF_RANGE,
-    499: Status.CANCELLED,
-    501: Status.UNIMPLEMENTED,
-    503: Status.UNAVAILABLE,
-    504: Status.DEADLINE_EXCEEDED,
-}
-
-#: the Java package of TorchServe's exceptions that are not in ``org.pytorch.serve.http``
-_PACKAGES: Final = {
-    "ModelNotFoundException": "org.pytorch.serve.archive.model",
-    "ModelVersionNotFoundException": "org.pytorch.serve.archive.model",
-}
-
-Track = Callable[
-    [Callable[[Stream[Any, Any]], Awaitable[None]]], Callable[[Stream[Any, Any]], Awaitable[None]]
-]
-
-
-def grpc_code(http: int) -> Status:
-    if http in _CODES:
-        return _CODES[http]
-    return Status.OK if 200 <= http < 300 else Status.INTERNAL
-
-
-def grpc_error(error: TsError) -> GRPCError:
-    return GRPCError(grpc_code(error.code), error.message)
-
-
-def rpc_status(error: TsError) -> RpcStatus:
-    """An in-band StreamPredictions2 error; its ``ErrorInfo`` reason is the exception's
-    Java name as TorchServe gives it (a reason with a dot in it is given whole)."""
-    reason = error.type or "InternalServerException"
-    if "." not in reason:
-        reason = f"{_PACKAGES.get(reason, 'org.pytorch.serve.http')}.{reason}"
-    detail = PbAny.pack(ErrorInfo(reason=reason))
-    return RpcStatus(code=grpc_code(error.code).value, message=error.message, details=[detail])
-
-
-def handler_status(error: TsError) -> RpcStatus:
-    """A handler's failed answer in band: TorchServe's worker reports every one as
-    ``InternalServerException`` (``GRPCJob.sendError``), whatever the handler raised."""
-    return rpc_status(TsError(error.code, "InternalServerException", error.message))
 
 
 class _Turn:
@@ -136,28 +88,28 @@ def _bad_request(message: str) -> TsRefusal:
     return TsRefusal(TsError(500, "BadRequestException.()", message))
 
 
-class Served:
-    """Handlers as grpclib serves them (an object with ``__mapping__``)."""
-
-    def __init__(self, handlers: dict[str, Handler]) -> None:
-        self.handlers = handlers
-
-    def __mapping__(self) -> dict[str, Handler]:
-        return self.handlers
-
-
 class TorchServeGrpc:
-    """Both services' handlers; ``track`` wraps a handler that works (the gRPC server's
-    call counting and drain)."""
+    """The door: both services' handlers on the gRPC host, whose ``calls.tracked`` wraps
+    each handler that works (call counting and drain)."""
 
-    def __init__(self, engine: EngineAPI, settings: Settings, track: Track) -> None:
+    def __init__(self, engine: EngineAPI, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
         self.predictor = Predictor(engine)
         self.management = Management(engine)
-        self._track = track
 
-    def __mapping__(self) -> dict[str, Handler]:
+    @staticmethod
+    def auth_scope(method: str) -> Scope | None:
+        """Every inference method but ``Ping`` is inference; every management method is
+        management (by service, so a method added later is covered)."""
+        if method.startswith(INFERENCE) and method != INFERENCE + "Ping":
+            return Scope.INFERENCE
+        if method.startswith(MANAGEMENT):
+            return Scope.MANAGEMENT
+        return None
+
+    def handlers(self, calls: Calls) -> dict[str, Handler]:
+        self._track = calls.tracked
         unary, server_stream = Cardinality.UNARY_UNARY, Cardinality.UNARY_STREAM
         handlers = {
             INFERENCE + "Ping": Handler(self._ping, unary, Empty, TorchServeHealthResponse),
@@ -187,12 +139,6 @@ class TorchServeGrpc:
             handlers[MANAGEMENT + name] = Handler(handler, unary, request_type, pm.ManagementResponse)
         return handlers
 
-    def only(self, service: str) -> Served:
-        """One of the two services alone (``"inference"`` or ``"management"``), for a
-        port of its own: the other's methods are UNIMPLEMENTED there."""
-        prefix = {"inference": INFERENCE, "management": MANAGEMENT}[service]
-        return Served({path: h for path, h in self.__mapping__().items() if path.startswith(prefix)})
-
     def _wire(self, stream: Stream[Any, Any], recv_type: Any) -> Wire:
         return Wire(
             stream, recv_type, max_bytes=self.settings.max_body_bytes, min_bytes=self.settings.gzip_min_bytes
@@ -201,6 +147,14 @@ class TorchServeGrpc:
     async def _request(self, stream: Stream[Any, Any], recv_type: Any) -> tuple[Wire, Any]:
         wire = self._wire(stream, recv_type)
         message = await wire.recv_one()
+        exchange = call_exchange()
+        name = getattr(message, "model_name", None)
+        if exchange is not None and name:  # the model a call names: the access line, the metrics
+            version = getattr(message, "model_version", None) or None
+            if recv_type is PredictionsRequest:
+                exchange.model_request(name, version)
+            else:
+                exchange.model, exchange.version = name, version
         return wire, message
 
     # -- inference ------------------------------------------------------------------------
@@ -213,9 +167,11 @@ class TorchServeGrpc:
 
     async def _predictions(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, PredictionsRequest)
-        await to_trio(self._predict_unary, wire, message)
+        await to_trio(self._predict_unary, wire, message, call_exchange())
 
-    async def _predict_unary(self, wire: Wire, message: PredictionsRequest) -> None:
+    async def _predict_unary(
+        self, wire: Wire, message: PredictionsRequest, exchange: Exchange | None
+    ) -> None:
         """Answered with the handler's first response, as TorchServe's ``GRPCJob``
         completes a unary call on it: a handler that sends intermediate responses is
         answered with the first of them, and the rest of the request is cancelled
@@ -224,24 +180,26 @@ class TorchServeGrpc:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
                 answers = await first_answers(responses)
         except Exception as exc:
-            raise grpc_error(ts_error(exc)) from None
+            raise grpc_error(noted(exchange, ts_error(exc))) from None
         if not answers:
             raise grpc_error(TsError(503, "InternalServerException", "the model gave no answer"))
-        if not envelope.ok_status(answers[0].status):
+        if not ok_status(answers[0].status):
             raise grpc_error(answer_error(answers[0]))
         await to_aio(wire.send, PredictionResponse(prediction=answers[0].body))
 
     async def _stream_predictions(self, stream: Stream[Any, Any]) -> None:
         wire, message = await self._request(stream, PredictionsRequest)
-        await to_trio(self._predict_stream, wire, message)
+        await to_trio(self._predict_stream, wire, message, call_exchange())
 
-    async def _predict_stream(self, wire: Wire, message: PredictionsRequest) -> None:
+    async def _predict_stream(
+        self, wire: Wire, message: PredictionsRequest, exchange: Exchange | None
+    ) -> None:
         try:
             async with self.predictor.stream(_call(message, {})) as (responses, _):
                 while answers := await first_answers(responses):
                     replies: list[PredictionResponse] = []
                     for answer in answers:
-                        if not envelope.ok_status(answer.status):
+                        if not ok_status(answer.status):
                             if replies:
                                 await to_aio(wire.send_many, replies)
                             raise grpc_error(answer_error(answer))
@@ -250,7 +208,7 @@ class TorchServeGrpc:
         except GRPCError:
             raise
         except Exception as exc:
-            raise grpc_error(ts_error(exc)) from None
+            raise grpc_error(noted(exchange, ts_error(exc))) from None
 
     async def _stream_predictions2(self, stream: Stream[Any, Any]) -> None:
         wire = self._wire(stream, PredictionsRequest)
@@ -315,7 +273,7 @@ class TorchServeGrpc:
                             batch = []
                             for answer in answers:
                                 reply = PredictionResponse(prediction=answer.body, sequence_id=sequence_id)
-                                if not envelope.ok_status(answer.status):
+                                if not ok_status(answer.status):
                                     reply = PredictionResponse(
                                         sequence_id=sequence_id, status=handler_status(answer_error(answer))
                                     )

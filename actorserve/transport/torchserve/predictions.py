@@ -25,8 +25,8 @@ import trio
 
 from ...api import EngineAPI, ResponseIterator, bool_parameter
 from ...errors import BadInput, ModelNotFound, SequenceConflict, SequenceNotFound
-from ...torchserve import envelope
-from ...torchserve.envelope import HeaderNames
+from ...torchserve_envelope import SEQUENCE_PLATFORM, Answer, HeaderNames, make_request
+from ...torchserve_envelope import answer as answer_of
 from .errors import not_found
 
 #: how long a model's "has sequence batching" is remembered, in seconds
@@ -58,7 +58,7 @@ class Predictor:
         if cached is not None and cached[0] > now:
             return cached[1]
         platform = (await self.engine.metadata(model, version)).platform
-        value = platform == envelope.SEQUENCE_PLATFORM
+        value = platform == SEQUENCE_PLATFORM
         if len(self._sequence_models) > 1024:
             self._sequence_models.clear()
         self._sequence_models[key] = (now + PLATFORM_TTL, value)
@@ -97,7 +97,7 @@ class Predictor:
             attempts = [{**base, "sequence_start": start}, {**base, "sequence_start": not start}]
         async with contextlib.AsyncExitStack() as stack:
             for number, parameters in enumerate(attempts):
-                request = envelope.make_request(
+                request = make_request(
                     call.inputs, headers, model=call.model, version=call.version, parameters=parameters
                 )
                 stream = self.engine.infer_stream(request, model=call.model, version=call.version)
@@ -121,9 +121,9 @@ def _flag(headers: Mapping[str, str], name: str) -> bool:
         return False
 
 
-async def first_answers(responses: ResponseIterator) -> list[envelope.Answer]:
+async def first_answers(responses: ResponseIterator) -> list[Answer]:
     """The answers already waiting (at least one), or [] at the end."""
     try:
-        return [envelope.answer(r) for r in await responses.next_batch()]
+        return [answer_of(r) for r in await responses.next_batch()]
     except StopAsyncIteration:
         return []

@@ -22,11 +22,12 @@ import trio
 from ...api import EngineAPI
 from ...errors import BadInput
 from ...limits import PARSE_IN_THREAD_BYTES
-from ...torchserve import envelope
+from ...torchserve_envelope import STREAM_NEXT, Answer, HeaderNames, ok_status
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
+from ..exchange import Exchange
 from ..receive import Disconnected, cancel_on_disconnect, read_body
-from .errors import TsError, answer_error, ts_error
+from .errors import TsError, answer_error, names_no_model, ts_error
 from .forms import split_body
 from .predictions import Call, Predictor, first_answers
 
@@ -54,22 +55,20 @@ async def send_error(send: ASGISend, error: TsError) -> None:
     await send_json(send, error.code, error.json())
 
 
-def _content_type(answer: envelope.Answer) -> bytes:
+def _content_type(answer: Answer) -> bytes:
     if answer.content_type:
         return answer.content_type.encode("latin-1")
     stripped = answer.body.lstrip()[:1]
     return b"application/json" if stripped in (b"{", b"[") else b"text/plain"
 
 
-def _headers(
-    answer: envelope.Answer, names: envelope.HeaderNames, sequence_id: str | None
-) -> list[tuple[bytes, bytes]]:
+def _headers(answer: Answer, names: HeaderNames, sequence_id: str | None) -> list[tuple[bytes, bytes]]:
     raw = [(b"content-type", _content_type(answer))]
     headers = dict(answer.headers)
     if sequence_id is not None:
         headers.setdefault(names.sequence_id, sequence_id)
     for key, value in headers.items():
-        if key.lower() not in ("content-type", "content-length", "transfer-encoding", envelope.STREAM_NEXT):
+        if key.lower() not in ("content-type", "content-length", "transfer-encoding", STREAM_NEXT):
             raw.append((key.lower().encode("latin-1"), str(value).encode("latin-1", "replace")))
     return raw
 
@@ -98,7 +97,9 @@ class TorchServeInference:
             return Scope.INFERENCE
         return None
 
-    async def serve(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> bool:
+    async def serve(
+        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, exchange: Exchange | None = None
+    ) -> bool:
         path: str = scope["path"]
         method: str = scope["method"]
         if path == "/ping":
@@ -130,11 +131,19 @@ class TorchServeInference:
                 send, TsError(405, "MethodNotAllowedException", f"{method} {path}: use POST or PUT")
             )
             return True
-        await self._predict(scope, receive, send, match[1], match[2])
+        if exchange is not None:  # the model it names: the metrics' labels
+            exchange.model_request(match[1], match[2])
+        await self._predict(scope, receive, send, match[1], match[2], exchange)
         return True
 
     async def _predict(
-        self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, model: str, version: str | None
+        self,
+        scope: ASGIScope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        model: str,
+        version: str | None,
+        exchange: Exchange | None,
     ) -> None:
         try:
             body = await read_body(receive, self.limit, _header(scope, b"content-length"))
@@ -169,11 +178,12 @@ class TorchServeInference:
         call = Call(model, version, inputs, headers)
         with trio.CancelScope() as scope_:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(cancel_on_disconnect, receive, scope_)
-                await self._answer(send, call)
+                disconnected = exchange.note_disconnect if exchange is not None else None
+                nursery.start_soon(cancel_on_disconnect, receive, scope_, disconnected)
+                await self._answer(send, call, exchange)
                 nursery.cancel_scope.cancel()
 
-    async def _answer(self, send: ASGISend, call: Call) -> None:
+    async def _answer(self, send: ASGISend, call: Call, exchange: Exchange | None) -> None:
         names = self.predictor.names
         started = False
         try:
@@ -185,7 +195,7 @@ class TorchServeInference:
                     )
                     return
                 first = answers[0]
-                if not envelope.ok_status(first.status):
+                if not ok_status(first.status):
                     error = answer_error(first)
                     await send_json(send, error.code, error.json(), _headers(first, names, sequence_id)[1:])
                     return
@@ -205,6 +215,9 @@ class TorchServeInference:
             if started:  # nothing left to tell the client but the end of the body
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            await send_error(send, ts_error(exc))
+            error = ts_error(exc)
+            if exchange is not None and names_no_model(error):
+                exchange.not_found = True
+            await send_error(send, error)
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actorserve.transport.grpc.writes import CoalescedWrites
+from actorserve.transport.grpchost.writes import CoalescedWrites
 
 
 class Transport:

@@ -1,4 +1,4 @@
-"""actorserve.transport.grpc.h2 without a server: framing as plain bytes, and
+"""actorserve.transport.grpchost.h2 without a server: framing as plain bytes, and
 :meth:`Wire.send_many` against a stand-in for grpclib's stream that records each
 ``send_data``."""
 
@@ -14,7 +14,7 @@ from grpclib.exceptions import GRPCError
 from support.grpcframes import unframe
 
 from actorserve.proto import inference as pb
-from actorserve.transport.grpc.h2 import ACCEPT_ENCODING, Wire, frame_messages
+from actorserve.transport.grpchost.h2 import ACCEPT_ENCODING, Wire, frame_messages
 
 
 def test_frames_are_prefixed_and_joined() -> None:

@@ -14,10 +14,11 @@ import trio.testing
 from support.models import GateModel, RecordingModel
 
 from actorserve import open_engine
+from actorserve.doors import create_app
 from actorserve.engine import Engine
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.settings import ModelSettings, Settings
-from actorserve.transport.rest import RestApp, create_app
+from actorserve.transport.httphost import HttpHost
 
 TIMEOUT = 20.0
 
@@ -72,7 +73,7 @@ def scope(path: str, method: str = "POST") -> dict[str, Any]:
     return {"type": "http", "method": method, "path": path, "query_string": b"", "headers": []}
 
 
-async def run(app: RestApp, client: Client, path: str, nursery: trio.Nursery) -> None:
+async def run(app: HttpHost, client: Client, path: str, nursery: trio.Nursery) -> None:
     async def go() -> None:
         try:
             await app(scope(path), client.receive, client.send)

@@ -12,9 +12,10 @@ import pytest
 from openapi_spec_validator import validate
 
 from actorserve import open_engine
+from actorserve.doors import create_app
 from actorserve.engine import Engine
 from actorserve.settings import Settings
-from actorserve.transport.rest import create_app
+from actorserve.transport.rest import OipRest
 from actorserve.transport.rest.app import _RAW_METHODS
 from actorserve.transport.rest.openapi import DOCUMENT_PATH, openapi_document
 
@@ -59,8 +60,9 @@ def served(engine: Engine) -> set[tuple[str, str]]:
     raw-ASGI routes (each under /versions/{version}/ too), and /metrics."""
     app = create_app(engine, Settings(models=(), http_port=0, grpc_port=None))
     routes: set[tuple[str, str]] = {("GET", "/metrics"), *OPENAI_ROUTES, *TORCHSERVE_ROUTES}
-    for rule in app.quart.url_map.iter_rules():
-        if rule.endpoint.startswith("playground:") or rule.endpoint == "static":
+    quart = next(door for door in app.doors if isinstance(door, OipRest)).quart
+    for rule in quart.url_map.iter_rules():
+        if rule.endpoint == "static":
             continue
         path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
         routes |= {(method, path) for method in rule.methods or () if method not in ("HEAD", "OPTIONS")}

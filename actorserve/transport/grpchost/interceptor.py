@@ -2,8 +2,8 @@
 check (by method path, see :mod:`actorserve.transport.auth`), and the call's
 :class:`~actorserve.transport.exchange.Exchange` (access log; metrics of unary inference).
 
-Applied to the whole handler table of the grpclib server (:meth:`.h2.GrpclibServer.wrap_handlers`),
-so a service added later (``actorserve.v1.Management``) is covered by the same rules.
+Applied by the host to every method of every door (:meth:`.host.GrpcHost.handlers`), so a
+door added later is covered by the same rules.
 Runs on grpclib's asyncio loop, before the handler reads anything.
 """
 
@@ -39,13 +39,15 @@ HTTP_OF: Final = {
 
 
 def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder) -> Handler:
-    """``handler`` (of method ``path``) with the token check and the call's exchange."""
+    """``handler`` (of method ``path``) with the token check (``guard``: None when the
+    method's scope, as its door says, needs no token here) and the call's exchange."""
     func = handler.func
-    needs_token = guard is not None and guard.grpc_scope(path) is not None
+    needs_token = guard is not None
 
     async def call(stream: Stream[Any, Any]) -> None:
         exchange = Exchange("grpc", "POST", path)
         exchange.bytes = None
+        exchange.recorder = recorder
         token = CALL.set(exchange)
         owned = OWNER.set(None)
         status = Status.OK

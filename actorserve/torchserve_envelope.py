@@ -7,8 +7,9 @@ engine that is an :class:`InferenceRequest` whose inputs are ``BYTES [1]`` tenso
 raw bytes; ``content_type`` in the tensor's parameters) and whose parameter
 :data:`HEADERS` holds the headers; the answer is an :class:`InferenceResponse` with one
 ``BYTES [1]`` output :data:`BODY`, the response headers in parameter :data:`HEADERS`
-and the status in :data:`STATUS`. Both the TorchServe transports and the handler model
-use this module, so they agree on it.
+and the status in :data:`STATUS`. Both TorchServe's door (``transport/torchserve/``) and
+the engine-side handler model (``torchserve/``) use this module, part of the engine API,
+so they agree on it; they import nothing else of each other.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from ..types import InferenceRequest, InferenceResponse, Tensor
+from .types import InferenceRequest, InferenceResponse, Tensor
 
 #: the REST body's input name (TorchServe's)
 BODY: Final = "body"

@@ -159,11 +159,6 @@ class GrpclibServer(Server):
         self._protocols.add(protocol)
         return protocol
 
-    def wrap_handlers(self, wrap: Any) -> None:
-        """Replace the handler of every method of every service by
-        ``wrap(path, handler)`` (``path``: ``/package.Service/Method``)."""
-        self._mapping = {path: wrap(path, handler) for path, handler in self._mapping.items()}
-
     def stop_listening(self) -> None:
         """Close the listening socket; calls on open connections go on."""
         if self._server is not None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
-from .asgi import ASGIScope, ASGISend
-from .wire import HttpReply, json_reply
+from .replies import ASGIScope, ASGISend, Reply, json_reply
 
 ALLOWED_METHODS: Final = "GET, POST, OPTIONS"
 #: request headers a browser may send (the ones the OIP and Triton clients use)
@@ -54,11 +53,11 @@ class Cors:
     def is_preflight(scope: ASGIScope) -> bool:
         return scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
 
-    def preflight(self, scope: ASGIScope, origin: str, allowed: bool) -> HttpReply:
+    def preflight(self, scope: ASGIScope, origin: str, allowed: bool) -> Reply:
         if not allowed:
             return json_reply({"error": f"origin {origin!r} is not allowed (--cors-allow-origin)"}, 403)
         requested = _header(scope, b"access-control-request-headers")
-        return HttpReply(
+        return Reply(
             204,
             [
                 ("Access-Control-Allow-Origin", "*" if self.any else origin),

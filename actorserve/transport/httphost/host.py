@@ -1,0 +1,175 @@
+""":class:`HttpHost`: the ASGI application of a REST port, for every HTTP door.
+
+It owns what every request shares, in this order: only HTTP (and lifespan) scopes are
+served (a WebSocket is closed unaccepted: hypercorn answers 403); the target is read
+once (:mod:`.target`: anything but a canonical origin-form path is refused 400 before
+CORS, auth or routing, in the error shape of the door the path would belong to); CORS
+(a preflight is answered before auth: it has no token); the door that claims the path
+says which auth scope it is in, and the guard whether that scope needs a token (401
+with ``WWW-Authenticate: Bearer``); ``GET /metrics``; every request's
+:class:`~actorserve.transport.exchange.Exchange`, finished here whatever the door did,
+so every door's requests are in the metrics and the access log. The drain
+(:mod:`.drain`) wraps it and asks it whose error shape a path answers in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import trio
+
+from ...metrics import CONTENT_TYPE
+from ...settings import Settings
+from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
+from ..exchange import EXCHANGE_KEY, Exchange, Recorder
+from ..receive import body_deadline, too_large
+from .cors import Cors
+from .door import UNTIMED_RECEIVE_KEY, HttpDoor
+from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
+from .target import refusal
+
+_UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
+
+
+class HttpHost:
+    """The ASGI application of one REST port: ``doors`` in the server's order (the last
+    should claim every path), recorded by ``recorder``; ``guard`` decides which scopes
+    need a bearer token (None: none). ``metrics=False``: ``/metrics`` is left to the
+    doors (a port that serves one door alone)."""
+
+    def __init__(
+        self,
+        doors: Sequence[HttpDoor],
+        settings: Settings,
+        recorder: Recorder,
+        *,
+        guard: Guard | None = None,
+        metrics: bool = True,
+    ) -> None:
+        if not doors:
+            raise ValueError("an HTTP host needs at least one door")
+        self.doors = tuple(doors)
+        self.settings = settings
+        self.recorder = recorder
+        self.guard = guard if guard is not None and guard.active else None
+        self.serves_metrics = metrics
+        self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
+        self.lifespan = next((d.lifespan for d in self.doors if d.lifespan is not None), None)
+
+    def door_for(self, path: str) -> HttpDoor:
+        """The door that claims ``path`` (the last door when none does)."""
+        for door in self.doors:
+            if door.claims(path):
+                return door
+        return self.doors[-1]
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] != "http":  # no door serves WebSockets: never hand one on unguarded
+            await _refuse_other(scope, receive, send)
+            return
+        why = refusal(scope)
+        if why is not None:  # first: nothing below may read a second meaning into it
+            await self._bad_target(scope, send, why)
+            return
+        if self.cors is not None:  # first: a preflight is answered before auth (it has no token)
+            origin, origin_ok = self.cors.allowed(scope)
+            if origin is not None:
+                if self.cors.is_preflight(scope):
+                    await send_reply(send, self.cors.preflight(scope, origin, origin_ok))
+                    return
+                if origin_ok:
+                    send = self.cors.wrap(send, origin)
+        path: str = scope["path"]
+        exchange = Exchange("rest", scope["method"], path)
+        exchange.recorder = self.recorder  # a door's model_request opens it (in flight)
+        scope[EXCHANGE_KEY] = exchange  # type: ignore[index]  # hypercorn's dict; what Drain reads if the shutdown ends this request
+        scope[UNTIMED_RECEIVE_KEY] = receive  # type: ignore[index]  # Quart times its own body reads (BODY_TIMEOUT)
+        receive = body_deadline(receive, self.settings.read_timeout)
+
+        async def tracked(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]  # type: ignore[assignment]
+                exchange.headers = message.get("headers", ())
+            else:
+                exchange.bytes += len(message.get("body", b""))  # type: ignore[arg-type, operator]
+                if not message.get("more_body", False):
+                    exchange.complete = True
+            await send(message)
+
+        metrics = self.serves_metrics and path == METRICS_PATH
+        door = None if metrics else self.door_for(path)
+        try:
+            kind = Scope.METRICS if door is None else door.auth_scope(path)
+            if self.guard is not None and not self._authorized(scope, kind):
+                await send_reply(tracked, _UNAUTHORIZED_REPLY)
+            elif door is not None:
+                await door.serve(scope, receive, tracked, exchange)
+            elif too_large(scope, self.settings.max_body_bytes):  # refused unread, read or not
+                limit = self.settings.max_body_bytes
+                message = f"the request body is larger than {limit} bytes (max_body_bytes)"
+                await send_reply(tracked, json_reply({"error": message}, 413))
+            else:
+                await self._metrics(scope, tracked)
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
+
+    async def _lifespan(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        """The lifespan of the door whose framework needs one, else nothing to start."""
+        if self.lifespan is not None:
+            await self.lifespan(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _bad_target(self, scope: ASGIScope, send: ASGISend, why: str) -> None:
+        """400 for a target :func:`.target.refusal` refused, recorded as any request (the
+        access log escapes what the client sent), in the error format of the door the
+        path would belong to, as every other refusal of that door (a client's error
+        handling reads that shape)."""
+        path = scope.get("path") or ""
+        exchange = Exchange("rest", scope["method"], path)
+        exchange.status, exchange.complete = 400, True
+        try:
+            status, body = self.door_for(path).bad_target(why)
+            await send_reply(send, Reply(status, [("Content-Type", "application/json")], body))
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
+
+    def _authorized(self, scope: ASGIScope, kind: Scope | None) -> bool:
+        assert self.guard is not None
+        if self.guard.needs(kind) is None or scope["method"] == "OPTIONS":
+            return True  # a CORS preflight never carries the Authorization header
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                return self.guard.allows(value)
+        return False
+
+    async def _metrics(self, scope: ASGIScope, send: ASGISend) -> None:
+        if scope["method"] not in ("GET", "HEAD"):
+            message = f"method {scope['method']} is not allowed on {scope['path']}"
+            await send_reply(send, json_reply({"error": message}, 405, [("Allow", "GET")]))
+            return
+        self.recorder.metrics.refresh()  # this process's live gauges, as of now
+        body = await trio.to_thread.run_sync(self.recorder.metrics.expose)
+        await send_reply(send, Reply(200, [("Content-Type", CONTENT_TYPE)], body))
+
+
+async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+    """A scope no door serves: a WebSocket is closed before it is accepted (hypercorn
+    answers the handshake 403); any other kind gets nothing."""
+    if scope["type"] == "websocket":
+        message = await receive()
+        if message.get("type") == "websocket.connect":
+            await send({"type": "websocket.close", "code": 1008, "reason": "WebSockets are not served"})
+
+
+__all__ = ["HttpHost"]
