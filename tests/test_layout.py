@@ -38,7 +38,6 @@ GENERATED = (
 #: modules allowed past MAX_LINES, each with why (reviewed: an entry is a decision)
 LONG_MODULES: dict[str, str] = {
     "actorserve/__main__.py": "one thing, the CLI's option table (an entry per setting); issue 21 item 4 generates it from Settings",
-    "actorserve/actors/batcher.py": "the batch cycle; issue 20 item 7 makes it one class with actors/steploop.py",
     "actorserve/actors/host.py": "two concerns, ModelHost and its replica pool: to be split along that seam (issue 21)",
     "actorserve/engine.py": "one thing, the in-process EngineAPI (a method per engine operation); issue 20 item 6's table-driven call() shrinks it",
     "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link; issue 20's per-step link replaces its per-response half",

@@ -18,7 +18,6 @@ Who runs the rounds is chosen by :attr:`BatchModel.step_in_thread`:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -145,11 +144,15 @@ class ContinuousBatcher:
     async def _wait(self) -> None:
         """Sleep until woken; hand a gathered batch over once its time is up."""
         gathering = self._gathering
-        deadline = self._gather_deadline if gathering is not None else math.inf
-        with trio.move_on_at(deadline):
+        if gathering is None:
+            if not self._wakeup.is_set():  # woken already: no checkpoint (inline rounds are hot)
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            return
+        with trio.move_on_at(self._gather_deadline):
             await self._wakeup.wait()
         self._wakeup = trio.Event()
-        if gathering is not None and self._gathering is gathering and trio.current_time() >= deadline:
+        if self._gathering is gathering and trio.current_time() >= self._gather_deadline:
             self._flush_gathering()
 
     # -- the event loop's side of a round ---------------------------------------------
