@@ -98,6 +98,7 @@ class BatchCycle:
         self._submitted: deque[WorkItem] = deque()
         self._cancelled: list[WorkItem] = []
         self.stopping = False
+        self._sleeping = False  # the driver's thread waits on cond
         self._posted = 0
         self._delivered = 0
 
@@ -109,7 +110,8 @@ class BatchCycle:
 
     def _handed(self) -> None:
         """Under :attr:`cond`: something changed for the driver."""
-        self.cond.notify()
+        if self._sleeping:  # a notify costs about what the lock does, waiter or not
+            self.cond.notify()
         if self.on_wake is not None:
             self.on_wake()
 
@@ -146,6 +148,14 @@ class BatchCycle:
             self._handed()
 
     # -- the round (the driver's thread) ------------------------------------------------
+
+    def sleep(self) -> None:
+        """Under :attr:`cond`: wait for the next hand-off (a driver with its own thread)."""
+        self._sleeping = True
+        try:
+            self.cond.wait()
+        finally:
+            self._sleeping = False
 
     def begin_round(self) -> StepReport | None:
         """Under :attr:`cond`: take the hand-offs, admit, and plan the next step. The

@@ -156,7 +156,7 @@ class StepLoop:
                     report = cycle.begin_round()
                     if report is not None:
                         break
-                    cycle.cond.wait()
+                    cycle.sleep()
             if report.batch:
                 cycle.step(report, on_call)
                 with cycle.cond:
