@@ -7,7 +7,8 @@ that talks to the engine process over a socket. So every method is ``async`` (a 
 may need a round trip) and every value that crosses it is a plain frozen record.
 
 Sequence controls are parsed once, by :meth:`SequenceControl.take` (:mod:`.controls`,
-re-exported here).
+re-exported here). The unary (management) methods are also one typed
+:meth:`EngineAPI.call` each: a :class:`UnaryCall` record of :mod:`actorserve.unary`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -29,6 +30,16 @@ from .descriptions import (
 )
 from .textgen import TextGeneration
 from .types import MAX_SEQUENCE_ID_LENGTH, SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
+
+T = TypeVar("T")
+
+
+class UnaryCall(Generic[T]):
+    """A typed request for one unary engine method, whose answer is a ``T``: the records
+    and the table that runs them are in :mod:`actorserve.unary`; pass one to
+    :meth:`EngineAPI.call`. (The base lives here so the boundary can name it.)"""
+
+    __slots__ = ()
 
 
 class ModelState(enum.StrEnum):
@@ -288,6 +299,12 @@ class EngineAPI(Protocol):
         """Return once no request is in flight in any model (for tests and drains)."""
         ...
 
+    async def call(self, request: UnaryCall[T]) -> T:
+        """Run one unary method given as its record (:mod:`actorserve.unary`), e.g.
+        ``await engine.call(Unload("m", grace=0))``: the named methods above are each
+        one of these; a management method without a name here is reached only so."""
+        ...
+
 
 __all__ = [
     "ANY_ID_LENGTH",
@@ -311,5 +328,6 @@ __all__ = [
     "ResponseStream",
     "SequenceControl",
     "TensorMetadata",
+    "UnaryCall",
     "bool_parameter",
 ]

@@ -26,7 +26,8 @@ from ..api import EngineAPI, ResponseIterator
 from ..catalog import Watchers
 from ..errors import ActorServeError, BadInput, ModelFailed
 from ..types import InferenceRequest, InferenceResponse
-from .calls import RequestFeed
+from .call_ends import RequestFeed
+from .deltas import DeltaEncoder
 from .frames import (
     DEFAULT_LIMITS,
     Ack,
@@ -36,6 +37,7 @@ from .frames import (
     End,
     Failed,
     FrameDecoder,
+    FrameTooLarge,
     Infer,
     LinkLimits,
     Message,
@@ -44,14 +46,15 @@ from .frames import (
     OpenStream,
     OpenStreamIn,
     Reply,
-    Responses,
     StreamInputEnd,
     StreamRequest,
     encode_frame,
     encode_message,
+    encode_stream_entry,
 )
 from .outbox import Outbox
-from .values import UNARY_METHODS, WireError, error_to_plain, response_to_plain
+from .unary_values import call_from_plain, result_codec
+from .values import WireError, error_to_plain, response_to_plain
 
 log = logging.getLogger(__name__)
 
@@ -248,64 +251,17 @@ class FrontConnection:
             self._calls.pop(message.id, None)
 
     async def _unary(self, method: str, args: Mapping[str, Any]) -> Any:
-        spec = UNARY_METHODS.get(method)
-        if spec is None:
-            raise BadInput(f"the engine has no method {method!r}")
-        names, to_plain, _ = spec
-        if set(args) - set(names):
-            raise BadInput(f"{method}: unexpected arguments {sorted(set(args) - set(names))}")
-        name, version, grace = args.get("name"), args.get("version"), args.get("grace")
-        if not isinstance(name, str | None) or not isinstance(version, str | None):
-            raise BadInput(f"{method}: name and version must be strings")
-        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float)):
-            raise BadInput(f"{method}: grace must be a number")
-        engine = self._engine
-        result: Any
-        match method:
-            case "ready":
-                result = await engine.ready()
-            case "models":
-                result = await engine.models()
-            case "model_info":
-                result = await engine.model_info(_name(name), version)
-            case "metadata":
-                result = await engine.metadata(_name(name), version)
-            case "repository_index":
-                result = await engine.repository_index()
-            case "statistics":
-                result = await engine.statistics(_name(name), version)
-            case "load_from_repository":
-                config = args.get("config")
-                if config is not None and not isinstance(config, dict):
-                    raise BadInput(f"{method}: config must be a map")
-                await engine.load_from_repository(_name(name), config)
-                result = None
-            case "set_workers":
-                workers = args.get("workers")
-                if isinstance(workers, bool) or not isinstance(workers, int):
-                    raise BadInput(f"{method}: workers must be an integer")
-                await engine.set_workers(_name(name), workers, version, grace=grace)
-                result = None
-            case "describe":
-                result = await engine.describe(_name(name), version)
-            case "inference_statistics":
-                result = await engine.inference_statistics(name or "", version)
-            case "load_archive":
-                result = await _load_archive(engine, args)
-            case "unload":
-                await engine.unload(_name(name), version, grace=grace)
-                result = None
-            case "set_default_version":
-                await engine.set_default_version(_name(name), _name(version))
-                result = None
-            case _:  # "wait_idle"
-                await engine.wait_idle()
-                result = None
-        return to_plain(result)
+        """Run one unary call by the table (:mod:`actorserve.unary`); its answer plain."""
+        request = call_from_plain(method, args)
+        to_plain, _ = result_codec(type(request))
+        return to_plain(await self._engine.call(request))
 
     async def _pump(self, call_id: int, call: _OpenCall, responses: ResponseIterator) -> None:
-        """Send a stream's responses, each batch the engine has waiting as one message,
-        while the front has credit left."""
+        """Send a stream's responses while the front has credit left: every batch the
+        engine has waiting becomes one entry (its deltas, :mod:`.deltas`), joined with the
+        other streams' entries of the same wake-up into one message."""
+        deltas = DeltaEncoder()
+        limit = self._max_message - 8  # a StreamOutputs header is under 8 bytes
         while True:
             while call.credit <= 0:
                 await call.credit_lot.park()
@@ -314,16 +270,24 @@ class FrontConnection:
             except StopAsyncIteration:
                 return
             call.credit -= len(batch)
-            for message in self._encode_responses(call_id, batch):
-                await self._outbox.put(message)
+            for entry in self._encode_entries(call_id, deltas, batch, limit):
+                await self._outbox.put_entry(entry, limit)
 
-    def _encode_responses(self, call_id: int, batch: list[InferenceResponse]) -> list[bytes]:
+    def _encode_entries(
+        self, call_id: int, deltas: DeltaEncoder, batch: list[InferenceResponse], limit: int
+    ) -> list[bytes]:
+        """``batch`` as one entry, or one per response if together they are too large; a
+        response that cannot cross is the model's failure (it fails this call only)."""
         try:
-            return [self._encode_output(functools.partial(Responses, call_id, tuple(batch)))]
-        except ModelFailed:
-            if len(batch) == 1:
-                raise
-        return [self._encode_output(functools.partial(Responses, call_id, (r,))) for r in batch]
+            events = [deltas.event(r) for r in batch]
+            try:
+                return [encode_stream_entry(call_id, events, limit)]
+            except FrameTooLarge:
+                if len(batch) == 1:
+                    raise
+            return [encode_stream_entry(call_id, [event], limit) for event in events]
+        except BadInput as exc:
+            raise ModelFailed(f"the engine cannot send the model's output: {exc.message}") from None
 
     def _encode_output(self, message: Callable[[], Message]) -> bytes:
         """A message carrying a model's output; one that cannot cross (a tensor whose
@@ -363,30 +327,6 @@ class FrontConnection:
             log.error("engine call %d failed", call_id, exc_info=error)
         kind, text = error_to_plain(error)
         return encode_message(Failed(call_id, kind, text))
-
-
-async def _load_archive(engine: EngineAPI, args: Mapping[str, Any]) -> Any:
-    path, handler = args.get("path"), args.get("handler")
-    if not isinstance(path, str) or not isinstance(handler, str | None):
-        raise BadInput("load_archive: path and handler must be strings")
-    numbers = {key: args.get(key) for key in ("batch_size", "max_batch_delay_ms", "workers")}
-    for key, value in numbers.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise BadInput(f"load_archive: {key} must be an integer")
-    return await engine.load_archive(
-        path,
-        name=args.get("name"),
-        handler=handler,
-        batch_size=numbers["batch_size"],
-        max_batch_delay_ms=numbers["max_batch_delay_ms"],
-        workers=numbers["workers"],
-    )
-
-
-def _name(value: str | None) -> str:
-    if value is None:
-        raise BadInput("a model name is required")
-    return value
 
 
 def _single(error: Exception) -> Exception:

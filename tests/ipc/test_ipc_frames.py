@@ -29,6 +29,7 @@ from actorserve.api import (
     TensorMetadata,
 )
 from actorserve.codecs import tensor_from_numpy
+from actorserve.ipc.deltas import DeltaDecoder, DeltaEncoder
 from actorserve.ipc.frames import (
     Ack,
     Call,
@@ -44,14 +45,14 @@ from actorserve.ipc.frames import (
     OpenStream,
     OpenStreamIn,
     Reply,
-    Responses,
     StreamInputEnd,
+    StreamOutputs,
     StreamRequest,
     encode_frame,
     encode_message,
 )
+from actorserve.ipc.unary_values import result_codec
 from actorserve.ipc.values import (
-    UNARY_METHODS,
     EngineInternalError,
     WireError,
     error_from_plain,
@@ -61,6 +62,7 @@ from actorserve.ipc.values import (
 from actorserve.settings import SettingsError
 from actorserve.textgen import TextGeneration
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from actorserve.unary import BY_NAME, GetModelInfo
 
 LIMIT = 1 << 20
 
@@ -111,12 +113,16 @@ def test_every_datatype_and_parameters_survive(
         model_version="2",
     )
     response = InferenceResponse("m", [tensor], model_version="2", id="r1", parameters=params)
-    (got_infer, got_responses) = round_trip(Infer(7, request, "m", None), Responses(7, (response, response)))
-    assert isinstance(got_infer, Infer) and isinstance(got_responses, Responses)
+    deltas = DeltaEncoder()
+    events = [deltas.event(response), deltas.event(response)]
+    (got_infer, got_outputs) = round_trip(Infer(7, request, "m", None), StreamOutputs(0, ((7, events),)))
+    assert isinstance(got_infer, Infer) and isinstance(got_outputs, StreamOutputs)
     assert (got_infer.id, got_infer.model, got_infer.version) == (7, "m", None)
     assert got_infer.request == request
-    assert got_responses.responses == (response, response)
-    out = got_responses.responses[0].outputs[0].data
+    ((call_id, got_events),) = got_outputs.entries
+    got_responses = DeltaDecoder().responses(got_events)
+    assert call_id == 7 and got_responses == [response, response]
+    out = got_responses[0].outputs[0].data
     assert out.dtype == array.dtype and out.shape == array.shape
 
 
@@ -146,7 +152,7 @@ def test_every_message_kind_round_trips() -> None:
         Cancel(3),
         Reply(1, [1, "x", None]),
         Opened(3),
-        Responses(3, ()),
+        StreamOutputs(0, ((3, []), (5, [[{}, []]]))),
         End(3),
         Failed(2, "ModelNotFound", "model 'x' is not loaded"),
         Credit(4, 1),
@@ -247,14 +253,14 @@ def test_records_and_results_round_trip() -> None:
             InferenceStatistics("n", "1"),
         ],
     }
-    assert set(values) == set(UNARY_METHODS)
+    assert set(values) == set(BY_NAME)
     for method, value in values.items():
-        _, to_plain, from_plain = UNARY_METHODS[method]
+        to_plain, from_plain = result_codec(BY_NAME[method].record)
         (reply,) = round_trip(Reply(9, to_plain(value)))
         assert isinstance(reply, Reply)
         assert from_plain(reply.value) == value
     with pytest.raises(WireError):
-        UNARY_METHODS["model_info"][2](["m", "1", "BROKEN", True, False, 1, 0, "", None])
+        result_codec(GetModelInfo)[1](["m", "1", "BROKEN", True, False, 1, 0, "", None])
 
 
 @pytest.mark.parametrize(

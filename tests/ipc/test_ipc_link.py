@@ -9,13 +9,18 @@ from contextlib import AsyncExitStack
 import numpy as np
 import pytest
 import trio
-from link_support import add, engine_and_path, prompt
+from link_support import add, engine_and_path, prompt, served, socket_path
 from support.models import request
 
+import actorserve
 from actorserve import BadInput, InferenceRequest, ModelNotFound, RequestedOutput, SequenceNotFound
 from actorserve.api import ModelState, ResponseIterator
 from actorserve.codecs import tensor_from_numpy
-from actorserve.ipc import open_engine_client
+from actorserve.errors import ModelFailed
+from actorserve.ipc import LinkLimits, open_engine_client
+from actorserve.model import Model
+from actorserve.settings import ModelSettings
+from actorserve.types import InferenceResponse
 
 
 async def test_unary_methods_answer_as_the_engine_does() -> None:
@@ -172,3 +177,41 @@ async def test_stream_of_requests() -> None:
             async with client.stream(many(), model="nope"):
                 pass
         assert client.link_statistics().open_calls == 0
+
+
+class GrowingModel(Model):
+    """Streams one BYTES output per size in parameter ``sizes`` (that many bytes, all
+    ``x``), its shape growing with each response; parameter ``tag`` tags each one."""
+
+    async def predict_stream(
+        self, requests: AsyncIterator[InferenceRequest]
+    ) -> AsyncIterator[InferenceResponse]:
+        async for asked in requests:
+            for k, size in enumerate(asked.parameters["sizes"]):
+                data = np.array([b"x" * size] * (k + 1), dtype=object)
+                yield self.response(
+                    asked, [tensor_from_numpy("out", data, "BYTES")], {"tag": f"{asked.id}:{k}"}
+                )
+
+
+async def test_a_stream_whose_output_cannot_cross_fails_alone() -> None:
+    """Shapes that change every response cross as they change; a response past the link's
+    frame limit fails its own stream (the model's fault, named), and another stream on
+    the same connection goes on."""
+    limits = LinkLimits(max_frame_bytes=64 * 1024)
+    settings = [ModelSettings(name="growing", implementation=GrowingModel)]
+    async with actorserve.open_engine(settings) as engine:
+        with socket_path() as path:
+            async with served(engine, path, limits=limits), open_engine_client(path, limits=limits) as client:
+                big = InferenceRequest([], id="big", parameters={"sizes": [10, 100_000, 10]})
+                fine = InferenceRequest([], id="fine", parameters={"sizes": [1, 2, 3]})
+                async with client.infer_stream(fine, model="growing") as ok:
+                    async with client.infer_stream(big, model="growing") as failing:
+                        first = await failing.__anext__()
+                        assert first.parameters == {"tag": "big:0"} and first.outputs[0].shape == (1,)
+                        with pytest.raises(ModelFailed, match="exceeds the engine link's limit"):
+                            await failing.__anext__()
+                    got = [r async for r in ok]
+                assert [r.parameters["tag"] for r in got] == ["fine:0", "fine:1", "fine:2"]
+                assert [r.outputs[0].data.tolist() for r in got] == [[b"x"], [b"xx"] * 2, [b"xxx"] * 3]
+                assert {(r.model_name, r.model_version, r.id) for r in got} == {("growing", "1", "fine")}

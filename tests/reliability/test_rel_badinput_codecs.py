@@ -28,13 +28,16 @@ from strategies import arrays, json_values, msgpack_values, mutated, oip_request
 from actorserve.codecs import request_from_json, request_to_json, tensor_from_numpy
 from actorserve.errors import BadInput
 from actorserve.ipc import frames as ipc
-from actorserve.ipc.values import UNARY_METHODS, WireError
+from actorserve.ipc.deltas import DeltaEncoder
+from actorserve.ipc.unary_values import result_codec
+from actorserve.ipc.values import WireError
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_from_pb, request_to_pb, response_from_pb, response_to_pb
 from actorserve.raw import tensor_to_raw
 from actorserve.transport.rest import sse
 from actorserve.transport.rest.wire import RequestHeaders, decode_infer_request
 from actorserve.types import InferenceRequest, InferenceResponse, Tensor
+from actorserve.unary import BY_NAME
 
 #: CI: a bounded number of examples, the same ones on every run. The fuzz soak
 #: (``benchmarks/reliability/fuzz.py``) sets ACTORSERVE_FUZZ_EXAMPLES and random seeds.
@@ -222,7 +225,7 @@ def valid_messages(pairs: list[tuple[str, np.ndarray[Any, Any]]]) -> list[Any]:
         ipc.Cancel(3),
         ipc.Reply(1, [1, 2]),
         ipc.Opened(3),
-        ipc.Responses(3, (response,)),
+        ipc.StreamOutputs(0, ((3, [DeltaEncoder().event(response)]),)),
         ipc.End(3),
         ipc.Failed(2, "BadInput", "no"),
         ipc.Credit(4, 1),
@@ -276,8 +279,8 @@ def test_random_bytes_on_the_link_are_wire_errors_or_wait(raw: bytes, pieces: in
 def test_garbage_unary_results_are_wire_errors(data: st.DataObject) -> None:
     """What a Reply carries for each unary method, decoded by the front: garbage in, a
     WireError (or BadInput for a value a client sent) out."""
-    method = data.draw(st.sampled_from(sorted(UNARY_METHODS)))
-    _, _, from_plain = UNARY_METHODS[method]
+    method = data.draw(st.sampled_from(sorted(BY_NAME)))
+    _, from_plain = result_codec(BY_NAME[method].record)
     try:
         from_plain(data.draw(msgpack_values))
     except (WireError, BadInput):

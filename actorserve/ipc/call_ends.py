@@ -13,8 +13,9 @@ import attrs
 import trio
 
 from ..types import InferenceRequest, InferenceResponse
-from .frames import End, Failed, Message, Responses
-from .values import WireError, error_from_plain
+from .deltas import DeltaDecoder
+from .frames import End, Failed, Message
+from .values import Plain, WireError, error_from_plain
 
 
 class Link(Protocol):
@@ -36,12 +37,20 @@ class LinkStatistics:
     open_calls: int
 
 
+@attrs.frozen(slots=True)
+class Outputs:
+    """A stream's part of a :class:`~.frames.StreamOutputs` message: its responses as
+    events of :mod:`.deltas`, decoded by the stream's reader."""
+
+    events: list[Plain]
+
+
 @attrs.define(eq=False)
 class _ClientCall:
     """An open call: what the reader received for it, for the caller's task to take."""
 
     id: int
-    inbox: deque[Message] = attrs.field(factory=deque)
+    inbox: deque[Message | Outputs] = attrs.field(factory=deque)
     arrived: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     #: End, Failed or Reply received: the engine forgot the call
     finished: bool = False
@@ -51,7 +60,7 @@ class _ClientCall:
     credit: int = 0
     credit_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
-    async def next_message(self, client: Link) -> Message:
+    async def next_message(self, client: Link) -> Message | Outputs:
         while not self.inbox:
             client._check_open()
             await self.arrived.park()
@@ -61,11 +70,12 @@ class _ClientCall:
 class RemoteResponses:
     """The :class:`~actorserve.api.ResponseIterator` of a remote stream."""
 
-    __slots__ = ("_buffer", "_call", "_client", "_done", "_local_error")
+    __slots__ = ("_buffer", "_call", "_client", "_deltas", "_done", "_local_error")
 
     def __init__(self, client: Link, call: _ClientCall) -> None:
         self._client = client
         self._call = call
+        self._deltas = DeltaDecoder()
         self._buffer: deque[InferenceResponse] = deque()
         self._done = False
         self._local_error: Exception | None = None
@@ -85,9 +95,9 @@ class RemoteResponses:
         """Every response received and not yet taken (at least one, waiting for it);
         :class:`StopAsyncIteration` at the end, the stream's error after its responses."""
         if self._buffer:
-            batch = list(self._buffer)
+            buffered = list(self._buffer)
             self._buffer.clear()
-            return batch
+            return buffered
         call = self._call
         if self._done:
             raise StopAsyncIteration
@@ -97,10 +107,14 @@ class RemoteResponses:
                 raise self._local_error
             self._client._check_open()
             await call.arrived.park()
-        batch = []
-        while call.inbox and isinstance(head := call.inbox[0], Responses):
-            batch.extend(head.responses)
+        batch: list[InferenceResponse] = []
+        while call.inbox and isinstance(head := call.inbox[0], Outputs):
             call.inbox.popleft()
+            try:
+                batch.extend(self._deltas.responses(head.events))
+            except WireError:
+                self._done = True  # what follows cannot be decoded either
+                raise
         if batch:
             self._client._consumed(call, len(batch))
             return batch

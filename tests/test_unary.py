@@ -1,0 +1,158 @@
+"""The unary engine calls as typed records (actorserve.unary): one record and one table
+row per unary EngineAPI method, run in process by Engine.call, and sent across the
+engine link as a name and the record's fields, checked field by field on arrival."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any
+
+import attrs
+import pytest
+from support.models import recording_settings
+
+import actorserve
+from actorserve.api import EngineAPI, ModelState, UnaryCall
+from actorserve.engine import Engine
+from actorserve.errors import BadInput, ModelNotFound
+from actorserve.ipc.unary_values import call_from_plain, call_to_plain, result_codec
+from actorserve.unary import (
+    BY_NAME,
+    UNARY_CALLS,
+    Describe,
+    GetInferenceStatistics,
+    GetMetadata,
+    GetModelInfo,
+    GetRepositoryIndex,
+    GetStatistics,
+    IsReady,
+    ListModels,
+    LoadArchive,
+    LoadFromRepository,
+    SetDefaultVersion,
+    SetWorkers,
+    Unload,
+    WaitIdle,
+    dispatch,
+    result_type,
+)
+
+#: one record of each kind, every field given a value unlike its default
+SAMPLES: list[UnaryCall[Any]] = [
+    IsReady(),
+    ListModels(),
+    GetModelInfo("m", "1"),
+    GetMetadata("m"),
+    GetRepositoryIndex(),
+    GetStatistics("m", "2"),
+    LoadFromRepository("m", {"max_batch_size": 4, "parameters": {"a": [1, "b"]}}),
+    LoadArchive("m.mar", name="n", handler="h", batch_size=2, max_batch_delay_ms=5, workers=3),
+    Unload("m", "1", grace=0.5),
+    SetWorkers("m", 2, None, 0),
+    SetDefaultVersion("m", "2"),
+    Describe("m"),
+    GetInferenceStatistics(),
+    WaitIdle(),
+]
+
+#: the EngineAPI methods that are not unary calls (they stream or take tensors)
+NOT_UNARY = {"infer", "infer_stream", "stream", "call"}
+
+
+def api_methods() -> set[str]:
+    return {name for name, _ in inspect.getmembers(EngineAPI, inspect.isfunction) if not name.startswith("_")}
+
+
+def test_every_unary_method_has_one_record_and_row() -> None:
+    """Each named unary method of EngineAPI has its row; a row may have no named method
+    (reached by ``engine.call`` only), never no Engine method."""
+    assert api_methods() - NOT_UNARY <= set(BY_NAME)
+    assert all(inspect.iscoroutinefunction(getattr(Engine, name)) for name in BY_NAME)
+    assert {type(s) for s in SAMPLES} == set(UNARY_CALLS)
+    assert len(BY_NAME) == len(UNARY_CALLS) == 14
+
+
+@pytest.mark.parametrize("record", sorted(UNARY_CALLS, key=lambda r: r.__name__), ids=lambda r: r.__name__)
+def test_a_record_is_its_methods_parameters(record: type[UnaryCall[Any]]) -> None:
+    """Same names, same order, same defaults, and the record names the method's return
+    type (the EngineAPI method's, else the Engine's); so a record read back from the
+    link calls the method as its caller meant."""
+    name = UNARY_CALLS[record].name
+    method = getattr(EngineAPI, name, None) or getattr(Engine, name)
+    parameters = list(inspect.signature(method).parameters.values())[1:]  # self
+    fields = attrs.fields(record)
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    for parameter, field in zip(parameters, fields, strict=True):
+        default = attrs.NOTHING if parameter.default is inspect.Parameter.empty else parameter.default
+        assert field.default == default
+        assert str(field.type) == parameter.annotation
+    assert result_type(record) == typing.get_type_hints(method)["return"]
+
+
+@pytest.mark.parametrize("request_", SAMPLES, ids=lambda s: type(s).__name__)
+def test_a_record_crosses_the_link_as_its_name_and_fields(request_: UnaryCall[Any]) -> None:
+    name, args = call_to_plain(request_)
+    assert name == UNARY_CALLS[type(request_)].name
+    assert call_from_plain(name, args) == request_
+    result_codec(type(request_))  # every result type has a codec
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "message"),
+    [
+        ("nope", {}, "the engine has no method 'nope'"),
+        ("unload", {"name": "m", "force": True}, "unload: unexpected arguments ['force']"),
+        ("unload", {"version": "1"}, "unload: name is required"),
+        ("unload", {"name": None}, "unload: name must be a string, got None"),
+        ("unload", {"name": "m", "grace": "1"}, "unload: grace must be a number or nil, got '1'"),
+        ("unload", {"name": "m", "grace": True}, "unload: grace must be a number or nil, got True"),
+        ("set_workers", {"name": "m", "workers": 1.5}, "set_workers: workers must be an integer, got 1.5"),
+        ("set_default_version", {"name": "m", "version": None}, "version must be a string, got None"),
+        ("load_from_repository", {"name": "m", "config": [1]}, "config must be a map or nil, got [1]"),
+        ("load_from_repository", {"name": "m", "config": {1: 2}}, "config must be a map or nil"),
+        ("load_archive", {"path": "x", "workers": "2"}, "load_archive: workers must be an integer or nil"),
+        ("inference_statistics", {"name": None}, "inference_statistics: name must be a string"),
+    ],
+)
+def test_a_malformed_call_is_bad_input(name: str, args: dict[str, Any], message: str) -> None:
+    """What the engine side answers a front that sent nonsense: that call fails (400),
+    the link stays."""
+    with pytest.raises(BadInput, match=message.replace("[", r"\[").replace("]", r"\]")):
+        call_from_plain(name, args)
+
+
+def test_a_grace_may_cross_as_an_integer() -> None:
+    assert call_from_plain("unload", {"name": "m", "grace": 0}) == Unload("m", grace=0)
+
+
+async def test_engine_call_runs_each_record_as_its_named_method() -> None:
+    models = [recording_settings("rec"), recording_settings("other")]
+    async with actorserve.open_engine(models) as engine:
+        assert await engine.call(IsReady()) is await engine.ready() is True
+        assert await engine.call(ListModels()) == await engine.models()
+        assert await engine.call(GetModelInfo("rec")) == await engine.model_info("rec")
+        assert await engine.call(GetMetadata("rec", "1")) == await engine.metadata("rec", "1")
+        assert await engine.call(GetRepositoryIndex()) == await engine.repository_index()
+        assert await engine.call(GetStatistics("rec")) == await engine.statistics("rec")
+        assert await engine.call(Describe("rec")) == await engine.describe("rec")
+        assert await engine.call(GetInferenceStatistics("rec")) == await engine.inference_statistics("rec")
+        await engine.call(SetWorkers("rec", 2, grace=0))
+        assert (await engine.model_info("rec")).workers == 2
+        await engine.call(SetDefaultVersion("rec", "1"))
+        await engine.call(WaitIdle())
+        await engine.call(Unload("other", grace=0))
+        assert [m.name for m in await engine.models()] == ["rec"]
+        with pytest.raises(ModelNotFound, match="'other' is not loaded"):
+            await dispatch(engine, GetModelInfo("other"))
+        assert (await engine.call(GetModelInfo("rec"))).state is ModelState.READY
+
+
+async def test_a_record_outside_the_table_is_refused() -> None:
+    @attrs.frozen
+    class Shutdown(UnaryCall[None]):
+        pass
+
+    async with actorserve.open_engine([recording_settings("rec")]) as engine:
+        with pytest.raises(TypeError, match="Shutdown is not a unary engine call"):
+            await engine.call(Shutdown())
