@@ -39,8 +39,7 @@ class WorkItem:
     paused: bool = False
     finished: bool = False
     error: BaseException | None = None
-    undelivered: int = 0  # an output of the last step not yet in ``replies`` (inline)
-    # With a step loop: responses made by its thread / taken by the reader (the thread
+    # Reply credits: responses made by the batch cycle / taken by the reader (the cycle
     # pauses the item while ``produced - consumed`` reaches the mailbox's capacity).
     produced: int = 0
     consumed: int = 0

@@ -20,7 +20,7 @@ from support.models import Count, ThreadedRecordingModel, recording_settings, re
 
 import actorserve
 from actorserve import ModelFailed, SequenceNotFound, ShuttingDown, StepOutput
-from actorserve.actors import steploop
+from actorserve.actors import cycle
 from actorserve.actors.batcher import BatcherStatistics, ContinuousBatcher, WorkItem
 from actorserve.actors.mailbox import Mailbox
 
@@ -111,7 +111,7 @@ async def test_thread_steps_while_the_event_loop_is_blocked_up_to_the_bound() ->
         stepped = len(model.steps)
         # Without a round trip through the loop the thread went on stepping, but at most
         # MAX_AHEAD + 1 steps past what the loop had taken: outputs cannot pile up.
-        assert stepped == delivered + steploop.MAX_AHEAD + 1
+        assert stepped == delivered + cycle.MAX_AHEAD + 1
         item.cancel()
         await item.done.wait()
     assert len(model.step_threads) == 1  # one long-lived worker thread
