@@ -1,0 +1,182 @@
+"""Per-stream wire templates for SSE events: the bytes a stream's events share (model
+name and version, request id, each output's name and datatype, its shape while it does
+not change) are rendered once, when the stream's first event is encoded, and each later
+event splices in only what changed: the JSON of the data, a new shape, the parameters.
+
+Each template is a drop-in for one encoder of :mod:`.wire` / :mod:`.generate` and writes
+exactly the same bytes (tests/transport/rest/test_templates.py compares them with
+hypothesis). An event whose constants differ from the template's (another id, another
+set of outputs) rebuilds the template; an event the template cannot express (output
+names that collide with the document's own keys) is encoded by the plain encoder.
+
+No I/O: bytes in, bytes out. One template serves one stream, in one task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from ...textgen import element_text
+from ...types import InferenceResponse, Tensor
+from .generate import encode_event_source, encode_generate, generate_value
+from .wire import encode_oip
+
+_NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
+_PARAMETERS: Final = b',"parameters":'
+_OUTPUTS: Final = b',"outputs":['
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=_NUMPY)
+
+
+class _OipOutput:
+    """One output's constant bytes, and its last shape rendered."""
+
+    __slots__ = ("datatype", "head", "mid", "name", "shape", "shape_json")
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.name = tensor.name
+        self.datatype = tensor.datatype
+        self.head = b'{"name":' + _dumps(tensor.name) + b',"shape":'
+        self.mid = b',"datatype":' + _dumps(tensor.datatype) + b',"data":'
+        self.shape = tensor.shape
+        self.shape_json = _dumps(list(tensor.shape))
+
+
+class OipEvents:
+    """:func:`~.wire.encode_oip` for one stream (an ``infer_stream`` event, or a
+    ``generate_stream`` event of an OIP body)."""
+
+    __slots__ = ("_head", "_key", "_outputs")
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str | None, str | None] | None = None
+        self._head = b""
+        self._outputs: list[_OipOutput] = []
+
+    def __call__(self, response: InferenceResponse) -> bytes:
+        if (response.model_name, response.model_version, response.id) != self._key:
+            self._build(response)
+        outputs = response.outputs
+        templates = self._outputs
+        if len(outputs) != len(templates):
+            self._build(response)
+            templates = self._outputs
+        parts = [self._head]
+        if response.parameters:
+            parts += (_PARAMETERS, _dumps(response.parameters))
+        parts.append(_OUTPUTS)
+        for position, tensor in enumerate(outputs):
+            out = templates[position]
+            if tensor.name != out.name or tensor.datatype != out.datatype:
+                self._build(response)
+                return self(response)
+            if tensor.shape != out.shape:
+                out.shape, out.shape_json = tensor.shape, _dumps(list(tensor.shape))
+            if position:
+                parts.append(b",")
+            parts += (out.head, out.shape_json, out.mid, _data_json(tensor))
+            if tensor.parameters:
+                parts += (_PARAMETERS, _dumps(tensor.parameters))
+            parts.append(b"}")
+        parts.append(b"]}")
+        return b"".join(parts)
+
+    def _build(self, response: InferenceResponse) -> None:
+        # the keys in codecs.response_to_json's order
+        head = b'{"model_name":' + _dumps(response.model_name)
+        if response.model_version is not None:
+            head += b',"model_version":' + _dumps(response.model_version)
+        if response.id is not None:
+            head += b',"id":' + _dumps(response.id)
+        self._key = (response.model_name, response.model_version, response.id)
+        self._head = head
+        self._outputs = [_OipOutput(tensor) for tensor in response.outputs]
+
+
+def _data_json(tensor: Tensor) -> bytes:
+    """The ``data`` of codecs.tensor_to_json, as JSON."""
+    if tensor.datatype == "BYTES":
+        return _dumps([element_text(v) for v in tensor.data.reshape(-1)])
+    return _dumps(np.ascontiguousarray(tensor.data).reshape(-1))
+
+
+#: keys of a generate document that an output of the same name would overwrite in place
+_GENERATE_KEYS: Final = frozenset({"id", "model_name", "model_version", "sequence_id"})
+
+
+class GenerateEvents:
+    """:func:`~.generate.encode_generate` for one stream, or with ``event_source``
+    :func:`~.generate.encode_event_source` (a GET stream's events)."""
+
+    __slots__ = ("_event_source", "_head", "_key", "_names", "_slow")
+
+    def __init__(self, *, event_source: bool = False) -> None:
+        self._event_source = event_source
+        self._slow: Callable[[InferenceResponse], bytes] = (
+            encode_event_source if event_source else encode_generate
+        )
+        self._key: tuple[str | None, str, str | None] | None = None
+        self._head = b""
+        #: (output name, its key's bytes) in the order of the template's outputs
+        self._names: list[tuple[str, bytes]] = []
+
+    def __call__(self, response: InferenceResponse) -> bytes:
+        outputs = response.outputs
+        names = self._names
+        if (response.id, response.model_name, response.model_version) != self._key or len(outputs) != len(
+            names
+        ):
+            if not self._build(response):
+                return self._slow(response)
+            names = self._names
+        parts = [self._head]
+        for position, tensor in enumerate(outputs):
+            name, key = names[position]
+            if tensor.name != name:
+                if not self._build(response):
+                    return self._slow(response)
+                return self(response)
+            parts += (key, _dumps(generate_value(tensor)))
+        if self._event_source and "sequence_id" in response.parameters:
+            parts += (b',"sequence_id":', _dumps(response.parameters["sequence_id"]))
+        parts.append(b"}")
+        return b"".join(parts)
+
+    def _build(self, response: InferenceResponse) -> bool:
+        """Render the constants of ``response``; False (and no template) when its outputs
+        cannot be spliced: a repeated name, or one that is also a key of the document."""
+        names = [tensor.name for tensor in response.outputs]
+        if len(set(names)) != len(names) or not _GENERATE_KEYS.isdisjoint(names):
+            self._key = None
+            return False
+        # the keys in generate.generate_response_to_json's order
+        head = b"{"
+        if response.id is not None:
+            head += b'"id":' + _dumps(response.id) + b","
+        head += b'"model_name":' + _dumps(response.model_name)
+        head += b',"model_version":' + _dumps(response.model_version)
+        self._key = (response.id, response.model_name, response.model_version)
+        self._head = head
+        self._names = [(name, b"," + _dumps(name) + b":") for name in names]
+        return True
+
+
+def for_stream(encode: Callable[[InferenceResponse], bytes]) -> Callable[[InferenceResponse], bytes]:
+    """The template for one stream of what ``encode`` writes (``encode`` itself when it
+    has none)."""
+    if encode is encode_oip:
+        return OipEvents()
+    if encode is encode_generate:
+        return GenerateEvents()
+    if encode is encode_event_source:
+        return GenerateEvents(event_source=True)
+    return encode
+
+
+__all__ = ["GenerateEvents", "OipEvents", "for_stream"]
