@@ -20,6 +20,7 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper as HypercornProtocolWrapper
 
 from .http1 import HttpToolsProtocol
+from .writes import plain_socket
 
 _MARK: Final = "_actorserve_http1"
 #: bound on the end of an exchange under a shield (closing a socket is immediate)
@@ -143,6 +144,7 @@ class ProtocolWrapper(HypercornProtocolWrapper):
         #: the scope of the idle timeout running now, if any (a close ends it at once)
         self.idle_scope: trio.CancelScope | None = None
         parser = getattr(config, _MARK, None)
+        sock = plain_socket(send)  # before the wrapping below hides hypercorn's server
         if parser is not None:
             send = _shielded_ends(send)
         if alpn_protocol == "h2" or parser != "httptools":
@@ -154,7 +156,7 @@ class ProtocolWrapper(HypercornProtocolWrapper):
         self.app, self.config, self.context, self.task_group = app, config, context, task_group
         self.ssl, self.client, self.server, self.send, self.state = ssl, client, server, send, state
         self.protocol = HttpToolsProtocol(  # type: ignore[assignment]
-            app, config, context, task_group, state, ssl, client, server, send
+            app, config, context, task_group, state, ssl, client, server, send, sock
         )
 
     async def handle(self, event: Event) -> None:
