@@ -208,7 +208,9 @@ class ChunkShape:
         )
 
     def text(self, index: int, text: str) -> bytes:
-        return b"".join((self._text_head, b"%d" % index, self._text_open, orjson.dumps(text), self._text_tail))
+        return b"".join(
+            (self._text_head, b"%d" % index, self._text_open, orjson.dumps(text), self._text_tail)
+        )
 
     def text_slow(self, index: int, text: str) -> bytes:
         """:meth:`text` built as a document (what the template is tested against)."""
