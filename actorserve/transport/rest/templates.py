@@ -34,56 +34,73 @@ def _dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=_NUMPY)
 
 
+_UNBUILT: Final = object()
+
+
 class _OipOutput:
-    """One output's constant bytes, and its last shape rendered."""
+    """One output's constant bytes (with the comma before it, after the first), and the
+    bytes from its shape to its data for the last shape seen."""
 
-    __slots__ = ("datatype", "head", "mid", "name", "shape", "shape_json")
+    __slots__ = ("datatype", "head", "mid", "name", "shape", "shape_mid")
 
-    def __init__(self, tensor: Tensor) -> None:
+    def __init__(self, tensor: Tensor, position: int) -> None:
         self.name = tensor.name
         self.datatype = tensor.datatype
-        self.head = b'{"name":' + _dumps(tensor.name) + b',"shape":'
+        self.head = (b',{"name":' if position else b'{"name":') + _dumps(tensor.name) + b',"shape":'
         self.mid = b',"datatype":' + _dumps(tensor.datatype) + b',"data":'
         self.shape = tensor.shape
-        self.shape_json = _dumps(list(tensor.shape))
+        self.shape_mid = _dumps(list(tensor.shape)) + self.mid
+
+    def reshape(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.shape_mid = _dumps(list(shape)) + self.mid
 
 
 class OipEvents:
     """:func:`~.wire.encode_oip` for one stream (an ``infer_stream`` event, or a
     ``generate_stream`` event of an OIP body)."""
 
-    __slots__ = ("_head", "_key", "_outputs")
+    __slots__ = ("_head", "_id", "_name", "_outputs", "_version")
 
     def __init__(self) -> None:
-        self._key: tuple[str, str | None, str | None] | None = None
+        self._name: object = _UNBUILT  # never equal to a response's
+        self._version: str | None = None
+        self._id: str | None = None
         self._head = b""
         self._outputs: list[_OipOutput] = []
 
     def __call__(self, response: InferenceResponse) -> bytes:
-        if (response.model_name, response.model_version, response.id) != self._key:
-            self._build(response)
         outputs = response.outputs
         templates = self._outputs
-        if len(outputs) != len(templates):
+        if (
+            response.model_name != self._name
+            or response.id != self._id
+            or response.model_version != self._version
+            or len(outputs) != len(templates)
+        ):
             self._build(response)
             templates = self._outputs
-        parts = [self._head]
         if response.parameters:
-            parts += (_PARAMETERS, _dumps(response.parameters))
-        parts.append(_OUTPUTS)
-        for position, tensor in enumerate(outputs):
-            out = templates[position]
+            parts = [self._head, _PARAMETERS, _dumps(response.parameters), _OUTPUTS]
+        else:
+            parts = [self._head, _OUTPUTS]
+        for out, tensor in zip(templates, outputs, strict=True):  # lengths checked above
             if tensor.name != out.name or tensor.datatype != out.datatype:
                 self._build(response)
                 return self(response)
             if tensor.shape != out.shape:
-                out.shape, out.shape_json = tensor.shape, _dumps(list(tensor.shape))
-            if position:
-                parts.append(b",")
-            parts += (out.head, out.shape_json, out.mid, _data_json(tensor))
+                out.reshape(tensor.shape)
             if tensor.parameters:
-                parts += (_PARAMETERS, _dumps(tensor.parameters))
-            parts.append(b"}")
+                parts += (
+                    out.head,
+                    out.shape_mid,
+                    _data_json(tensor),
+                    _PARAMETERS,
+                    _dumps(tensor.parameters),
+                    b"}",
+                )
+            else:
+                parts += (out.head, out.shape_mid, _data_json(tensor), b"}")
         parts.append(b"]}")
         return b"".join(parts)
 
@@ -94,9 +111,9 @@ class OipEvents:
             head += b',"model_version":' + _dumps(response.model_version)
         if response.id is not None:
             head += b',"id":' + _dumps(response.id)
-        self._key = (response.model_name, response.model_version, response.id)
+        self._name, self._version, self._id = response.model_name, response.model_version, response.id
         self._head = head
-        self._outputs = [_OipOutput(tensor) for tensor in response.outputs]
+        self._outputs = [_OipOutput(tensor, position) for position, tensor in enumerate(response.outputs)]
 
 
 #: dtypes whose elements orjson writes the same from numpy as from Python (integers,
