@@ -8,10 +8,10 @@ C parser turns bytes into hypercorn's own stream events, and responses are frame
 Everything else stays hypercorn's: the TCP server, TLS, keep-alive timeouts, lifespan,
 graceful shutdown, HTTP/2, and the ASGI side of a request (``HTTPStream``).
 
-:mod:`.protocols` makes hypercorn build it. Every byte of the connection is written by
-:class:`.writes.DirectWriter` (straight into the socket when the kernel takes it). This
-module, that one and :mod:`.writes` hold all of the hypercorn internals we rely on
-(hypercorn is pinned to its minor version).
+:mod:`.protocols` makes hypercorn build it, with a ``send`` that writes straight into
+the socket when the kernel takes the bytes (:mod:`.writes`). This module, that one and
+:mod:`.writes` hold all of the hypercorn internals we rely on (hypercorn is pinned to
+its minor version).
 
 What it does as h11 does: keep-alive (and ``Connection: close``, HTTP/1.0), pipelining
 (one request at a time, the next read only after the response), chunked request bodies,
@@ -35,8 +35,6 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Body, EndBody, InformationalResponse, Request, Response, StreamClosed
 from hypercorn.protocol.h11 import H2ProtocolAssumedError
 from hypercorn.protocol.http_stream import HTTPStream
-
-from .writes import DirectWriter
 
 STREAM_ID: Final = 1
 _H2_PREFACE: Final = b"PRI * HTTP/2.0"
@@ -91,13 +89,10 @@ class HttpToolsProtocol:
         client: Any,
         server: Any,
         send: Callable[[Event], Awaitable[None]],
-        sock: Any = None,
     ) -> None:
-        """``sock``: the connection's socket when it is plain TCP (see :mod:`.writes`)."""
         self.app, self.config, self.context, self.task_group = app, config, context, task_group
         self.connection_state, self.ssl, self.client, self.server = connection_state, ssl, client, server
         self.send = send
-        self.write = DirectWriter(send, sock).write  # every byte of the connection goes by it
         self.can_read = context.event_class()
         self.parser = httptools.HttpRequestParser(self)
         self.stream: HTTPStream | None = None
@@ -273,21 +268,23 @@ class HttpToolsProtocol:
         self.keep_alive_requests += 1
         await self.context.mark_request()
         if version == "1.1" and (b"expect", b"100-continue") in headers:
-            await self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await self.send(RawData(data=b"HTTP/1.1 100 Continue\r\n\r\n"))
 
     # -- writing -------------------------------------------------------------------------
 
     async def stream_send(self, event: Any) -> None:
         if isinstance(event, Response):
             if event.status_code < 200:
-                await self.write(self._head(event.status_code, event.headers, informational=True))
+                await self.send(
+                    RawData(data=self._head(event.status_code, event.headers, informational=True))
+                )
                 return
             self.response_started = True
             head = self._head(event.status_code, event.headers)
             if self.has_length and not self.no_body:
                 self.pending_head = head  # sent with the body: one write for a sized response
             else:
-                await self.write(head)
+                await self.send(RawData(data=head))
         elif isinstance(event, InformationalResponse):
             pass  # HTTP/2 only (103 Early Hints)
         elif isinstance(event, Body):
@@ -296,14 +293,14 @@ class HttpToolsProtocol:
             data = b"%x\r\n%b\r\n" % (len(event.data), event.data) if self.chunked else event.data
             if self.pending_head:
                 data, self.pending_head = self.pending_head + data, b""
-            await self.write(data)
+            await self.send(RawData(data=data))
         elif isinstance(event, EndBody):
             data, self.pending_head = self.pending_head, b""
             if self.chunked:
                 data += b"0\r\n\r\n"
             self.response_complete = True
             if data:
-                await self.write(data)
+                await self.send(RawData(data=data))
         elif isinstance(event, StreamClosed):
             await self._recycle()
 
@@ -351,7 +348,7 @@ class HttpToolsProtocol:
         self.keep_alive = False
         self.method = "GET"
         head = self._head(status, [(b"content-length", b"0")])
-        await self.write(head)
+        await self.send(RawData(data=head))
 
     async def _recycle(self) -> None:
         """The response is done: keep the connection for the next request, or close it.

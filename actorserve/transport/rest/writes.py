@@ -81,4 +81,20 @@ class DirectWriter:
             self._in_flight -= 1
 
 
-__all__ = ["YIELD_EVERY", "DirectWriter", "plain_socket"]
+def direct_send(send: Callable[[Event], Awaitable[None]], sock: Any) -> Callable[[Event], Awaitable[None]]:
+    """``send`` (hypercorn's, for one connection) with its ``RawData`` written by one
+    :class:`DirectWriter`: what every protocol of the connection (HTTP/1.1 or HTTP/2)
+    is given, so all of its bytes go the same way, in order."""
+    writer = DirectWriter(send, sock)
+    write = writer.write
+
+    async def send_direct(event: Event) -> None:
+        if isinstance(event, RawData):
+            await write(event.data)
+        else:
+            await send(event)
+
+    return send_direct
+
+
+__all__ = ["YIELD_EVERY", "DirectWriter", "direct_send", "plain_socket"]
