@@ -6,6 +6,7 @@ closed socket goes by ``send_all``, and a write is still a cancellation point.""
 from __future__ import annotations
 
 import socket as stdlib_socket
+import ssl
 from typing import Any
 
 import pytest
@@ -169,3 +170,6 @@ async def test_the_socket_is_found_under_hypercorns_server() -> None:
         server: Any = TCPServer(None, Config(), None, None, stream)  # type: ignore[arg-type]
         assert plain_socket(server.protocol_send) is ours
         assert plain_socket(Recorder()) is None  # not hypercorn's server: send_all only
+        tls_stream = trio.SSLStream(stream, ssl.create_default_context())
+        tls: Any = TCPServer(None, Config(), None, None, tls_stream)  # type: ignore[arg-type]
+        assert plain_socket(tls.protocol_send) is None  # TLS: the bytes must go through the SSL stream
