@@ -12,6 +12,8 @@ import httpx
 import pytest
 import trio
 from e2e.conftest import TIMEOUT, Launch
+from hypercorn.events import Event, RawData
+from hypercorn.trio.tcp_server import TCPServer
 
 from actorserve.server import Server
 
@@ -291,6 +293,31 @@ async def test_http2_prior_knowledge_on_the_same_port(server: Server) -> None:
         reply = await client.post("/v2/models/identity/infer", content=INFER_BODY)
         assert reply.http_version == "HTTP/2"
         assert reply.json()["outputs"][0]["data"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("http2", [False, True])
+async def test_every_protocol_writes_straight_into_the_socket(
+    server: Server, monkeypatch: pytest.MonkeyPatch, http2: bool
+) -> None:
+    """httptools, h11 and HTTP/2 (prior knowledge) alike: a reading client's replies
+    never wait in hypercorn's send_all (transport/rest/writes.py)."""
+    through_send_all: list[bytes] = []
+    original = TCPServer.protocol_send
+
+    async def counting(self: TCPServer, event: Event) -> None:
+        if isinstance(event, RawData):
+            through_send_all.append(event.data)
+        await original(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", counting)  # before the connection opens
+    async with httpx.AsyncClient(
+        http1=not http2, http2=http2, base_url=server.http_url or "", timeout=TIMEOUT
+    ) as client:
+        for _ in range(3):
+            reply = await client.post("/v2/models/identity/infer", content=INFER_BODY)
+            assert reply.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+            assert reply.json()["outputs"][0]["data"] == [1, 2, 3]
+    assert through_send_all == []
 
 
 async def test_upgrade_requests_are_served_as_http_1_1(launch: Launch) -> None:

@@ -15,6 +15,8 @@ import httpx_sse
 import pytest
 import trio
 from httpx_sse import ServerSentEvent, aconnect_sse
+from hypercorn.events import Event, RawData
+from hypercorn.trio.tcp_server import TCPServer
 
 from actorserve.codecs import response_from_json
 from actorserve.server import Server
@@ -82,6 +84,27 @@ async def test_exactly_n_events(client: httpx.AsyncClient, n_tokens: int) -> Non
         events = await collect(source.aiter_sse())
     assert [e.event for e in events] == ["message"] * n_tokens
     assert [token(e) for e in events] == [(f"n:{k}", k) for k in range(n_tokens)]
+
+
+async def test_a_reading_clients_events_skip_send_all(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every byte of the stream went straight into the socket (transport/rest/writes.py):
+    none waited in hypercorn's send_all, which only takes what a full socket refused."""
+    through_send_all: list[bytes] = []
+    original = TCPServer.protocol_send
+
+    async def counting(self: TCPServer, event: Event) -> None:
+        if isinstance(event, RawData):
+            through_send_all.append(event.data)
+        await original(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", counting)  # before the connection opens
+    body = prompt("w", n_tokens=300)
+    async with aconnect_sse(client, "POST", "/v2/models/streamer/infer_stream", json=body) as source:
+        events = await collect(source.aiter_sse())
+    assert [token(e) for e in events] == [(f"w:{k}", k) for k in range(300)]
+    assert through_send_all == []
 
 
 async def test_stream_headers(client: httpx.AsyncClient) -> None:

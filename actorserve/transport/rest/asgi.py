@@ -38,6 +38,7 @@ from .generate import (
 )
 from .sequence_headers import OIP, SequenceNaming, answer_headers, sequence_flags
 from .sse import EVENT_STREAM_HEADERS, write_events
+from .templates import for_stream
 from .wire import (
     GZIP_HEADERS,
     GZIP_IN_THREAD_BYTES,
@@ -256,6 +257,7 @@ class RawRoutes:
             note_error(exchange, exc)
             await self._send_reply(send, reply_for(exc, self._limit), headers)
             return
+        encode = for_stream(encode)  # the stream's constants rendered once, each event spliced
 
         async def send_chunk(chunk: bytes) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -157,18 +157,22 @@ def generate_response_to_json(response: InferenceResponse) -> dict[str, Any]:
     out["model_name"] = response.model_name
     out["model_version"] = response.model_version
     for tensor in response.outputs:
-        scalar = tensor.data.size == 1 and len(tensor.shape) <= 1
-        if tensor.datatype == "BYTES":
-            texts = [element_text(v) for v in tensor.data.reshape(-1)]
-            if scalar:
-                out[tensor.name] = texts[0]
-            else:
-                array = np.empty(len(texts), dtype=object)
-                array[:] = texts
-                out[tensor.name] = array.reshape(tensor.shape).tolist()
-        else:
-            out[tensor.name] = tensor.data.reshape(-1)[0].item() if scalar else tensor.data.tolist()
+        out[tensor.name] = generate_value(tensor)
     return out
+
+
+def generate_value(tensor: Tensor) -> Any:
+    """One output in a generate response: BYTES as text, shape-[1] as a scalar, others
+    as (nested) lists."""
+    scalar = tensor.data.size == 1 and len(tensor.shape) <= 1
+    if tensor.datatype == "BYTES":
+        texts = [element_text(v) for v in tensor.data.reshape(-1)]
+        if scalar:
+            return texts[0]
+        array = np.empty(len(texts), dtype=object)
+        array[:] = texts
+        return array.reshape(tensor.shape).tolist()
+    return tensor.data.reshape(-1)[0].item() if scalar else tensor.data.tolist()
 
 
 def encode_generate(response: InferenceResponse) -> bytes:

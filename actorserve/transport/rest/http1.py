@@ -8,8 +8,10 @@ C parser turns bytes into hypercorn's own stream events, and responses are frame
 Everything else stays hypercorn's: the TCP server, TLS, keep-alive timeouts, lifespan,
 graceful shutdown, HTTP/2, and the ASGI side of a request (``HTTPStream``).
 
-:mod:`.protocols` makes hypercorn build it. This module and that one hold all of the
-hypercorn internals we rely on (hypercorn is pinned to its minor version).
+:mod:`.protocols` makes hypercorn build it, with a ``send`` that writes straight into
+the socket when the kernel takes the bytes (:mod:`.writes`). This module, that one and
+:mod:`.writes` hold all of the hypercorn internals we rely on (hypercorn is pinned to
+its minor version).
 
 What it does as h11 does: keep-alive (and ``Connection: close``, HTTP/1.0), pipelining
 (one request at a time, the next read only after the response), chunked request bodies,

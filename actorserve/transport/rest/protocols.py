@@ -3,8 +3,9 @@
 :func:`install` replaces the wrapper class that server uses with :class:`ProtocolWrapper`,
 which acts only for a hypercorn ``Config`` marked by :func:`use_parser` (any other
 hypercorn server in the process is untouched): HTTP/1.1 on :class:`.http1.HttpToolsProtocol`
-or hypercorn's h11, HTTP/2 as hypercorn chooses, and the end of every exchange shielded
-(see :func:`_shielded_ends`).
+or hypercorn's h11, HTTP/2 as hypercorn chooses, the end of every exchange shielded
+(see :func:`_shielded_ends`), and, on plain TCP, every byte written straight into the
+socket when the kernel takes it (:func:`.writes.direct_send`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper as HypercornProtocolWrapper
 
 from .http1 import HttpToolsProtocol
+from .writes import direct_send, plain_socket
 
 _MARK: Final = "_actorserve_http1"
 #: bound on the end of an exchange under a shield (closing a socket is immediate)
@@ -120,8 +122,8 @@ def _shielded_ends(send: Callable[[Event], Awaitable[None]]) -> Callable[[Event]
 
 class ProtocolWrapper(HypercornProtocolWrapper):
     """hypercorn's wrapper (HTTP/2 by ALPN or prior knowledge, HTTP/1.1 otherwise), with
-    HTTP/1.1 on httptools when the config asks for it, and the close shielded for both
-    HTTP/1.1 protocols of a marked config."""
+    HTTP/1.1 on httptools when the config asks for it, and for every protocol of a marked
+    config the close shielded and, on plain TCP, the bytes written directly."""
 
     def __init__(
         self,
@@ -143,8 +145,11 @@ class ProtocolWrapper(HypercornProtocolWrapper):
         #: the scope of the idle timeout running now, if any (a close ends it at once)
         self.idle_scope: trio.CancelScope | None = None
         parser = getattr(config, _MARK, None)
+        sock = plain_socket(send)  # before the wrapping below hides hypercorn's server
         if parser is not None:
             send = _shielded_ends(send)
+            if sock is not None:  # every protocol of the connection writes through one writer
+                send = direct_send(send, sock)
         if alpn_protocol == "h2" or parser != "httptools":
             super().__init__(
                 app, config, context, task_group, state, ssl, client, server, send, alpn_protocol

@@ -29,7 +29,7 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["wire.py", "generate.py", "sse.py"])
+@pytest.mark.parametrize("module", ["wire.py", "generate.py", "sse.py", "templates.py"])
 def test_wire_modules_import_no_io_library(module: str) -> None:
     for name in imports(PACKAGE / module):
         assert name.split(".")[0] not in (

@@ -1,0 +1,141 @@
+"""Per-stream wire templates (``transport/rest/templates.py``, and the OpenAI text chunk
+of ``transport/openai/encode.py``): every event they write is byte-for-byte what the
+plain encoder writes, for random names, ids, datatypes, shapes, values and parameters,
+over streams whose events change (shapes, parameters, ids, outputs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actorserve.transport.openai.encode import ChunkShape
+from actorserve.transport.rest.generate import encode_event_source, encode_generate
+from actorserve.transport.rest.templates import GenerateEvents, OipEvents, for_stream
+from actorserve.transport.rest.wire import encode_oip
+from actorserve.types import InferenceResponse, Tensor
+from tests.strategies import arrays, json_values
+
+names = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from(["text_output", "index", "id", "model_name", "model_version", "sequence_id"]),
+)
+parameters = st.dictionaries(st.text(max_size=5), json_values, max_size=3)
+
+
+@st.composite
+def tensors(draw: st.DrawFn, name: str | None = None, datatype: str | None = None) -> Tensor:
+    datatype, array = draw(arrays(datatype))
+    return Tensor(
+        draw(names) if name is None else name,
+        tuple(int(d) for d in array.shape),
+        datatype,
+        array,
+        draw(parameters),
+    )
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[InferenceResponse]:
+    """A stream's responses: mostly the same constants with new data, sometimes not."""
+    model = draw(st.text(max_size=6))
+    version = draw(st.none() | st.text(max_size=3))
+    request_id = draw(st.none() | st.text(max_size=6))
+    layout = [(t.name, t.datatype) for t in draw(st.lists(tensors(), max_size=3))]
+    out: list[InferenceResponse] = []
+    for _ in range(draw(st.integers(1, 5))):
+        if draw(st.integers(0, 5)) == 0:  # a response unlike the ones before
+            request_id = draw(st.none() | st.text(max_size=6))
+            layout = [(t.name, t.datatype) for t in draw(st.lists(tensors(), max_size=3))]
+        outputs = [draw(tensors(name, datatype)) for name, datatype in layout]
+        params = draw(parameters) if draw(st.booleans()) else {}
+        if draw(st.booleans()):
+            params["sequence_id"] = draw(st.text(max_size=4) | st.integers(0, 9))
+        out.append(InferenceResponse(model, outputs, version, request_id, params))
+    return out
+
+
+def outcome(encode: Callable[[InferenceResponse], bytes], response: InferenceResponse) -> Any:
+    """The bytes, or the type of the error (a value orjson refuses, in both paths)."""
+    try:
+        return encode(response)
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams())
+def test_oip_template_writes_what_encode_oip_writes(stream: list[InferenceResponse]) -> None:
+    template = OipEvents()
+    for response in stream:
+        assert outcome(template, response) == outcome(encode_oip, response)
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.booleans())
+def test_generate_template_writes_what_the_generate_encoders_write(
+    stream: list[InferenceResponse], event_source: bool
+) -> None:
+    template = GenerateEvents(event_source=event_source)
+    slow = encode_event_source if event_source else encode_generate
+    for response in stream:
+        assert outcome(template, response) == outcome(slow, response)
+
+
+def test_a_stream_of_one_shape_splices_only_the_data() -> None:
+    template = OipEvents()
+    events = []
+    for i in range(3):
+        text = np.array([f"t{i}".encode()], dtype=object)
+        outputs = [Tensor("text_output", (1,), "BYTES", text), Tensor("index", (1,), "INT64", np.array([i]))]
+        response = InferenceResponse("streamer", outputs, "1", "r", {"n": i} if i else {})
+        events.append(template(response))
+        assert events[-1] == encode_oip(response)
+    assert events[2] == (
+        b'{"model_name":"streamer","model_version":"1","id":"r","parameters":{"n":2},"outputs":['
+        b'{"name":"text_output","shape":[1],"datatype":"BYTES","data":["t2"]},'
+        b'{"name":"index","shape":[1],"datatype":"INT64","data":[2]}]}'
+    )
+
+
+def test_for_stream_gives_each_stream_its_own_template() -> None:
+    first, second = for_stream(encode_oip), for_stream(encode_oip)
+    assert isinstance(first, OipEvents) and first is not second
+    assert isinstance(for_stream(encode_generate), GenerateEvents)
+    assert isinstance(for_stream(encode_event_source), GenerateEvents)
+    assert for_stream(bytes) is bytes  # an encoder without a template is used as it is
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(max_size=8),
+    st.text(max_size=8),
+    st.integers(0, 2**40),
+    st.booleans(),
+    st.booleans(),
+    st.none() | st.text(max_size=6),
+    st.lists(st.tuples(st.integers(0, 300), st.text(max_size=8)), min_size=1, max_size=4),
+)
+def test_openai_text_chunks_are_the_documents_bytes(
+    call_id: str,
+    model: str,
+    created: int,
+    chat: bool,
+    include_usage: bool,
+    sequence_id: str | None,
+    pieces: list[tuple[int, str]],
+) -> None:
+    shape = ChunkShape(call_id, model, created, chat, include_usage, sequence_id)
+    for index, text in pieces:
+        try:
+            expected: Any = shape.text_slow(index, text)
+        except Exception as exc:  # a lone surrogate: orjson refuses it either way
+            expected = type(exc)
+        try:
+            got: Any = shape.text(index, text)
+        except Exception as exc:
+            got = type(exc)
+        assert got == expected
