@@ -21,6 +21,13 @@ different offset per client; ``--tokens`` generated, greedy):
   ``min_new_tokens`` = ``--tokens``, ``do_sample`` false, ``return_full_text``
   false); tokens = ``--tokens`` per request; it does not stream, so its TTFT is the
   time to the whole answer.
+MLServer's venv (``/tmp/bench/mlserver``, see ../shared/bench) needs, besides
+``pip install mlserver-huggingface==1.7.1``, the versions that runtime still imports:
+``pip install torch==2.8.0 transformers==4.41.2 optimum==1.20.0`` (1.7.1 imports
+``transformers.pipelines.Conversation``, gone in 4.42, and optimum's ONNX exporters,
+which need a torch before 2.9). transformers 4.41 cannot read the tokenizer files that
+transformers 5 writes, so MLServer gets the same tokenizer rewritten in the older format
+(the class name, and merges as strings; the vocabulary and merges are the same).
 Tokens/s = all generated tokens / the wall time of the N requests. The best of
 ``--rounds`` is printed (the machine may be shared). Every wait is bounded.
 """
@@ -67,6 +74,20 @@ def prompts(folder: Path, count: int, length: int) -> list[str]:
     ids: list[int] = tokenizer(DATA.read_text()[:200_000])["input_ids"]
     step = max(1, (len(ids) - length) // max(1, count))
     return [tokenizer.decode(ids[i * step : i * step + length]) for i in range(count)]
+
+
+def tokenizer_for_transformers4(folder: Path, into: Path) -> Path:
+    """The tokenizer of ``folder`` in files transformers 4.41 / tokenizers 0.19 read."""
+    into.mkdir(parents=True, exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.pop("backend", None)
+    (into / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    model = tokenizer["model"]
+    model["merges"] = [" ".join(m) if isinstance(m, list) else m for m in model.get("merges", [])]
+    (into / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return into
 
 
 def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -243,7 +264,9 @@ async def main(args: argparse.Namespace) -> None:
                         "extra": {
                             "task": "text-generation",
                             "pretrained_model": str(folder),
-                            "pretrained_tokenizer": str(folder),
+                            "pretrained_tokenizer": str(
+                                tokenizer_for_transformers4(folder, work / "tokenizer4")
+                            ),
                             "framework": "pt",
                             "device": -1,
                         }
@@ -298,6 +321,8 @@ async def main(args: argparse.Namespace) -> None:
                 "MKL_NUM_THREADS": threads,
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
+                "USE_TF": "0",  # the runtime pulls TensorFlow in; transformers need not load it too
+                "USE_TORCH": "1",
             },
             f"http://127.0.0.1:{port}",
             mlserver_one(f"http://127.0.0.1:{port}", args.tokens),
