@@ -36,6 +36,7 @@ from .repository import ModelRepository
 from .server import Server, serve
 from .settings import (
     GRPC_STREAM_DIALECTS,
+    HELP,
     HTTP_PARSERS,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -58,95 +59,43 @@ MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: help and type of the option made from each field of Settings (all but ``models``);
-#: a field missing here fails at import, so a new setting cannot lack its option.
-_SETTINGS_OPTIONS: dict[str, tuple[click.ParamType[Any], str]] = {
-    "host": (click.STRING, "address to listen on (0.0.0.0: every interface)"),
-    "http_port": (Port(), "REST port; 0 picks a free port (the log says which); 'off' turns REST off"),
-    "grpc_port": (Port(), "gRPC port; 0 picks a free port; 'off' turns gRPC off"),
-    "ts_inference_grpc_port": (Port(), "extra port for TorchServe's gRPC inference service only (its 7070)"),
-    "ts_management_grpc_port": (
-        Port(),
-        "extra port for TorchServe's gRPC management service only (its 7071)",
-    ),
-    "ts_management_http_port": (Port(), "extra port for TorchServe's management REST paths and /ping only"),
-    "max_body_bytes": (click.INT, "largest REST request body, in bytes"),
-    "read_timeout": (
-        click.FLOAT,
-        "seconds a REST body has to arrive once its head has, and a started gRPC frame (slower: 408 / GOAWAY, closed; 0: off)",
-    ),
-    "grace_period": (click.FLOAT, "seconds in-flight requests get to finish on shutdown"),
-    "drain_timeout": (
-        click.FLOAT,
-        "seconds a SIGTERM'd server keeps serving its open sequences (not ready, new starts refused "
-        "503) before the shutdown; 0: off; the one-process shape only (docs/deploy.md#drain)",
-    ),
-    "gzip_min_bytes": (click.INT, "smallest REST response gzipped for a client that accepts gzip, in bytes"),
-    "keep_alive_timeout": (click.FLOAT, "seconds an idle keep-alive HTTP connection is kept open"),
-    "grpc_idle_timeout": (
-        click.FLOAT,
-        "seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no limit)",
-    ),
-    "backlog": (
-        click.INT,
-        "connections each listening port queues before the server accepts them (capped by net.core.somaxconn)",
-    ),
-    "http_parser": (
-        click.Choice(HTTP_PARSERS),
-        "HTTP/1.1 implementation: 'httptools' (llhttp, faster) or 'h11' (hypercorn's own)",
-    ),
-    "grpc_stream_dialect": (
-        click.Choice(GRPC_STREAM_DIALECTS),
-        "ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message) "
-        "or 'mlserver' (plain ModelInferResponse messages)",
-    ),
-    "grpc_stream_max_inflight": (
-        click.INT,
-        "requests in flight on one ModelStreamInfer call before the server stops reading it",
-    ),
-    "log_level": (click.Choice(LOG_LEVELS, case_sensitive=False), "log level"),
-    "api_workers": (
-        click.INT,
-        "front processes serving REST and gRPC beside one engine process (0: everything in "
-        "one process; see docs/architecture.md)",
-    ),
-    "cors_allow_origin": (
-        click.STRING,
-        "browser origin allowed to call the REST API (CORS); repeat it or give a comma list; * allows any",
-    ),
-    "poll_repository": (
-        click.FLOAT,
-        "seconds between looks at the model folders for added, changed or removed models "
-        "(0: off; load and unload on request only)",
-    ),
-    "log_format": (click.Choice(LOG_FORMATS), "log line format: 'text', or 'json' (one JSON object a line)"),
-    "access_log": (
-        click.BOOL,
-        "log one structured line per request (logger actorserve.access; docs/logging.md)",
-    ),
-    "no_auth": (click.BOOL, "serve the management routes without a bearer token (docs/security.md)"),
-    "auth_inference": (click.BOOL, "inference routes need the bearer token too"),
-    "auth_metrics": (click.BOOL, "GET /metrics needs the bearer token too"),
-    "allow_load_overrides": (
-        click.STRING,
-        "keys a load/register request may set though they name code, a path, a URL or a variable (handler, model_dir, url, extra, ...; * for any; docs/security.md)",
-    ),
-    "bind_sequences_to_token": (
-        click.BOOL,
-        "a sequence answers only the token that opened it (needs --auth-inference)",
-    ),
-    "max_archive_bytes": (click.INT, "largest total a TorchServe .mar may extract to, in bytes"),
-    "max_archive_members": (click.INT, "most files and folders one TorchServe .mar may hold"),
-    "replica_id": (
-        click.STRING,
-        "this server's name behind a proxy: the actorserve-replica header, the /metrics label, the "
-        "prefix of server-made sequence ids (default: the host name; docs/deploy.md)",
-    ),
-    "token_file": (
-        click.Path(dir_okay=False),
-        f"file of bearer tokens, one a line (or one token in {TOKEN_VARIABLE}); with neither, a token "
-        "is generated into a new file whose path is logged",
-    ),
+#: the type of the option made from each field of Settings (all but ``models`` and
+#: ``token``); a field missing here fails at import, so a new setting cannot lack its
+#: option. Its help is the field's own (``metadata[HELP]`` in settings.py).
+_SETTINGS_OPTIONS: dict[str, click.ParamType[Any]] = {
+    "host": click.STRING,
+    "http_port": Port(),
+    "grpc_port": Port(),
+    "ts_inference_grpc_port": Port(),
+    "ts_management_grpc_port": Port(),
+    "ts_management_http_port": Port(),
+    "max_body_bytes": click.INT,
+    "read_timeout": click.FLOAT,
+    "grace_period": click.FLOAT,
+    "drain_timeout": click.FLOAT,
+    "gzip_min_bytes": click.INT,
+    "keep_alive_timeout": click.FLOAT,
+    "grpc_idle_timeout": click.FLOAT,
+    "backlog": click.INT,
+    "http_parser": click.Choice(HTTP_PARSERS),
+    "grpc_stream_dialect": click.Choice(GRPC_STREAM_DIALECTS),
+    "grpc_stream_max_inflight": click.INT,
+    "log_level": click.Choice(LOG_LEVELS, case_sensitive=False),
+    "api_workers": click.INT,
+    "cors_allow_origin": click.STRING,
+    "poll_repository": click.FLOAT,
+    "log_format": click.Choice(LOG_FORMATS),
+    "access_log": click.BOOL,
+    "no_auth": click.BOOL,
+    "auth_inference": click.BOOL,
+    "auth_metrics": click.BOOL,
+    "allow_load_overrides": click.STRING,
+    "bind_sequences_to_token": click.BOOL,
+    "max_archive_bytes": click.INT,
+    "max_archive_members": click.INT,
+    "replica_id": click.STRING,
+    "sequence_headers": click.STRING,
+    "token_file": click.Path(dir_okay=False),
 }
 
 
@@ -177,7 +126,7 @@ def _settings_options(command: F) -> F:
     """Decorate ``command`` with one option per :class:`Settings` field, in field order."""
     fields = [field for field in attrs.fields(Settings) if field.name not in _NO_OPTION]
     for field in reversed(fields):
-        kind, help_text = _SETTINGS_OPTIONS[field.name]
+        kind = _SETTINGS_OPTIONS[field.name]
         default = field.default
         flag = kind is click.BOOL
         multiple = isinstance(default, tuple)  # a list setting: the option repeats
@@ -193,7 +142,7 @@ def _settings_options(command: F) -> F:
             or (False if flag else "off" if default is None else "none" if multiple else True),
             metavar=None if flag else metavar_of(kind),
             show_envvar=True,
-            help=help_text,
+            help=field.metadata[HELP],
         )(command)
     return command
 
@@ -208,7 +157,7 @@ _HELP = f"""Serve models over the Open Inference Protocol (KServe V2): REST and 
 
 Each MODELS_DIR (or each folder in {MODEL_FOLDERS_VARIABLE}, separated by '{os.pathsep}') is
 searched, any depth, for model-settings.json files; without any, the built-in models
-(identity, streamer, accumulator, text) are served.
+(identity, streamer, accumulator, text, ts_stateful) are served.
 
 Every option can also be set by the ACTORSERVE_* variable shown beside it; the flag wins.
 
@@ -258,7 +207,12 @@ grace period to finish, then cancels the rest; a second signal stops at once. Ex
 )
 # no variable: ACTORSERVE_VERSION must not turn the server into a version printer
 @click.version_option(
-    __version__, "--version", prog_name="actorserve", message="%(prog)s %(version)s", allow_from_autoenv=False
+    __version__,
+    "--version",
+    prog_name="actorserve",
+    message="%(prog)s %(version)s",
+    allow_from_autoenv=False,
+    help="print 'actorserve VERSION' and exit",
 )
 @click.pass_context
 def cli(
@@ -272,10 +226,6 @@ def cli(
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
         settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
-        if (
-            settings.drain_timeout and settings.api_workers
-        ):  # the fronts hold no sequences: not built there yet
-            raise BadSetting("drain_timeout", "needs --api-workers 0 (the one-process shape), for now")
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -35,6 +35,7 @@ from .api import (
 from .catalog import UNLOADED, Catalog, Watchers, version_key
 from .default_version import DefaultVersions
 from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from .exceptiongroups import raise_single
 from .loadfailure import explain, underlying
 from .metrics import Metrics
 from .model import BatchModel, Model
@@ -55,7 +56,9 @@ class Engine:
     def __init__(
         self, nursery: trio.Nursery, settings: Settings, repository: ModelRepository | None = None
     ) -> None:
-        self.settings, self.metrics = settings, Metrics()  # metrics: where its models record (GET /metrics)
+        self.settings = settings
+        #: where the hosts record (batches, steps, sequences, rejections; GET /metrics)
+        self.metrics = Metrics()
         self.repository = repository or ModelRepository()
         #: why versions that are not served are not (the repository index shows it)
         self.catalog = Catalog()
@@ -159,17 +162,19 @@ class Engine:
         if grace is None:
             grace = self.settings.grace_period
         versions = self._hosts.get(name)
-        if not versions or (version and version not in versions):
-            raise ModelNotFound(
-                f"model {name!r} has no version {version!r}" if versions else f"model {name!r} is not loaded"
-            )
+        if not versions:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        if version and version not in versions:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
         hosts = [versions[version]] if version else list(versions.values())
         for host in hosts:
             self.watchers.changed()  # drain marks it UNLOADING before it first yields
             await host.drain(grace)
             host.reason = UNLOADED
             host.stop()
-            current = self._hosts.get(name, {})  # again: a load may have replaced it meanwhile
+            # Look again after the drain: another unload may have removed this host and
+            # a load put a new one (or a new table) in its place, which stays.
+            current = self._hosts.get(name, {})
             if current.get(host.version) is host:
                 del current[host.version]
                 self.catalog.failed(host.name, host.version, UNLOADED)
@@ -371,17 +376,6 @@ async def _checked(
     async for request in requests:
         contract.check(request)
         yield request
-
-
-def raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
-    """Re-raise a group holding one error (however deeply nested) as that error, so a
-    caller's ``except OSError`` or ``except ModelNotFound`` works; else the group."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    if error is group:
-        raise group
-    raise error from error.__cause__
 
 
 @asynccontextmanager

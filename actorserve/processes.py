@@ -12,8 +12,16 @@ any sequence.
 
 Children are started in their own session (a Ctrl-C or a signal to the parent's process
 group reaches only the parent, which then stops them in order: fronts drain first, then
-the engine). Each child holds the read end of a pipe from the parent on its stdin: EOF
-means the parent is gone: a front shuts the listening sockets down and exits at once,
+the engine). With ``drain_timeout`` (scale-in, docs/deploy.md#drain) the parent first
+sends the engine :data:`SCALE_IN_SIGNAL`: the engine serves only its open sequences
+(:func:`~actorserve.scalein.drain_sequences`: not ready, new starts refused, which the
+fronts pass on as 503 + ``Retry-After`` / UNAVAILABLE, since every start and every
+readiness answer is the engine's) and sends the parent the same signal when none is left
+or the timeout passed; the ordered stop follows (what the children run:
+:mod:`actorserve.children`).
+
+Each child holds the read end of a pipe from the parent on its stdin: EOF means the
+parent is gone: a front shuts the listening sockets down and exits at once,
 the engine within :data:`~actorserve.roles.ORPHAN_EXIT_AFTER` s (see
 :func:`~actorserve.roles.watch_parent`). A front that dies is restarted
 (its own connections are lost); the engine dying stops the server with exit code 1.
@@ -39,16 +47,14 @@ import attrs
 import trio
 
 from .auth import TOKENS_FD_VAR, read_tokens, remove_token_file, token_handoff, with_token
-from .engine import open_engine
-from .gauges import watch_engine
-from .heaptrim import freeze_startup_objects, trim_heap_when_idle
-from .listeners import BACKLOG, Listeners, log_addresses, open_listeners
+from .children import run_engine_child, run_front_child
+from .listeners import Listeners, log_addresses, open_listeners
 from .metrics import MULTIPROC_VAR
-from .repository import ModelRepository
 from .roles import (
     INDEX_VAR,
     READY_FD_VAR,
     ROLE_VAR,
+    SCALE_IN_SIGNAL,
     SOCKET_VAR,
     engine_socket,
     front_index,
@@ -56,7 +62,6 @@ from .roles import (
     say_ready,
     watch_parent,
 )
-from .server import Server, serve_transports
 from .settings import Settings
 from .tempdirs import make_temp_folder, remove_stale
 
@@ -106,6 +111,10 @@ class ProcessSupervisor:
     fronts: dict[int, _Child] = attrs.field(factory=dict)
     stopping: trio.Event = attrs.field(factory=trio.Event)
     exit_code: int = 0
+    #: seconds the engine serves its open sequences before the ordered stop (0: no drain)
+    drain_timeout: float = 0.0
+    #: set when the engine says its drain is over (or it died, or :meth:`stop_now`)
+    drained: trio.Event = attrs.field(factory=trio.Event)
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -114,6 +123,8 @@ class ProcessSupervisor:
         """Kill every child at once (a second signal: nothing waits for the grace period
         or the drain already under way); the parent still removes what they shared."""
         self.grace_period = 0.0
+        self.drain_timeout = 0.0
+        self.drained.set()
         self.stopping.set()
         for child in (*self.fronts.values(), *([self.engine] if self.engine else [])):
             if child.process.returncode is None:
@@ -187,15 +198,35 @@ class ProcessSupervisor:
                 for index in list(self.fronts):
                     nursery.start_soon(self._watch_front, index)
                 await self.stopping.wait()
+                await self._scale_in()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self._stop_all()
         return self.exit_code
 
+    async def _scale_in(self) -> None:
+        """Before the ordered stop of a healthy server: the engine's drain (see the module
+        docstring), bounded by ``drain_timeout`` and :data:`KILL_AFTER`. The fronts keep
+        serving meanwhile (one that dies is not restarted)."""
+        engine = self.engine
+        if (
+            not self.drain_timeout
+            or self.exit_code
+            or engine is None
+            or engine.process.returncode is not None
+        ):
+            return
+        log.info("draining: the engine serves its open sequences for up to %.1f s", self.drain_timeout)
+        with contextlib.suppress(ProcessLookupError):
+            engine.process.send_signal(SCALE_IN_SIGNAL)
+        with trio.move_on_after(self.drain_timeout + KILL_AFTER):
+            await self.drained.wait()
+
     async def _watch_engine(self, scope: trio.CancelScope) -> None:
         assert self.engine is not None
         code = await self.engine.process.wait()
+        self.drained.set()  # nothing left to drain
         if not self.stopping.is_set():
             log.error(
                 "the engine process (pid %d) exited with code %d: stopping the server",
@@ -282,7 +313,7 @@ __all__ = [
 ]
 
 
-# -- the three roles, as run by ``python -m actorserve`` ----------------------------------------
+# -- the parent, as run by ``python -m actorserve`` (the children: actorserve.children) ---------
 
 
 async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
@@ -300,7 +331,14 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
         handoff = token_handoff(read_tokens(settings))
         tokens_fd = None if handoff is None else handoff.fileno()
         supervisor = ProcessSupervisor(
-            tuple(argv), settings.api_workers, settings.grace_period, listeners, folder_socket, env, tokens_fd
+            tuple(argv),
+            settings.api_workers,
+            settings.grace_period,
+            listeners,
+            folder_socket,
+            env,
+            tokens_fd,
+            drain_timeout=settings.drain_timeout,
         )
         async with trio.open_nursery() as nursery:
 
@@ -325,8 +363,11 @@ async def run_parent(settings: Settings, argv: Sequence[str]) -> int:
 
 
 async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, SCALE_IN_SIGNAL) as signals:
         async for signum in signals:
+            if signum == SCALE_IN_SIGNAL:  # the engine's drain is over
+                supervisor.drained.set()
+                continue
             name = signal.Signals(signum).name
             if supervisor.stopping.is_set():
                 log.warning("second %s: stopping every process now", name)
@@ -339,57 +380,3 @@ async def _parent_signals(supervisor: ProcessSupervisor, scope: trio.CancelScope
                 supervisor.grace_period,
             )
             supervisor.shutdown()
-
-
-async def run_engine_child(settings: Settings, repository: ModelRepository) -> None:
-    """The engine process: load every model, serve the fronts on the Unix socket the
-    parent named, until SIGTERM (drain within the grace period) or the parent's death."""
-    from .ipc.engine_side import open_unix_listener, serve_fronts
-
-    listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
-    repository = repository.with_archive_limits(settings)
-    async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
-        nursery.start_soon(watch_parent, nursery.cancel_scope)
-        watch_engine(engine)
-        nursery.start_soon(engine.metrics.keep_fresh)  # the live-work gauges the fronts' scrapes read
-        nursery.start_soon(trim_heap_when_idle)  # its C heap back to the system once idle after load
-        await nursery.start(serve_fronts, engine, listener)
-        freeze_startup_objects()
-        say_ready()
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        log.info("engine: stopping (in-flight requests have %.1f s)", settings.grace_period)
-        await engine.aclose(settings.grace_period)
-        nursery.cancel_scope.cancel()
-
-
-async def run_front_child(settings: Settings) -> None:
-    """A front process: the transports on the inherited sockets, an engine client to the
-    engine process; SIGTERM drains (a second one stops at once)."""
-    from .ipc.client import open_engine_client
-
-    listeners = Listeners.inherited()
-    try:
-        async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
-
-            async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch_parent, nursery.cancel_scope, list(listeners.sockets().values()))
-            server: Server = await nursery.start(transports)
-            freeze_startup_objects()
-            say_ready()
-            nursery.start_soon(_front_signals, server, nursery.cancel_scope)
-    finally:
-        listeners.close()
-
-
-async def _front_signals(server: Server, scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            if server.stopping:
-                scope.cancel()
-                return
-            server.shutdown()

@@ -5,7 +5,10 @@ error for a sequence it does not hold. No I/O.
 A server-made sequence id is ``<replica>_<32 hex digits>``: the replica part (at most
 :data:`MAX_PREFIX` characters of the replica id, letters, digits, ``.`` and ``-``)
 tells an operator where a sequence was opened; the 128 random bits make it a bearer
-secret as before. See docs/deploy.md#stickiness.
+secret as before. With SageMaker's header preset (``--sequence-headers sagemaker``,
+whose session ids are letters and digits joined by ``-``) it is
+``<replica>--<32 hex digits>``, ``.`` in the replica made ``-``. See
+docs/deploy.md#stickiness.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ REPLICA_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
 
 _NOT_IN_PREFIX: Final = re.compile(r"[^A-Za-z0-9.-]")
 #: a server-made id (of any replica): its replica part, then the random part
-_MADE: Final = re.compile(rf"([A-Za-z0-9.-]{{1,{MAX_PREFIX}}})_[0-9a-f]{{32}}")
+_MADE: Final = re.compile(rf"([A-Za-z0-9.-]{{1,{MAX_PREFIX}}})(?:_|--)[0-9a-f]{{32}}")
 
 
 def replica_id(setting: str | None) -> str:
@@ -40,11 +43,15 @@ def replica_id(setting: str | None) -> str:
     return _NOT_IN_PREFIX.sub("-", name)[:63].strip("-.") or "replica"
 
 
-def new_sequence_id(replica: str = "") -> str:
-    """A server-made sequence id: ``<replica>_`` (when ``replica``) and 128 bits from
+def new_sequence_id(replica: str = "", *, sagemaker: bool = False) -> str:
+    """A server-made sequence id: ``<replica>_`` (when ``replica``; ``sagemaker``:
+    ``<replica>--``, in SageMaker's session id alphabet) and 128 bits from
     :mod:`secrets` as 32 hex digits."""
     random_part = secrets.token_hex(16)
     prefix = _prefix(replica)
+    if sagemaker:
+        prefix = prefix.replace(".", "-")
+        return f"{prefix}--{random_part}" if prefix else random_part
     return f"{prefix}_{random_part}" if prefix else random_part
 
 
@@ -63,7 +70,7 @@ def not_held(sequence_id: str, replica: str) -> SequenceNotHeld:
     hold: it says which replica answered, and which made the id when the id says so."""
     origin = made_by(sequence_id)
     where = ""
-    if origin is not None and origin != _prefix(replica):
+    if origin is not None and origin not in (_prefix(replica), _prefix(replica).replace(".", "-")):
         where = f"; the id was made by replica {origin!r}"
     return SequenceNotHeld(
         sequence_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -21,6 +22,8 @@ ROLE_VAR = "_ACTORSERVE_ROLE"
 SOCKET_VAR = "_ACTORSERVE_ENGINE_SOCKET"
 READY_FD_VAR = "_ACTORSERVE_READY_FD"
 INDEX_VAR = "_ACTORSERVE_FRONT_INDEX"
+#: parent -> engine: start the scale-in drain; engine -> parent: it is over (docs/deploy.md#drain)
+SCALE_IN_SIGNAL = signal.SIGUSR1
 
 
 def role() -> str | None:

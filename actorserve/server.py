@@ -34,7 +34,8 @@ from hypercorn.utils import wrap_app
 
 from .api import EngineAPI
 from .auth import auth_enabled, read_tokens, remove_token_file, with_token
-from .engine import open_engine, raise_single
+from .engine import open_engine
+from .exceptiongroups import raise_single
 from .gauges import watch_engine
 from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners

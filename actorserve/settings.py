@@ -6,6 +6,7 @@ Nothing here is read at import time; callers load settings and pass them down.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
@@ -29,10 +30,12 @@ __all__ = [
     "ANY_DATATYPE",
     "ANY_DATATYPE_SHOWN_AS",
     "GRPC_STREAM_DIALECTS",
+    "HELP",
     "HTTP_PARSERS",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MODEL_SETTINGS_FILE",
+    "SEQUENCE_HEADER_PRESETS",
     "BadSetting",
     "ModelSettings",
     "SequenceSettings",
@@ -97,6 +100,29 @@ def _port(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
 
 
 HTTP_PARSERS = ("httptools", "h11")
+#: ``sequence_headers`` presets (actorserve/transport/rest/sequence_headers.py)
+SEQUENCE_HEADER_PRESETS = ("oip", "torchserve", "sagemaker")
+#: a ``sequence_headers`` value of one's own: the header's name (an HTTP token)
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+#: headers the server reads or sends for something else: never a sequence's id
+_TAKEN_HEADERS = frozenset(
+    {
+        *("sequence-start", "sequence-end", "sequence-cancel", "actorserve-replica"),
+        *("content-length", "content-encoding", "content-type", "accept-encoding"),
+        *("inference-header-content-length", "authorization", "host", "connection"),
+    }
+)
+
+
+def _sequence_headers(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value in SEQUENCE_HEADER_PRESETS:
+        return
+    if not isinstance(value, str) or not _HEADER_NAME.fullmatch(value) or value.lower() in _TAKEN_HEADERS:
+        raise BadSetting(
+            attribute.name,
+            f"must be {', '.join(SEQUENCE_HEADER_PRESETS)} or a header name (letters, digits, '-', '_') "
+            "the server does not read for something else",
+        )
 
 
 def _one_of(*choices: str) -> _Validator:
@@ -167,6 +193,16 @@ def _origin_list(_: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise BadSetting(attribute.name, "must be origins like https://app.example.com (or *)")
 
 
+#: the key of a setting's help in its field's ``metadata``
+HELP = "help"
+
+
+def _help(text: str) -> dict[str, str]:
+    """A field's ``metadata``: ``text`` is the one text of the setting, the help of its CLI
+    option (:mod:`actorserve.__main__`) and its row in docs/cli.md (:mod:`actorserve.clidocs`)."""
+    return {HELP: text}
+
+
 @attrs.frozen
 class Settings:
     """Server-wide settings. ``http_port``/``grpc_port`` 0 picks a free port; ``None``
@@ -175,81 +211,267 @@ class Settings:
     Every value is checked here, for the CLI and embedders alike: a bad one raises
     :class:`BadSetting` naming the field (``"grace_period must be >= 0"``). The CLI
     (``python -m actorserve``) makes one option and one ``ACTORSERVE_*`` variable of
-    every field but ``models``."""
+    every field but ``models``. Each field's ``metadata[HELP]`` says what it holds: the
+    help of its option and its row in docs/cli.md are made from it."""
 
-    models: tuple[ModelSettings, ...] = ()
-    #: address the REST and gRPC listeners bind to.
-    host: str = attrs.field(default="127.0.0.1", validator=_address)
-    http_port: int | None = attrs.field(default=8080, validator=_port)
-    grpc_port: int | None = attrs.field(default=8081, validator=_port)
-    #: extra ports serving only TorchServe's gRPC inference / management service, and only
-    #: its management REST paths (None: off; see docs/torchserve.md#ports).
-    ts_inference_grpc_port: int | None = attrs.field(default=None, validator=_port)
-    ts_management_grpc_port: int | None = attrs.field(default=None, validator=_port)
-    ts_management_http_port: int | None = attrs.field(default=None, validator=_port)
-    #: largest request body accepted over REST, in bytes.
-    max_body_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_at_least(1))
-    #: seconds a REST request's body has to arrive once its head has (slower: 408, closed),
-    #: and a gRPC connection's HTTP/2 frame once it started (slower: GOAWAY, closed). 0: off.
-    read_timeout: float = attrs.field(default=30.0, validator=_seconds)
-    #: seconds in-flight requests get to finish on shutdown before they are cancelled.
-    grace_period: float = attrs.field(default=10.0, validator=_seconds)
-    #: seconds a SIGTERM'd server keeps serving its open sequences before the shutdown
-    #: above (not ready, new sequence starts refused 503 / UNAVAILABLE; 0: off). The
-    #: one-process shape only, for now (the CLI refuses it with api_workers); docs/deploy.md#drain.
-    drain_timeout: float = attrs.field(default=0.0, validator=_seconds)
-    #: gzip non-streaming REST responses larger than this when the client accepts gzip.
-    gzip_min_bytes: int = attrs.field(default=1024, validator=_at_least(0))
-    #: seconds an idle keep-alive HTTP connection is kept open.
-    keep_alive_timeout: float = attrs.field(default=5.0, validator=_seconds)
-    #: seconds a gRPC connection with no open call is kept open (then GOAWAY; 0: no
-    #: limit). Longer than HTTP's: a gRPC channel is meant to be kept and reused.
-    grpc_idle_timeout: float = attrs.field(default=300.0, validator=_seconds)
-    #: connections each listening socket queues before the server accepts them (the
-    #: kernel caps it at net.core.somaxconn).
-    backlog: int = attrs.field(default=2048, validator=_at_least(1))
-    #: HTTP/1.1 implementation under hypercorn: "httptools" (llhttp) or "h11" (hypercorn's own).
-    http_parser: str = attrs.field(default="httptools", validator=_one_of(*HTTP_PARSERS))
-    #: ModelStreamInfer flavour: "triton" (ModelStreamInferResponse envelope) or "mlserver".
-    grpc_stream_dialect: str = attrs.field(default="triton", validator=_one_of(*GRPC_STREAM_DIALECTS))
-    #: requests in flight on one ModelStreamInfer call before the server stops reading it.
-    grpc_stream_max_inflight: int = attrs.field(default=64, validator=_at_least(1))
-    log_level: str = attrs.field(default="INFO", converter=_upper, validator=_one_of(*LOG_LEVELS))
-    #: front processes serving REST and gRPC (1: everything in one process).
-    api_workers: int = attrs.field(default=2, validator=_at_least(0))
-    #: browser origins allowed to call the REST API (CORS); "*" allows any.
-    cors_allow_origin: tuple[str, ...] = attrs.field(default=(), converter=_origins, validator=_origin_list)
-    #: seconds between looks at the model folders for added, changed or removed models (0: off).
-    poll_repository: float = attrs.field(default=0.0, validator=_seconds)
-    #: "text" or "json" (one JSON object per log line, access lines with their fields).
-    log_format: str = attrs.field(default="text", validator=_one_of(*LOG_FORMATS))
-    #: one structured line per request on the logger ``actorserve.access``.
-    access_log: bool = attrs.field(default=False, validator=_bool)
-    #: management routes without a token (see docs/security.md).
-    no_auth: bool = attrs.field(default=False, validator=_bool)
-    #: inference routes need a token too.
-    auth_inference: bool = attrs.field(default=False, validator=_bool)
-    #: ``GET /metrics`` needs a token too.
-    auth_metrics: bool = attrs.field(default=False, validator=_bool)
-    #: keys a load or registration request may set although they name code, a path, a URL
-    #: or an environment variable (``handler``, ``model_dir``, ``url``, the proxy's
-    #: ``extra``, ...; ``*``: any); none by default. See docs/security.md.
-    allow_load_overrides: tuple[str, ...] = attrs.field(default=(), converter=_names, validator=_name_list)
-    #: a sequence answers only requests with the token that opened it (needs auth_inference).
-    bind_sequences_to_token: bool = attrs.field(default=False, validator=_bind_needs_auth)
-    #: a file of bearer tokens, one a line (none and auth on: one is generated).
-    token_file: str | None = attrs.field(default=None, validator=_optional_text)
-    #: largest total a TorchServe ``.mar`` may extract to, in bytes (counted while extracting).
-    max_archive_bytes: int = attrs.field(default=16 * 1024**3, validator=_at_least(1))
-    #: most files and folders one ``.mar`` may hold.
-    max_archive_members: int = attrs.field(default=100_000, validator=_at_least(1))
-    #: this server's name behind a proxy: the ``actorserve-replica`` response header and
-    #: gRPC metadata, the replica label on /metrics, the prefix of server-made sequence
-    #: ids (None: the host name; see docs/deploy.md).
-    replica_id: str | None = attrs.field(default=None, validator=_replica_id)
-    #: a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only,
-    #: never a flag, and removes that variable from its environment).
-    token: str | None = attrs.field(default=None, repr=False, validator=_optional_text)
+    models: tuple[ModelSettings, ...] = attrs.field(
+        default=(),
+        metadata=_help(
+            "the model versions to serve (the CLI: those of the model-settings.json files in MODELS_DIR)"
+        ),
+    )
+    host: str = attrs.field(
+        default="127.0.0.1",
+        validator=_address,
+        metadata=_help("address the REST and gRPC ports listen on ('0.0.0.0': every interface)"),
+    )
+    http_port: int | None = attrs.field(
+        default=8080,
+        validator=_port,
+        metadata=_help("REST port; '0' picks a free port (the log says which); 'off' turns REST off"),
+    )
+    grpc_port: int | None = attrs.field(
+        default=8081,
+        validator=_port,
+        metadata=_help("gRPC port; '0' picks a free port; 'off' turns gRPC off"),
+    )
+    ts_inference_grpc_port: int | None = attrs.field(
+        default=None,
+        validator=_port,
+        metadata=_help(
+            "an extra port serving only TorchServe's gRPC InferenceAPIsService (its clients default to "
+            "7070); both TorchServe services are on the gRPC port anyway (see docs/torchserve.md#ports)"
+        ),
+    )
+    ts_management_grpc_port: int | None = attrs.field(
+        default=None,
+        validator=_port,
+        metadata=_help(
+            "an extra port serving only TorchServe's gRPC ManagementAPIsService (its clients default to 7071)"
+        ),
+    )
+    ts_management_http_port: int | None = attrs.field(
+        default=None,
+        validator=_port,
+        metadata=_help(
+            "an extra port serving only TorchServe's management REST paths (/models...) and /ping, behind "
+            "the same token (TorchServe's is 8081, the gRPC port's default here)"
+        ),
+    )
+    max_body_bytes: int = attrs.field(
+        default=64 * 1024 * 1024,
+        validator=_at_least(1),
+        metadata=_help("largest REST request body, in bytes (64 MiB)"),
+    )
+    read_timeout: float = attrs.field(
+        default=30.0,
+        validator=_seconds,
+        metadata=_help(
+            "seconds a REST request's body has to arrive once its head has: a slower one is answered 408 "
+            "and its connection closed, before any model work starts; and a gRPC connection's HTTP/2 frame "
+            "(or preface) once it started: slower, GOAWAY and closed; '0': no limit "
+            "(see docs/reliability.md#bad-input, docs/grpc.md#idle-and-slow-connections)"
+        ),
+    )
+    grace_period: float = attrs.field(
+        default=10.0,
+        validator=_seconds,
+        metadata=_help("seconds in-flight requests get to finish on shutdown before they are cancelled"),
+    )
+    drain_timeout: float = attrs.field(
+        default=0.0,
+        validator=_seconds,
+        metadata=_help(
+            "seconds a server that got SIGTERM keeps serving the sequences it holds before the shutdown of "
+            "--grace-period: meanwhile it is not ready, new sequence starts are refused 503 with "
+            "Retry-After (gRPC UNAVAILABLE); it ends early once no sequence is open; '0': off. Both "
+            "process shapes (see docs/deploy.md#drain)"
+        ),
+    )
+    gzip_min_bytes: int = attrs.field(
+        default=1024,
+        validator=_at_least(0),
+        metadata=_help("smallest REST response gzipped for a client that accepts gzip, in bytes"),
+    )
+    keep_alive_timeout: float = attrs.field(
+        default=5.0,
+        validator=_seconds,
+        metadata=_help("seconds an idle keep-alive HTTP connection is kept open"),
+    )
+    grpc_idle_timeout: float = attrs.field(
+        default=300.0,
+        validator=_seconds,
+        metadata=_help(
+            "seconds a gRPC connection with no open call is kept open, then GOAWAY and closed ('0': no "
+            "limit); longer than HTTP's because a gRPC channel is meant to be kept and reused "
+            "(see docs/grpc.md#idle-and-slow-connections)"
+        ),
+    )
+    backlog: int = attrs.field(
+        default=2048,
+        validator=_at_least(1),
+        metadata=_help(
+            "connections each listening port queues before the server accepts them; the kernel caps it "
+            "at net.core.somaxconn (see docs/reliability.md#connection-surge)"
+        ),
+    )
+    http_parser: str = attrs.field(
+        default="httptools",
+        validator=_one_of(*HTTP_PARSERS),
+        metadata=_help(
+            "HTTP/1.1 implementation under hypercorn: 'httptools' (llhttp, the C parser uvicorn uses; "
+            "faster) or 'h11' (hypercorn's own, pure Python; see docs/rest.md#http11)"
+        ),
+    )
+    grpc_stream_dialect: str = attrs.field(
+        default="triton",
+        validator=_one_of(*GRPC_STREAM_DIALECTS),
+        metadata=_help(
+            "ModelStreamInfer flavour: 'triton' (ModelStreamInferResponse with error_message) or "
+            "'mlserver' (plain ModelInferResponse messages)"
+        ),
+    )
+    grpc_stream_max_inflight: int = attrs.field(
+        default=64,
+        validator=_at_least(1),
+        metadata=_help("requests in flight on one ModelStreamInfer call before the server stops reading it"),
+    )
+    log_level: str = attrs.field(
+        default="INFO",
+        converter=_upper,
+        validator=_one_of(*LOG_LEVELS),
+        metadata=_help("'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL' (any case)"),
+    )
+    api_workers: int = attrs.field(
+        default=2,
+        validator=_at_least(0),
+        metadata=_help(
+            "front processes serving REST and gRPC beside one engine process ('0': everything in one "
+            "process; see docs/architecture.md)"
+        ),
+    )
+    cors_allow_origin: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_origins,
+        validator=_origin_list,
+        metadata=_help(
+            "browser origin allowed to call the REST API (CORS): repeat the flag or give a comma list; "
+            "'*' allows any (see docs/management.md#cors)"
+        ),
+    )
+    poll_repository: float = attrs.field(
+        default=0.0,
+        validator=_seconds,
+        metadata=_help(
+            "seconds between looks at the model folders for added, changed or removed models; '0': off, "
+            "models load and unload on request only (see docs/management.md#watching-the-model-folders)"
+        ),
+    )
+    log_format: str = attrs.field(
+        default="text",
+        validator=_one_of(*LOG_FORMATS),
+        metadata=_help("'text', or 'json': one JSON object per log line (see docs/logging.md)"),
+    )
+    access_log: bool = attrs.field(
+        default=False,
+        validator=_bool,
+        metadata=_help("log one structured line per request (logger actorserve.access; see docs/logging.md)"),
+    )
+    no_auth: bool = attrs.field(
+        default=False,
+        validator=_bool,
+        metadata=_help(
+            "serve the management routes (repository load/unload, ...) without a bearer token "
+            "(see docs/security.md)"
+        ),
+    )
+    auth_inference: bool = attrs.field(
+        default=False,
+        validator=_bool,
+        metadata=_help(
+            "inference routes (infer, generate, the streams; gRPC ModelInfer, ModelStreamInfer) need the "
+            "bearer token too"
+        ),
+    )
+    auth_metrics: bool = attrs.field(
+        default=False, validator=_bool, metadata=_help("GET /metrics needs the bearer token too")
+    )
+    allow_load_overrides: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_names,
+        validator=_name_list,
+        metadata=_help(
+            "keys a load request's parameters.config or a TorchServe registration may set although they "
+            "name code, a path, a URL or an environment variable: parameters keys the model's class does "
+            "not declare safe (a TorchServe model's model_dir, handler; the OpenAI proxy's extra, which "
+            "holds base_url and api_key_env; MLServer's uri; ...), a registration's handler, and url for "
+            "an archive outside the model folders. Repeat the flag or give a comma list; '*' allows every "
+            "key. Without it such a request is answered 400 naming the key "
+            "(see docs/security.md#load-overrides)"
+        ),
+    )
+    bind_sequences_to_token: bool = attrs.field(
+        default=False,
+        validator=_bind_needs_auth,
+        metadata=_help(
+            "a sequence answers only requests carrying the token that opened it; needs --auth-inference "
+            "(see docs/sequences.md#ids-and-who-may-use-them)"
+        ),
+    )
+    token_file: str | None = attrs.field(
+        default=None,
+        validator=_optional_text,
+        metadata=_help(
+            "file of bearer tokens, one a line ('#' comments allowed); or one token in ACTORSERVE_TOKEN "
+            "(a variable only, so it never shows in ps; the server removes both variables from its "
+            "environment once read, see docs/security.md#the-token-in-the-processes). With neither and "
+            "auth on, a token is generated into '$XDG_RUNTIME_DIR/actorserve/<port>/token' (mode 0600; the "
+            "same path at every start, see docs/security.md#where-tokens-come-from) whose path is logged"
+        ),
+    )
+    max_archive_bytes: int = attrs.field(
+        default=16 * 1024**3,
+        validator=_at_least(1),
+        metadata=_help(
+            "largest total a TorchServe .mar may extract to, in bytes (16 GiB), counted while extracting; "
+            "a load past it fails naming the setting (see docs/security.md#limits)"
+        ),
+    )
+    max_archive_members: int = attrs.field(
+        default=100_000,
+        validator=_at_least(1),
+        metadata=_help("most files and folders one TorchServe .mar may hold"),
+    )
+    replica_id: str | None = attrs.field(
+        default=None,
+        validator=_replica_id,
+        metadata=_help(
+            "this server's name behind a proxy: sent as the actorserve-replica header on every REST "
+            "response and in every gRPC response's initial metadata, a label on /metrics, and the prefix "
+            "of the sequence ids the server makes; 1 to 63 letters, digits, '.' or '-' (default: the host "
+            "name; see docs/deploy.md#replica-identity)"
+        ),
+    )
+    sequence_headers: str = attrs.field(
+        default="oip",
+        validator=_sequence_headers,
+        metadata=_help(
+            "which REST headers carry a sequence's id: 'oip' (sequence-id), 'torchserve' "
+            "(ts_request_sequence_id), 'sagemaker' (SageMaker's stateful session headers: "
+            "X-Amzn-SageMaker-Session-Id, answered with X-Amzn-SageMaker-New-Session-Id / "
+            "-Closed-Session-Id), or a header name of your own, read and echoed (see "
+            "docs/deploy.md#header-presets)"
+        ),
+    )
+    token: str | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=_optional_text,
+        metadata=_help(
+            "a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only, never a "
+            "flag, and removes that variable from its environment)"
+        ),
+    )
 
     def with_models(self, models: Iterable[ModelSettings]) -> Settings:
         return attrs.evolve(self, models=tuple(models))

@@ -3,26 +3,32 @@ transformer is a label on every object and selector), then every object's fields
 the server's behaviour depends on (and the core kinds against the Kubernetes schemas,
 with kubernetes-validate): probes on the health routes, a grace period that
 covers the drain, settings that exist, h2c for gRPC, the KServe runtime's contract,
-the routers' sticky key. ``nginx -t`` on deploy/nginx (HAProxy's ``-c``:
-tests/e2e/test_deploy_haproxy.py)."""
+the routers' sticky key; the KServe, Istio and Gateway API objects strictly against
+their CRDs' schemas, vendored in tests/data/crds (jsonschema). ``nginx -t`` on
+deploy/nginx (HAProxy's ``-c``: tests/e2e/test_deploy_haproxy.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonschema
 import pytest
 import yaml
 
+from actorserve.processes import KILL_AFTER
 from actorserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "kustomize" / "base"
 FIELDS = {field.name for field in attrs.fields(Settings)}
+#: the CRDs' openAPIV3Schema, vendored (tests/data/crds/README.md says from where)
+CRDS = ROOT / "tests" / "data" / "crds"
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -99,11 +105,13 @@ def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
     (container,) = pod["containers"]
     env = env_of(container)
     assert env["ACTORSERVE_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["ACTORSERVE_API_WORKERS"] == "0"  # the drain needs the one-process shape
+    # the default shape (fronts and an engine process): the fronts, then the engine, stop
+    shape_stops = 1 if env.get("ACTORSERVE_API_WORKERS") == "0" else 2
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + float(env["ACTORSERVE_GRACE_PERIOD"])
+    stop = shape_stops * (float(env["ACTORSERVE_GRACE_PERIOD"]) + KILL_AFTER)
+    needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + stop
     assert pod["terminationGracePeriodSeconds"] > needed  # else the kubelet kills a draining pod
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/models"}
     assert container["args"] == ["/mnt/models"]
@@ -149,6 +157,69 @@ def test_the_routers_stick_on_the_sequence_id_header() -> None:
     assert nginx.count("hash $http_sequence_id consistent;") == 2
 
 
+def strict(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever it lists ``properties`` and
+    keeps no unknown fields: the API server prunes an unknown field (kubectl
+    ``--validate=strict`` refuses it), so a misspelt field must fail here."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+OBJECT_FIELDS: dict[str, Any] = {
+    "apiVersion": {"type": "string"},
+    "kind": {"type": "string"},
+    "metadata": {"type": "object"},
+}
+
+
+def crd_validator(kind: str, version: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((CRDS / f"{kind.lower()}-{version}.json").read_text())
+    # the API server knows these of every object; some CRDs (Istio's) do not list them
+    schema["properties"] = {**OBJECT_FIELDS, **schema["properties"]}
+    return jsonschema.Draft4Validator(strict(schema))
+
+
+CUSTOM_OBJECTS = [
+    ("kserve/cluster-serving-runtime.yaml", 0),
+    ("kserve/inference-service.yaml", 0),
+    ("istio/destination-rule.yaml", 0),
+    ("gateway-api/routes.yaml", 0),
+    ("gateway-api/routes.yaml", 1),
+]
+
+
+@pytest.mark.parametrize(("path", "index"), CUSTOM_OBJECTS)
+def test_the_custom_objects_are_valid_against_their_crd_schemas(path: str, index: int) -> None:
+    obj = load(DEPLOY / path)[index]
+    version = obj["apiVersion"].rsplit("/", 1)[1]
+    errors = [e.message for e in crd_validator(obj["kind"], version).iter_errors(obj)]
+    assert errors == []
+
+
+def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
+    """The check above is strict: an unknown field and a wrong enum value fail."""
+    (rule,) = load(DEPLOY / "istio" / "destination-rule.yaml")
+    hashing = rule["spec"]["trafficPolicy"]["loadBalancer"]["consistentHash"]
+    hashing["httpHeadrName"] = hashing.pop("httpHeaderName")
+    assert not crd_validator("DestinationRule", "v1").is_valid(rule)
+    (runtime,) = load(DEPLOY / "kserve" / "cluster-serving-runtime.yaml")
+    runtime["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    assert not crd_validator("ClusterServingRuntime", "v1alpha1").is_valid(runtime)
+    http, _ = load(DEPLOY / "gateway-api" / "routes.yaml")
+    http["spec"]["rules"][0]["matches"][0]["path"]["type"] = "Glob"
+    assert not crd_validator("HTTPRoute", "v1").is_valid(http)
+
+
 def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:
     binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if binary is None:
@@ -174,4 +245,4 @@ def test_the_images_install_the_package_and_serve_the_model_mount() -> None:
     for name in ("Dockerfile", "Dockerfile.cuda"):
         text = (DEPLOY / "image" / name).read_text()
         assert "pip install --no-cache-dir ." in text and 'CMD ["/mnt/models"]' in text
-        assert "ACTORSERVE_API_WORKERS=0" in text
+        assert "ACTORSERVE_API_WORKERS" not in text  # the default shape: the drain works in both

@@ -21,6 +21,8 @@ def test_server_made_ids_carry_their_replica_and_128_random_bits() -> None:
     assert long.startswith("x" * MAX_PREFIX + "_") and made_by(long) == "x" * MAX_PREFIX
     assert re.fullmatch(r"[0-9a-f]{32}", new_sequence_id("")) and made_by("chat-7") is None
     assert made_by("a_b") is None  # a client's id with an underscore is not mistaken for one
+    sagemaker = new_sequence_id("pod-7.zone", sagemaker=True)  # SageMaker's session id alphabet
+    assert re.fullmatch(r"pod-7-zone--[0-9a-f]{32}", sagemaker) and made_by(sagemaker) == "pod-7-zone"
 
 
 def test_the_replica_id_defaults_to_the_host_name_made_safe() -> None:

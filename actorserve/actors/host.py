@@ -1,45 +1,35 @@
-"""ModelHost: one loaded model version — its lifecycle, its replicas, and routing.
+"""ModelHost: one loaded model version — its lifecycle, and its requests' way in.
 
-A :class:`BatchModel` gets ``workers`` replicas, each stepped by its own
-:class:`ContinuousBatcher` (requests go through :class:`BatchedRunner`); a sequence is
-pinned to one replica for its whole life and a request without a sequence goes to the
-least-loaded replica. A plain :class:`Model` runs in the caller's task
+A :class:`BatchModel` gets ``workers`` replicas (its :class:`~.pool.ReplicaPool`), each
+stepped by its own :class:`ContinuousBatcher` (requests go through
+:class:`BatchedRunner`); a sequence is pinned to one replica for its whole life and a
+request without a sequence goes to the least-loaded replica. A plain :class:`Model` runs in the caller's task
 (:class:`PlainRunner`; its sequences still run in order through a
 :class:`SequenceActor`). The host parses each request's sequence controls once, answers
 ``sequence_cancel`` itself, and counts the requests in flight."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
-import attrs
 import trio
 
 from ..api import EndReason, ModelState, OneByOne, ResponseIterator, SequenceControl
-from ..errors import BadInput, ModelFailed, ModelNotReady, Overloaded, ShuttingDown
+from ..errors import BadInput, ModelNotReady, Overloaded, ShuttingDown
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
-from .batched import BatchedRunner, least_loaded
+from .batched import BatchedRunner
 from .batcher import ContinuousBatcher
 from .counters import RequestCounters, StepCounters
 from .inflight import Inflight
 from .plain import PlainRunner
+from .pool import ReplicaPool
 from .replies import cancelled_response
-from .steploop import ReplicaHung
 from .supervisor import Supervisor
-
-log = logging.getLogger(__name__)
-
-#: seconds every replica's ``unload`` gets, together, when a model version stops
-UNLOAD_TIMEOUT = 10.0
-
-#: seconds between looks at a retiring replica's load (bounded by the grace period)
-RETIRE_POLL = 0.01
 
 
 async def _single(response: InferenceResponse) -> AsyncIterator[InferenceResponse]:
@@ -63,26 +53,39 @@ class ModelHost:
         metrics: ModelMetrics | None = None,
     ) -> None:
         self.metrics = metrics
-        self.settings = settings
         self.model_class = model_class  # resolved by the engine's repository
         self.batched = issubclass(self.model_class, BatchModel)
-        self.replicas: list[Model] = []
-        self.batchers: list[ContinuousBatcher] = []
-        self.supervisor: Supervisor | None = None
+        self.pool = ReplicaPool(settings, model_class, lambda: self.ready, metrics)
         self.state = ModelState.LOADING
         self._requests = Inflight(inflight)
         self._leftovers = Inflight(inflight)
         self._runner: PlainRunner | BatchedRunner | None = None
         self._scope = trio.CancelScope()
-        self._nursery: trio.Nursery | None = None
-        self._batcher_scopes: dict[ContinuousBatcher, trio.CancelScope] = {}
-        self._scaling = trio.Lock()
         self.counters = RequestCounters()
-        #: the step counters of replicas removed at run time (statistics keep them)
-        self.retired: list[StepCounters] = []
-        self._recycling: set[ContinuousBatcher] = set()  # worn out (max_requests_per_replica)
         #: why the model is not READY (set by whoever stops it), else ""
         self.reason = ""
+
+    @property
+    def settings(self) -> ModelSettings:
+        """This version's settings (``workers`` follows :meth:`set_workers`)."""
+        return self.pool.settings
+
+    @property
+    def replicas(self) -> list[Model]:
+        return self.pool.replicas
+
+    @property
+    def batchers(self) -> list[ContinuousBatcher]:
+        return self.pool.batchers
+
+    @property
+    def supervisor(self) -> Supervisor | None:
+        return self.pool.supervisor
+
+    @property
+    def retired(self) -> list[StepCounters]:
+        """The step counters of replicas removed at run time (statistics keep them)."""
+        return self.pool.retired
 
     @property
     def name(self) -> str:
@@ -122,18 +125,16 @@ class ModelHost:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    for _ in range(self.settings.workers):
-                        await self._add_replica()
-                    self.supervisor = Supervisor(
+                    await self.pool.start(nursery)
+                    supervisor = self.pool.supervisor = Supervisor(
                         self.replicas[0],
                         self.settings.sequence,
-                        self._replica_for_sequence,
+                        self.pool.replica_for_sequence,
                         name=f"model {self.name!r} version {self.version!r}",
                         metrics=self.metrics,
                     )
-                    await nursery.start(self.supervisor.run)
-                    self._runner = self._make_runner(nursery, self.supervisor)
+                    await nursery.start(supervisor.run)
+                    self._runner = self._make_runner(nursery, supervisor)
                     self.state = ModelState.READY
                     task_status.started()
                     await trio.sleep_forever()
@@ -141,67 +142,7 @@ class ModelHost:
             self.state = ModelState.UNAVAILABLE
             if isinstance(self._runner, BatchedRunner):
                 self._runner.closed = True
-            with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
-                for model in self.replicas:  # their batchers have stopped stepping them
-                    try:
-                        await model.unload()
-                    except Exception:
-                        log.exception("model %r: unload raised", self.name)
-
-    async def _add_replica(self) -> None:
-        """Load one more replica (and start its batcher) in the host's nursery."""
-        assert self._nursery is not None
-        model = self.model_class(self.settings)
-        await model.load()
-        if isinstance(model, BatchModel):
-            batcher = ContinuousBatcher(
-                model,
-                max_batch_size=model.max_batch_size,
-                max_batch_time=self.settings.max_batch_time,
-                max_pending=self.settings.max_pending,
-                name=f"{self.name}:{self.version} replica {len(self.replicas)}",
-            )
-            batcher.counters.metrics = self.metrics  # its steps and waits also go to Prometheus
-            scope = self._batcher_scopes[batcher] = trio.CancelScope()
-            await self._nursery.start(self._run_batcher, batcher, scope)
-            self.batchers.append(batcher)
-        self.replicas.append(model)
-
-    async def _run_batcher(
-        self, batcher: ContinuousBatcher, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
-    ) -> None:
-        try:
-            with scope:
-                await batcher.run(task_status=task_status)
-        except ReplicaHung:  # its items failed with it
-            await self._replace_hung(batcher)
-        finally:
-            self._batcher_scopes.pop(batcher, None)
-            if batcher.model not in self.replicas and not batcher.hung:  # retired by scaling down
-                with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT):
-                    try:
-                        await batcher.model.unload()
-                    except Exception:
-                        log.exception("model %r: unload raised", self.name)
-
-    async def _replace_hung(self, batcher: ContinuousBatcher) -> None:
-        """Take out a replica whose step hung (its items failed), end its sequences
-        (``failed``) and load another in its place. The hung one is not unloaded: its
-        abandoned thread may still be inside its step."""
-        self.retired.append(batcher.counters)
-        batcher.counters.replaced("hung")  # counted as taken out (its successor may fail to load: logged)
-        if batcher in self.batchers:
-            del self.replicas[self.batchers.index(batcher)]
-            self.batchers.remove(batcher)
-        if self.supervisor is not None:
-            self.supervisor.end_pinned(batcher, EndReason.FAILED, graceful=False)
-        async with self._scaling:
-            if self.state is ModelState.READY:
-                log.warning("model %r: loading a replica in place of the hung one", self.name)
-                try:
-                    await self._add_replica()
-                except Exception:
-                    log.exception("model %r: loading a replica in place of a hung one failed", self.name)
+            await self.pool.unload()
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).
@@ -213,76 +154,10 @@ class ModelHost:
         sequence was shut down). :class:`BadInput` for fewer than 1."""
         if workers < 1:
             raise BadInput(f"workers must be >= 1, got {workers}")
-        async with self._scaling:
+        async with self.pool.scaling:
             if self.state is not ModelState.READY:
                 raise ModelNotReady(f"model {self.name!r} version {self.version!r} is {self.state.lower()}")
-            while len(self.replicas) < workers:
-                try:
-                    await self._add_replica()
-                except Exception as exc:  # the model's own load failed: say so, keep serving
-                    raise ModelFailed.wrap(self.name, exc, "to load a new replica") from None
-            if isinstance(self._runner, PlainRunner):
-                self._runner.resize(workers)
-                await self._retire_plain(workers, grace)
-            else:
-                while len(self.batchers) > workers:
-                    await self._retire_batcher(grace)
-            self.settings = attrs.evolve(self.settings, workers=workers)
-
-    async def _recycle(self, batcher: ContinuousBatcher) -> None:
-        """``batcher`` admitted ``max_requests_per_replica``: load a fresh replica for new
-        work; the worn one finishes what it holds and the sequences pinned to it (they
-        end as they would), then stops and is unloaded, freeing what its model kept."""
-        async with self._scaling:
-            if self.state is not ModelState.READY or batcher not in self.batchers:
-                return
-            try:
-                await self._add_replica()
-            except Exception:
-                log.exception("model %r: loading a fresh replica failed; the worn one serves on", self.name)
-                return
-            del self.replicas[self.batchers.index(batcher)]
-            self.batchers.remove(batcher)
-        batcher.counters.replaced("recycled")
-        log.info(
-            "model %r: %s recycled after %d requests (max_requests_per_replica)",
-            self.name,
-            batcher.name,
-            batcher.counters.queue_count,
-        )
-        assert self.supervisor is not None
-        while batcher.load or self.supervisor.pinned_count(batcher):  # noqa: ASYNC110 (as below)
-            await trio.sleep(RETIRE_POLL)
-        self.retired.append(batcher.counters)
-        scope = self._batcher_scopes.get(batcher)
-        if scope is not None:
-            scope.cancel()  # its task unloads it (no longer a replica)
-        self._recycling.discard(batcher)
-
-    async def _retire_batcher(self, grace: float) -> None:
-        assert self.supervisor is not None
-        batcher = self.batchers.pop()  # routes nothing new to it from now on
-        self.replicas.pop()
-        self.supervisor.end_pinned(batcher, EndReason.SHUTDOWN, graceful=True)
-        with trio.move_on_after(grace):
-            # A look at a count that many paths change (no event to wait on), bounded by
-            # the grace period; scaling is rare.
-            while batcher.load:  # noqa: ASYNC110
-                await trio.sleep(RETIRE_POLL)
-        self.supervisor.end_pinned(batcher, EndReason.SHUTDOWN, graceful=False)
-        self.retired.append(batcher.counters)
-        scope = self._batcher_scopes.get(batcher)
-        if scope is not None:
-            scope.cancel()  # the batcher fails what it still holds (ShuttingDown)
-
-    async def _retire_plain(self, workers: int, grace: float) -> None:
-        runner = self._runner
-        assert isinstance(runner, PlainRunner)
-        with trio.move_on_after(grace):
-            while runner.trim() > workers:  # noqa: ASYNC110 (as above)
-                await trio.sleep(RETIRE_POLL)
-        # a replica still busy after the grace period is dropped once its calls return
-        del self.replicas[max(runner.trim(), workers) :]
+            await self.pool.resize(workers, grace, self._runner)
 
     def _make_runner(self, nursery: trio.Nursery, supervisor: Supervisor) -> PlainRunner | BatchedRunner:
         model = self.replicas[0]
@@ -306,15 +181,7 @@ class ModelHost:
         with trio.move_on_after(grace):
             await self._requests.wait_idle()
 
-    # -- routing -----------------------------------------------------------------------
-
-    def _replica_for_sequence(self) -> ContinuousBatcher | None:
-        """The replica serving the fewest open sequences (then the least loaded): a
-        sequence stays on its replica for its whole life, so spread them."""
-        supervisor = self.supervisor
-        if not self.batchers or supervisor is None:
-            return least_loaded(self.batchers) if self.batchers else None
-        return min(self.batchers, key=lambda b: (supervisor.pinned_count(b), b.load))
+    # -- admission ---------------------------------------------------------------------
 
     def _enter(self) -> PlainRunner | BatchedRunner:
         if self.state is not ModelState.READY:
@@ -322,13 +189,7 @@ class ModelHost:
                 raise ModelNotReady(f"model {self.name!r} version {self.version!r} is still loading")
             raise ShuttingDown(f"model {self.name!r} version {self.version!r} is shutting down")
         assert self._runner is not None
-        for batcher in self.batchers if self.settings.max_requests_per_replica else ():
-            if (
-                batcher.counters.queue_count >= self.settings.max_requests_per_replica
-                and batcher not in self._recycling
-            ):
-                self._recycling.add(batcher)
-                self._nursery.start_soon(self._recycle, batcher)  # type: ignore[union-attr]
+        self.pool.recycle_worn()
         self._requests.enter()
         return self._runner
 

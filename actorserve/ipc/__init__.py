@@ -5,7 +5,7 @@
 by :func:`open_engine_client`) a front's. See docs/architecture.md, "Processes".
 """
 
-from .calls import LinkStatistics, RemoteResponses
+from .call_ends import LinkStatistics, RemoteResponses
 from .client import EngineClient, open_engine_client
 from .engine_side import FrontConnection, open_unix_listener, serve_fronts
 from .frames import LinkLimits

@@ -40,10 +40,10 @@ from ..api import (
     RepositoryEntry,
     ResponseIterator,
 )
-from ..engine import raise_single
 from ..errors import Overloaded, ShuttingDown
+from ..exceptiongroups import raise_single
 from ..types import InferenceRequest, InferenceResponse
-from .calls import LinkStatistics, RemoteResponses, _ClientCall
+from .call_ends import LinkStatistics, RemoteResponses, _ClientCall
 from .frames import (
     DEFAULT_LIMITS,
     Ack,

@@ -26,7 +26,7 @@ from ..api import EngineAPI, ResponseIterator
 from ..catalog import Watchers
 from ..errors import ActorServeError, BadInput, ModelFailed
 from ..types import InferenceRequest, InferenceResponse
-from .calls import RequestFeed
+from .call_ends import RequestFeed
 from .frames import (
     DEFAULT_LIMITS,
     Ack,

@@ -3,7 +3,7 @@ sequences bound to the token that opened them (``bind_sequences_to_token``).
 
 A door learns the caller's token before it reads the request: REST from the
 ``Authorization`` header (:class:`OwnerScope`, around the REST app), gRPC from the call's
-metadata (:func:`.grpc.calls.guarded`). It sets :data:`OWNER` to the token's
+metadata (:func:`.grpc.interceptor.guarded`). It sets :data:`OWNER` to the token's
 :func:`fingerprint` for the task serving the request; the gRPC bridge carries it over the
 hop from asyncio to trio (:func:`.grpc.bridge.to_trio`), and trio copies it into every
 task that task starts. :class:`OwnerStamp`, the engine every door is given, writes it into

@@ -34,7 +34,7 @@ from actorserve.server import Server, serve
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
 from actorserve.transport.openai import OpenAIRoutes
-from actorserve.transport.rest.management import auth_scope as management_scope
+from actorserve.transport.rest.management_routes import auth_scope as management_scope
 from actorserve.transport.torchserve import TorchServeInference, TorchServeManagement
 
 TOKEN = "s3cret-token-for-tests"

@@ -4,9 +4,9 @@ SSE and gRPC ModelStreamInfer: each is answered by one replica and its running s
 are exact. Then one replica is killed with SIGKILL: its sequences get the distinct
 ``sequence_not_held`` error from a survivor (never a fresh sum), the others go on,
 and new sequences land on the survivors. One survivor runs the multi-process shape
-(a front and the engine), so the error crosses the engine link too. Last, another is
-drained with SIGTERM: its open sequences finish on it, new starts go to the last
-one, and it stops as soon as its last sequence has ended.
+(two fronts and the engine, as deploy/ runs it), so the error crosses the engine link
+too. Last, that one is drained with SIGTERM: its open sequences finish on it, new
+starts go to the last one, and it stops as soon as its last sequence has ended.
 
 HAProxy is Debian's package (``.ci/run`` installs it); its listening ports are picked
 free just before it starts (HAProxy cannot report a port-0 bind)."""
@@ -129,10 +129,11 @@ def test_thirty_sequences_through_haproxy_survive_a_killed_replica(tmp_path: Pat
     replicas: dict[str, tuple[ServerProcess, str, str]] = {}
     proxy: subprocess.Popen[bytes] | None = None
     try:
-        # r1 drains on SIGTERM (one process); r3 is a front and an engine process
-        replicas["r1"] = replica("r1", "--api-workers", "0", "--drain-timeout", "60")
+        # r1 drains on SIGTERM in the shape deploy/ runs (fronts and an engine process;
+        # the one-process drain: tests/e2e/test_replicas.py); r2 and r3 are one process each
+        replicas["r1"] = replica("r1", "--api-workers", "2", "--drain-timeout", "60")
         replicas["r2"] = replica("r2", "--api-workers", "0")
-        replicas["r3"] = replica("r3", "--api-workers", "1")
+        replicas["r3"] = replica("r3", "--api-workers", "0")
         env = {
             **os.environ,
             "ACTORSERVE_PROXY_REST": f"127.0.0.1:{free_port()}",

@@ -162,7 +162,9 @@ async def test_cuda_loads_in_bf16_by_default_and_greedy_matches(folders: dict[st
     oracle = Oracle(folders["llama"], dtype=torch.bfloat16)
     data = {"name": "llm", "implementation": "transformers"}
     with trio.fail_after(TIMEOUT):
-        async with actorserve.open_engine([model_settings_from_dict(data, folder=folders["llama"])]) as engine:
+        async with actorserve.open_engine(
+            [model_settings_from_dict(data, folder=folders["llama"])]
+        ) as engine:
             model = engine.model("llm")
             assert isinstance(model, TransformersModel)
             assert model.device.type == "cuda"

@@ -463,7 +463,7 @@ def test_management_service_serves_every_rpc_of_its_proto() -> None:
     """``actorserve.v1.Management``: the handlers we register are the generated service's
     routes, with its message types (management.proto is ours: no Triton reference)."""
     from actorserve.proto.actorserve import v1
-    from actorserve.transport.grpc.management import ManagementService
+    from actorserve.transport.grpc.management_service import ManagementService
 
     class NoCalls:
         def _tracked(self, func: Any) -> Any:

@@ -15,6 +15,7 @@ from grpclib.server import Stream
 
 from ...proto.inference import InferParameter
 from ...proto.upb import DecodedRequest
+from ...replica import new_sequence_id
 from .h2 import Wire
 from .metadata import add_initial_metadata
 
@@ -74,20 +75,56 @@ def echo_sequence(stream: Stream[Any, Any], sequence_id: str | None) -> None:
         add_initial_metadata(stream, SEQUENCE_METADATA, sequence_id)
 
 
+def give_start_an_id(message: Any, replica: str) -> str | None:
+    """Give ``message`` (a decoded ``ModelInferRequest``, upb's or betterproto2's) a
+    server-made ``sequence_id`` naming ``replica`` when it starts a sequence without
+    one, as the engine would (:func:`~actorserve.replica.mint_id`); return that id, or
+    None when it is not such a start."""
+    if isinstance(message, DecodedRequest):
+        parameters = message.request.parameters
+        if parameters.get("sequence_id") not in (None, "", 0) or not _true(parameters.get("sequence_start")):
+            return None
+        parameters["sequence_id"] = sequence_id = new_sequence_id(replica)
+        return sequence_id
+    start = message.parameters.get("sequence_start")
+    if parameter_sequence_id(message.parameters) is not None or not getattr(start, "bool_param", False):
+        return None
+    sequence_id = new_sequence_id(replica)
+    message.parameters["sequence_id"] = InferParameter(string_param=sequence_id)
+    return sequence_id
+
+
+def _true(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return value is True or (isinstance(value, int) and value == 1)
+
+
 class SequenceWire(Wire):
     """A :class:`Wire` whose every message is checked against the call's
-    ``sequence-id`` metadata (:func:`agree_on_sequence`) as it is read."""
+    ``sequence-id`` metadata (:func:`agree_on_sequence`) as it is read.
 
-    __slots__ = ("sequence_id",)
+    ``name_first_start`` (ModelStreamInfer, a call without the metadata): when the
+    first message starts a sequence without an id, it is given its server-made id here
+    and that id goes into the call's initial metadata, which grpclib sends with the
+    first response; so a proxy or client learns it from the answer's headers, as with
+    ModelInfer."""
+
+    __slots__ = ("name_first_start", "sequence_id")
 
     def __init__(self, stream: Stream[Any, Any], recv_type: Any, *, max_bytes: int, min_bytes: int) -> None:
         super().__init__(stream, recv_type, max_bytes=max_bytes, min_bytes=min_bytes)
         self.sequence_id = metadata_sequence_id(stream)
+        #: the replica id to name the first message's new sequence with (None: do not)
+        self.name_first_start: str | None = None
 
     async def recv(self) -> Any:
         message = await super().recv()
         if message is not None:
             agree_on_sequence(message, self.sequence_id)
+            if self.name_first_start is not None and self.sequence_id is None:
+                echo_sequence(self.stream, give_start_an_id(message, self.name_first_start))
+        self.name_first_start = None
         return message
 
 
@@ -96,6 +133,7 @@ __all__ = [
     "SequenceWire",
     "agree_on_sequence",
     "echo_sequence",
+    "give_start_an_id",
     "metadata_sequence_id",
     "parameter_sequence_id",
 ]

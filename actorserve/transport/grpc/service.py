@@ -62,9 +62,9 @@ from ..auth import Guard
 from ..exchange import Exchange, Recorder
 from ..triton import UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
 from .bridge import to_trio
-from .calls import call_exchange, guarded
 from .h2 import GrpclibServer, Wire
-from .management import ManagementService
+from .interceptor import call_exchange, guarded
+from .management_service import ManagementService
 from .routing import SequenceWire, echo_sequence, parameter_sequence_id
 from .status import log, shutting_down, status_error
 from .streams import MLServerStream, StreamCall, TritonStream
@@ -83,7 +83,7 @@ EXTENSIONS: Final = (
 )
 
 #: The RPCs of this service that manage models (the auth seam: with
-#: ``actorserve.v1.Management``, see .management, these need a management token).
+#: ``actorserve.v1.Management``, see .management_service, these need a management token).
 MANAGEMENT_METHODS: Final = ("RepositoryModelLoad", "RepositoryModelUnload")
 
 #: Metadata header with which a Triton client asks for a gRPC status instead of an
@@ -422,6 +422,7 @@ class InferenceService:
         wire = self._wire(stream, InferRequestDecoder)
         if isinstance(wire, SequenceWire):
             echo_sequence(stream, wire.sequence_id)
+            wire.name_first_start = replica_id(self.settings.replica_id)
         max_inflight, draining = self.settings.grpc_stream_max_inflight, self.drain_started
         call: StreamCall
         if self.settings.grpc_stream_dialect == "mlserver":

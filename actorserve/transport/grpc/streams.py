@@ -84,7 +84,8 @@ async def _recorded(
     outbox: Outbox,
     wrap: Callable[[InferenceResponse], Any],
 ) -> None:
-    """Pump ``engine_call``'s responses, recording ``exchange`` if there is a ``recorder``; errors propagate."""
+    """Pump ``engine_call``'s responses, recording the request (``exchange``) if there
+    is a ``recorder``; errors propagate."""
     outcome: int | None = None
     if recorder is not None:
         recorder.open(exchange)

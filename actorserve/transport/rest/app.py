@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI
 from ...metrics import CONTENT_TYPE, Metrics
+from ...replica import replica_id
 from ...settings import Settings
 from ..access import AccessLog
 from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
@@ -32,13 +33,14 @@ from ..openai import OpenAIRoutes
 from ..playground import register_playground
 from ..receive import body_deadline, too_large
 from ..torchserve import TorchServeInference, TorchServeManagement, not_on_management_port, on_management_port
-from ..torchserve.calls import TsError
+from ..torchserve.errors import TsError
 from ..torchserve.rest import send_error as send_ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .cors import Cors
-from .management import MANAGEMENT_PREFIX, ManagementViews, register_management
-from .management import auth_scope as management_scope
+from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
+from .management_routes import auth_scope as management_scope
 from .openapi import DOCUMENT_PATH, openapi_document
+from .sequence_headers import naming_for
 from .target import refusal
 from .views import RestViews, http_error_reply, response
 from .wire import GZIP_HEADERS, HttpReply, json_reply, method_not_allowed_reply, too_large_reply
@@ -83,7 +85,8 @@ class RestApp:
         self.fast_path = fast_path
         self.recorder = recorder
         self.guard = guard if guard is not None and guard.active else None
-        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder)
+        naming = naming_for(settings.sequence_headers, replica_id(settings.replica_id))
+        self.raw = RawRoutes(engine, settings.max_body_bytes, settings.gzip_min_bytes, recorder, naming)
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.openai = OpenAIRoutes(engine, settings.max_body_bytes)
         #: TorchServe's inference paths (/ping, /predictions, /explanations)
@@ -282,7 +285,7 @@ def create_app(
     route("/v2/repository/index", "repository_index", ("GET", "POST"))
     route("/v2/models/stats", "model_stats", ("GET",))  # every model's (Triton)
     # Management (load, unload, workers, default version, describe): one place, see
-    # management.py; the token check (transport/auth.py) covers them by their prefix.
+    # management_routes.py; the token check (transport/auth.py) covers them by their prefix.
     register_management(app, ManagementViews(engine, settings))
     document = openapi_document()
 

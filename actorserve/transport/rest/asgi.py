@@ -36,6 +36,7 @@ from .generate import (
     generate_request_from_query,
     parse_generate_body,
 )
+from .sequence_headers import OIP, SequenceNaming, answer_headers, sequence_flags
 from .sse import EVENT_STREAM_HEADERS, write_events
 from .wire import (
     GZIP_HEADERS,
@@ -50,7 +51,6 @@ from .wire import (
     error_reply,
     gzip,
     json_reply,
-    sequence_header,
     should_gzip,
     too_large_reply,
 )
@@ -131,9 +131,11 @@ async def infer_reply(
     """Decode, infer, encode; every failure is an error reply, never an exception."""
     try:
         request, encoding = await decode_off_loop(decode_infer_request, body, headers, limit)
+        flags = sequence_flags(request)
         response = await engine.infer(request, model=name, version=version)
         note_response(exchange, response)
-        return encode_infer_response(response, encoding)
+        head = await answer_headers(engine, response, headers.naming, flags)
+        return encode_infer_response(response, encoding, head)
     except Exception as exc:
         note_error(exchange, exc)
         return reply_for(exc, limit)
@@ -146,11 +148,15 @@ class RawRoutes:
     """The handlers of the raw paths over one engine. ``limit`` is ``max_body_bytes``;
     ``gzip_min`` is ``gzip_min_bytes``."""
 
-    def __init__(self, engine: EngineAPI, limit: int, gzip_min: int, recorder: Recorder) -> None:
+    def __init__(
+        self, engine: EngineAPI, limit: int, gzip_min: int, recorder: Recorder, naming: SequenceNaming = OIP
+    ) -> None:
         self.engine = engine
         self.recorder = recorder
         self._limit = limit
         self._gzip_min = gzip_min
+        #: the sequence id's headers (``--sequence-headers``)
+        self.naming = naming
 
     async def serve(
         self,
@@ -165,7 +171,7 @@ class RawRoutes:
         """Serve ``op`` (``infer``, ``generate``, ``infer_stream``, ``generate_stream``)
         for a method the route allows (the caller checked); what happens goes into
         ``exchange`` (metrics, access log)."""
-        headers = RequestHeaders.from_asgi(scope["headers"])
+        headers = RequestHeaders.from_asgi(scope["headers"], self.naming)
         try:
             body = await read_body(receive, self._limit, headers.content_length)
         except Disconnected:
@@ -196,11 +202,11 @@ class RawRoutes:
     ) -> None:
         try:
             request, encode = await self._generate_request(name, version, body, headers)
+            flags = sequence_flags(request)
             response = await self.engine.infer(request, model=name, version=version)
             note_response(exchange, response)
-            reply = HttpReply(
-                200, [("Content-Type", "application/json"), *sequence_header(response)], encode(response)
-            )
+            head = await answer_headers(self.engine, response, headers.naming, flags)
+            reply = HttpReply(200, [("Content-Type", "application/json"), *head], encode(response))
         except Exception as exc:
             note_error(exchange, exc)
             reply = reply_for(exc, self._limit)
@@ -261,6 +267,7 @@ class RawRoutes:
             exchange.stream_error = http_status(error)
 
         started = False
+        flags = sequence_flags(request)
         try:
             async with self.engine.infer_stream(request, model=name, version=version) as responses:
                 try:
@@ -269,7 +276,8 @@ class RawRoutes:
                     first = []
                 start_headers = list(_EVENT_STREAM_HEADERS)
                 if first:
-                    start_headers += _asgi_headers(sequence_header(first[0]))
+                    head = await answer_headers(self.engine, first[0], headers.naming, flags)
+                    start_headers += _asgi_headers(head)
                     note_response(exchange, first[0])
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": start_headers})

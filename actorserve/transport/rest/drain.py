@@ -28,7 +28,7 @@ from ...errors import ShuttingDown
 from ..errors import RETRY_AFTER_SECONDS
 from ..exchange import EXCHANGE_KEY
 from ..openai.encode import DONE, error_status_and_body, stream_error
-from ..torchserve.calls import ts_error
+from ..torchserve.errors import ts_error
 from .asgi import ASGIReceive, ASGIScope, ASGISend
 from .sse import END_FRAME, error_frame
 

@@ -1,7 +1,7 @@
 """The Quart views of the endpoints off the hot path: health, server and model
 metadata, readiness, Triton's model config and statistics, the repository index, and
 ``infer`` when the raw path is turned off (for comparisons). The management routes
-(load, unload, workers, ...) are in :mod:`.management`.
+(load, unload, workers, ...) are in :mod:`.management_routes`.
 
 Views call only :class:`~actorserve.api.EngineAPI` and raise domain errors; the error
 handler registered in :mod:`.app` turns them into JSON with the table's status.
@@ -18,11 +18,13 @@ from werkzeug.exceptions import HTTPException
 
 from ...api import EngineAPI, ModelMetadata, ModelState, TensorMetadata, bool_parameter
 from ...errors import BadInput, ModelNotReady
+from ...replica import replica_id
 from ...settings import Settings
 from ...version import __version__
 from ..exchange import Exchange
 from ..triton import config_json, statistics_json
 from .asgi import infer_reply
+from .sequence_headers import naming_for
 from .wire import (
     EXTENSIONS,
     HttpReply,
@@ -147,7 +149,8 @@ class RestViews:
 
     async def infer(self, name: str, version: str | None = None) -> Response:
         body = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        headers = RequestHeaders.from_lookup(request.headers.get)
+        naming = naming_for(self.settings.sequence_headers, replica_id(self.settings.replica_id))
+        headers = RequestHeaders.from_lookup(request.headers.get, naming)
         extensions: Any = request.scope.get("extensions") or {}
         exchange: Exchange | None = extensions.get("actorserve")  # set by RestApp
         limit = self.settings.max_body_bytes

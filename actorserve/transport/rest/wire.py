@@ -24,6 +24,7 @@ from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .. import compression
 from ..errors import RETRY_AFTER_SECONDS, BodyTooLarge, client_message, http_status
+from .sequence_headers import OIP, SequenceNaming
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +71,41 @@ class RequestHeaders:
     inference_header_length: str | None = None
     #: (request parameter, header value) for each ``sequence-*`` header sent.
     sequence: tuple[tuple[str, str], ...] = ()
+    #: which header carries the sequence id, and how answers name it (``--sequence-headers``)
+    naming: SequenceNaming = OIP
 
     @classmethod
-    def from_asgi(cls, raw: Iterable[tuple[bytes, bytes]]) -> RequestHeaders:
+    def from_asgi(cls, raw: Iterable[tuple[bytes, bytes]], naming: SequenceNaming = OIP) -> RequestHeaders:
         """From an ASGI scope's header list (names are lower-case there)."""
         values: dict[str, str] = {}
         for name, value in raw:
             key = name.decode("latin-1")
-            if key in _WANTED_HEADERS:
+            if key in _WANTED_HEADERS or key == naming.request:
                 values[key] = value.decode("latin-1")
-        return cls._from_values(values)
+        return cls._from_values(values, naming)
 
     @classmethod
-    def from_lookup(cls, get: Callable[[str], str | None]) -> RequestHeaders:
+    def from_lookup(cls, get: Callable[[str], str | None], naming: SequenceNaming = OIP) -> RequestHeaders:
         """From a case-insensitive lookup such as Quart's ``request.headers.get``."""
-        values = {key: value for key in _WANTED_HEADERS if (value := get(key)) is not None}
-        return cls._from_values(values)
+        wanted = (*_WANTED_HEADERS, naming.request)
+        values = {key: value for key in wanted if (value := get(key)) is not None}
+        return cls._from_values(values, naming)
 
     @classmethod
-    def _from_values(cls, values: dict[str, str]) -> RequestHeaders:
-        if not values:
+    def _from_values(cls, values: dict[str, str], naming: SequenceNaming) -> RequestHeaders:
+        if not values and naming is OIP:
             return _NO_HEADERS
+        # the preset's id header stands in for sequence-id (one routing key, never two)
+        names = {**SEQUENCE_HEADERS, naming.request: "sequence_id"}
+        if naming.request != "sequence-id":
+            del names["sequence-id"]
         return cls(
             content_length=values.get("content-length"),
             content_encoding=values.get("content-encoding"),
             accept_encoding=values.get("accept-encoding"),
             inference_header_length=values.get("inference-header-content-length"),
-            sequence=tuple(
-                (param, values[header]) for header, param in SEQUENCE_HEADERS.items() if header in values
-            ),
+            sequence=tuple((param, values[header]) for header, param in names.items() if header in values),
+            naming=naming,
         )
 
 
@@ -343,6 +350,8 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
         value = value.strip()
         if param == "sequence_id" and value in ("", "0"):
             continue
+        if param == "sequence_id" and value == headers.naming.new_value:
+            param, value = "sequence_start", "true"  # SageMaker's NEW_SESSION
         existing = request.parameters.get(param)
         if existing is None:
             request.parameters[param] = value
@@ -356,15 +365,19 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
                 f"header {param.replace('_', '-')!r} ({value!r}) disagrees with parameter "
                 f"{param!r} ({existing!r})"
             )
+    headers.naming.give_id(request)  # SageMaker's preset: its own id format for a start
 
 
 # -- responses ---------------------------------------------------------------------------
 
 
-def encode_infer_response(response: InferenceResponse, encoding: OutputEncoding = JSON_OUTPUTS) -> HttpReply:
+def encode_infer_response(
+    response: InferenceResponse, encoding: OutputEncoding = JSON_OUTPUTS, named: Headers | None = None
+) -> HttpReply:
     """The 200 reply to an infer request: OIP JSON, or Triton's binary tensor layout
-    (JSON header + raw output data) when the request asked for binary outputs."""
-    headers = sequence_header(response)
+    (JSON header + raw output data) when the request asked for binary outputs. ``named``:
+    the headers naming the sequence (None: :func:`sequence_header`)."""
+    headers = sequence_header(response) if named is None else list(named)
     if not encoding.any_binary:
         headers.append(("Content-Type", JSON_CONTENT_TYPE))
         return HttpReply(200, headers, json_bytes(response_to_json(response)))

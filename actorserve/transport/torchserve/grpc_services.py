@@ -37,8 +37,9 @@ from ...settings import Settings
 from ...torchserve import envelope
 from ..grpc.bridge import to_aio, to_trio
 from ..grpc.h2 import Wire
-from .calls import Call, Predictor, TsError, TsRefusal, answer_error, first_answers, ts_error
-from .management import Management, Reply
+from .errors import TsError, TsRefusal, answer_error, ts_error
+from .management_ops import Management, Reply
+from .predictions import Call, Predictor, first_answers
 
 INFERENCE: Final = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/"
 MANAGEMENT: Final = "/org.pytorch.serve.grpc.management.ManagementAPIsService/"

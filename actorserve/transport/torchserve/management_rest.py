@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl
 
 from ...api import EngineAPI
 from ..auth import Scope
-from .calls import TsError, ts_error
-from .management import Management, Reply, _int_option
+from .errors import TsError, ts_error
+from .management_ops import Management, Reply, _int_option
 from .rest import ASGIReceive, ASGIScope, ASGISend, send_error, send_json
 
 

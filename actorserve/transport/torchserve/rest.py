@@ -26,8 +26,9 @@ from ...torchserve import envelope
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..receive import Disconnected, cancel_on_disconnect, read_body
-from .calls import Call, Predictor, TsError, answer_error, first_answers, ts_error
+from .errors import TsError, answer_error, ts_error
 from .forms import split_body
+from .predictions import Call, Predictor, first_answers
 
 ASGIScope = Mapping[str, Any]
 ASGIReceive = Callable[[], Awaitable[Any]]

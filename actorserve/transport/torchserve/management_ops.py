@@ -2,8 +2,8 @@
 the REST routes (:mod:`.management_rest`) and the gRPC ``ManagementAPIsService``.
 
 Each operation returns a :class:`Reply` (HTTP status + TorchServe's JSON) or raises a
-domain error or a :class:`~.calls.TsRefusal` in TorchServe's words (both mapped by
-:func:`~.calls.ts_error`). Everything is synchronous: a scale or
+domain error or a :class:`~.errors.TsRefusal` in TorchServe's words (both mapped by
+:func:`~.errors.ts_error`). Everything is synchronous: a scale or
 a registration is answered once it is done.
 """
 
@@ -18,7 +18,7 @@ import attrs
 from ...api import EngineAPI, ModelDescription, ModelInfo, ReplicaDescription
 from ...errors import BadInput, ModelNotFound
 from ...modelsettings import check_name
-from .calls import TsError, TsRefusal, model_not_found, version_not_found
+from .errors import TsError, TsRefusal, model_not_found, version_not_found
 
 
 @attrs.frozen

@@ -1,11 +1,11 @@
 """``actorserve.v1.Management``: the management API beyond the OIP over gRPC (describe a
 model, set its workers, set its default version), typed against
 :class:`~actorserve.api.EngineAPI` only. The REST routes of
-:mod:`actorserve.transport.rest.management` mean the same.
+:mod:`actorserve.transport.rest.management_routes` mean the same.
 
 :meth:`ManagementService.__mapping__` holds every management RPC, and only them; the
 token check wraps every handler of the server by service and method name
-(:func:`.calls.guarded`). The OIP's own repository RPCs (RepositoryModelLoad / Unload)
+(:func:`.interceptor.guarded`). The OIP's own repository RPCs (RepositoryModelLoad / Unload)
 live in ``GRPCInferenceService``; ``service.MANAGEMENT_METHODS`` names them.
 """
 
