@@ -4,7 +4,7 @@
 
     python benchmarks/llm_vs_mlserver.py [--streams 1,8,32] [--prompt 128] [--tokens 128]
         [--width 384] [--layers 6] [--threads 1] [--rounds 1]
-        [--mlserver /tmp/bench/mlserver/bin/mlserver]
+        [--api-workers N] [--actorserve-only] [--mlserver /tmp/bench/mlserver/bin/mlserver]
 
 Builds the GPT-2 checkpoint of ``benchmarks/llm_throughput.py`` (width 384, 6 layers, a
 4096-token byte-level BPE vocabulary: 12.6 M parameters) in a temporary folder; serves
@@ -291,6 +291,7 @@ async def main(args: argparse.Namespace) -> None:
                 str(port),
                 "--grpc-port",
                 "off",
+                *([] if args.api_workers is None else ["--api-workers", str(args.api_workers)]),
                 str(folder),
             ],
             {"PYTHONPATH": str(ROOT)},
@@ -299,6 +300,8 @@ async def main(args: argparse.Namespace) -> None:
             work,
             args,
         )
+        if args.actorserve_only:
+            return
         port = free_port()
         (ml_repo / "settings.json").write_text(
             json.dumps(
@@ -346,5 +349,11 @@ if __name__ == "__main__":
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--api-workers", type=int, default=None, help="actorserve's --api-workers (default: its own)"
+    )
+    parser.add_argument(
+        "--actorserve-only", action="store_true", help="skip MLServer (its figures vary less)"
+    )
     parser.add_argument("--mlserver", default="/tmp/bench/mlserver/bin/mlserver")
     trio.run(main, parser.parse_args())
