@@ -11,7 +11,6 @@ model's own. See docs/llm.md for the settings.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,19 +29,14 @@ from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, s
 from .checkpoint import chat_template, source_of
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .state import LLMState, LLMWork
+from .torchserve import TS_BODY, from_torchserve
 
-#: the input TorchServe's ``/predictions`` API passes the body in (``torchserve.envelope.BODY``)
-TS_BODY = "body"
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
 
 
 def _bytes(text: str) -> np.ndarray[Any, np.dtype[Any]]:
-    return _bytes_of(text.encode())
-
-
-def _bytes_of(value: bytes) -> np.ndarray[Any, np.dtype[Any]]:
     data = np.empty(1, dtype=object)
-    data[0] = value
+    data[0] = text.encode()
     return data
 
 
@@ -189,7 +183,9 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         tensor = request.input("text_input", required=False)
         body = request.input(TS_BODY, required=False) if tensor is None else None
         if body is not None:
-            request, tensor = self._from_torchserve(request, body)
+            request, tensor = from_torchserve(
+                request, body, self.name, self.request_parameters or frozenset()
+            )
         prompt = ""
         if tensor is not None:
             if tensor.datatype != "BYTES" or tensor.data.size != 1:
@@ -246,35 +242,6 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             top_p=top_p,
             seed=seed,
             stop=stop,
-        )
-
-    def _from_torchserve(self, request: InferenceRequest, body: Tensor) -> tuple[InferenceRequest, Tensor]:
-        """A request of TorchServe's ``/predictions`` API: its body is the prompt as text,
-        or a JSON object with the prompt in ``text_input`` (or ``prompt``) and the request
-        parameters beside it (``{"text_input": "Hi", "max_tokens": 8}``)."""
-        value = body.data.reshape(-1)[0] if body.datatype == "BYTES" and body.data.size == 1 else b""
-        raw = value if isinstance(value, bytes) else str(value).encode()
-        parameters = dict(request.parameters)
-        if "json" in str(body.parameters.get("content_type", "")) or raw.lstrip()[:1] == b"{":
-            try:
-                obj = json.loads(raw)
-            except ValueError as exc:
-                raise BadInput(f"input 'body': not JSON ({exc})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text_input", obj.get("prompt")), str):
-                raise BadInput(
-                    "input 'body': expected text, or a JSON object with a string 'text_input' or 'prompt'"
-                )
-            prompt = obj.pop("text_input", None) or obj.pop("prompt", "")
-            unknown = sorted(set(obj) - self.request_parameters)  # type: ignore[operator]
-            if unknown:
-                raise BadInput(
-                    f"input 'body': model {self.name!r} has no parameter {', '.join(map(repr, unknown))}; its "
-                    f"parameters are: {', '.join(sorted(self.request_parameters or ()))}"
-                )
-            parameters.update(obj)
-            raw = prompt.encode()
-        return attrs.evolve(request, parameters=parameters), Tensor(
-            "text_input", (1,), "BYTES", _bytes_of(raw)
         )
 
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
