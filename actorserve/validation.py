@@ -22,7 +22,7 @@ from .types import SEQUENCE_PARAMETERS, InferenceRequest
 
 #: Request parameters read by the engine or by a transport or client library, never by
 #: the model: never unknown. (Triton's binary-data and scheduling parameters, MLServer's
-#: ``content_type`` / ``headers``, the sequence controls.)
+#: ``content_type`` / ``headers``, TorchServe's ``ts_headers``, the sequence controls.)
 RESERVED_PARAMETERS: Final = SEQUENCE_PARAMETERS | frozenset(
     {
         "binary_data",
@@ -33,6 +33,7 @@ RESERVED_PARAMETERS: Final = SEQUENCE_PARAMETERS | frozenset(
         "triton_enable_empty_final_response",
         "content_type",
         "headers",
+        "ts_headers",  # TorchServe's request headers (torchserve.envelope.HEADERS)
     }
 )
 

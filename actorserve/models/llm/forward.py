@@ -1,22 +1,31 @@
-"""The two forward passes of the ``transformers`` runtime, over per-request KV caches.
+"""The two forward passes of the ``transformers`` runtime: prefill over a request's own
+KV cache, and the batched decode over one preallocated batch cache.
 
 A request's cache is a list of (keys, values) per layer, each ``[1, heads, length, dim]``,
 owned by the request (or its sequence) so that it can join and leave any batch.
 ``transformers``' own continuous batching (``generate_batch`` / the paged-attention
 manager) runs its own thread and scheduler and cannot be stepped by our batcher, so the
-batched decode here left-pads the caches into one ``DynamicCache`` for the step and
-takes each row's new position back out (see docs/llm.md).
+batched decode here left-pads the rows' caches once into a :class:`Batch` whose layers
+are preallocated with room to grow (see docs/llm.md): each step writes the new position
+of every row in place instead of copying the whole cache (``DynamicCache`` concatenates
+per step), and a row's cache is a view of the batch until it leaves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import torch
 
+RowT = TypeVar("RowT")
+
 #: one request's KV cache: (keys, values) per layer, each [1, heads, length, dim]
 KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+#: positions a batch cache grows by when it is full (and holds free after a re-pad)
+ROOM = 64
 
 
 def kv_length(kv: KV | None) -> int:
@@ -38,55 +47,6 @@ def crop(kv: KV | None, length: int) -> KV | None:
     return [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
 
 
-def _cache(kv: KV | None) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
-
-
-def _taken(cache: Any) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def prefill(
-    model: Any, kv: KV | None, chunks: list[list[int]], device: torch.device
-) -> tuple[list[KV], torch.Tensor]:
-    """Read ``chunks`` (of the same length; several only when ``kv`` is None) after
-    ``kv``: each chunk's new cache and the logits [B, V] of each chunk's last position."""
-    start = kv_length(kv)
-    cache = _cache(kv)
-    input_ids = torch.tensor(chunks, dtype=torch.long, device=device)
-    positions = (
-        torch.arange(start, start + len(chunks[0]), device=device).unsqueeze(0).expand(len(chunks), -1)
-    )
-    out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True)
-    taken = _taken(out.cache)
-    if len(chunks) == 1:
-        return [taken], out.logits[:, -1]
-    return [[(k[i : i + 1], v[i : i + 1]) for k, v in taken] for i in range(len(chunks))], out.logits[:, -1]
-
-
-class Batched:
-    """The padded cache of the last batched decode: ``rows`` (the works, by identity) and
-    each row's left padding. When the next step decodes the same rows, it goes on in this
-    cache (one copy of the batch per step, in ``DynamicCache``) instead of padding every
-    row's cache again."""
-
-    __slots__ = ("cache", "pads", "rows")
-
-    def __init__(self, rows: Sequence[object], cache: Any, pads: list[int]) -> None:
-        self.rows = rows
-        self.cache = cache
-        self.pads = pads
-
-    def row(self, i: int) -> KV:
-        """Row i's cache: views of the batch's tensors (:func:`owned` before keeping it)."""
-        pad = self.pads[i]
-        return [
-            (layer.keys[i : i + 1, :, pad:], layer.values[i : i + 1, :, pad:]) for layer in self.cache.layers
-        ]
-
-
 def owned(kv: KV | None) -> KV | None:
     """``kv`` in tensors of its own (a row of a batch would keep the whole batch alive)."""
     if not kv or kv[0][0]._base is None:
@@ -94,49 +54,185 @@ def owned(kv: KV | None) -> KV | None:
     return [(k.clone(), v.clone()) for k, v in kv]
 
 
-def decode(
-    model: Any,
-    rows: Sequence[object],
-    kvs: list[KV],
-    tokens: list[int],
-    device: torch.device,
-    last: Batched | None,
-) -> tuple[Batched, torch.Tensor]:
-    """One token for each row, all rows in one forward: the batch (each row's new cache
-    is ``row(i)``) and the logits [B, V].
+def _cache(kv: KV | None) -> Any:
+    from transformers import DynamicCache
 
-    Caches of different lengths are left-padded to the longest; the attention mask hides
-    the padding and each row gets its own position, so a row's result is the one it would
-    have alone (up to the rounding of a wider matrix product). ``last``: the previous
-    step's batch, continued when its rows are the same."""
-    count = len(rows)
-    if (
-        last is not None
-        and len(last.rows) == count
-        and all(a is b for a, b in zip(last.rows, rows, strict=True))
-    ):
-        cache, pads = last.cache, last.pads
-        longest = kv_length(kvs[0]) + pads[0]
-    else:
-        lengths = [kv_length(kv) for kv in kvs]
-        longest = max(lengths)
-        pads = [longest - n for n in lengths]
-        layers: KV = []
-        for layer in range(len(kvs[0])):
-            k0, v0 = kvs[0][layer]
-            keys = k0.new_zeros((count, k0.shape[1], longest, k0.shape[3]))
-            values = v0.new_zeros((count, v0.shape[1], longest, v0.shape[3]))
-            for i, kv in enumerate(kvs):
-                keys[i, :, pads[i] :] = kv[layer][0][0]
-                values[i, :, pads[i] :] = kv[layer][1][0]
-            layers.append((keys, values))
-        cache = _cache(layers)
-    input_ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
-    positions = torch.tensor([longest - pad for pad in pads], dtype=torch.long, device=device).unsqueeze(1)
-    mask = None
-    if any(pads):
-        mask = torch.ones((count, longest + 1), dtype=torch.long, device=device)
-        for i, pad in enumerate(pads):
-            mask[i, :pad] = 0
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-    return Batched(rows, out.cache, pads), out.logits[:, -1]
+    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+
+
+def prefill(
+    model: Any, kv: KV | None, chunks: list[list[int]], device: torch.device, *, last_only: bool = True
+) -> tuple[list[KV], torch.Tensor]:
+    """Read ``chunks`` (of the same length; several only when ``kv`` is None) after
+    ``kv``: each chunk's new cache and the logits [B, V] of each chunk's last position
+    (``last_only``: the model computes no other position's logits, as ``generate`` does)."""
+    start = kv_length(kv)
+    cache = _cache(kv)
+    input_ids = torch.tensor(chunks, dtype=torch.long, device=device)
+    positions = (
+        torch.arange(start, start + len(chunks[0]), device=device).unsqueeze(0).expand(len(chunks), -1)
+    )
+    extra = {"logits_to_keep": 1} if last_only else {}
+    out = model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, **extra)
+    taken = [(layer.keys, layer.values) for layer in out.cache.layers]
+    if len(chunks) == 1:
+        return [taken], out.logits[:, -1]
+    return [[(k[i : i + 1], v[i : i + 1]) for k, v in taken] for i in range(len(chunks))], out.logits[:, -1]
+
+
+@functools.cache
+def _slab() -> type:
+    """The cache layer of a :class:`Batch` (a class made on first use: ``transformers``
+    is an optional extra, imported only when a model loads)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Slab(DynamicLayer):  # type: ignore[no-untyped-call]
+        """One layer of a batch cache: keys and values in buffers [B, heads, capacity,
+        dim], of which the first ``length`` positions are used; ``update`` writes the
+        new positions in place and returns views (a ``DynamicLayer`` copies the whole
+        cache into a new tensor instead)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.buffers = (keys, values)
+            self.device = keys.device
+            self.is_initialized = True
+            self.length = length
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            end = self.length + key_states.shape[-2]
+            if end > self.buffers[0].shape[-2]:
+                self.grow(end + ROOM)
+            keys, values = self.buffers
+            keys[:, :, self.length : end] = key_states
+            values[:, :, self.length : end] = value_states
+            self.length = end
+            self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+            return self.keys, self.values
+
+        def grow(self, capacity: int) -> None:
+            """Move to buffers of ``capacity`` positions (one copy of the cache)."""
+            grown = []
+            for old in self.buffers:
+                shape = (old.shape[0], old.shape[1], capacity, old.shape[3])
+                new = old.new_zeros(shape)
+                new[:, :, : self.length] = old[:, :, : self.length]
+                grown.append(new)
+            self.buffers = (grown[0], grown[1])
+
+        def get_seq_length(self) -> int:
+            return int(self.length)
+
+    return Slab
+
+
+class Batch(Generic[RowT]):
+    """The cache of the batched decode: ``rows`` (the works, by identity), each row's
+    left padding, ``length`` (positions used, padding included), the attention mask
+    (None without padding) and the next positions, kept on the device from step to step.
+    While the next step decodes the same rows it goes on in place; a row's own cache is
+    ``row(i)``, a view (:func:`owned` before keeping it)."""
+
+    __slots__ = ("cache", "index", "length", "mask", "pads", "positions", "rows")
+
+    def __init__(self, rows: list[RowT], cache: Any, pads: list[int], length: int) -> None:
+        self.rows = rows
+        self.index = {id(row): i for i, row in enumerate(rows)}
+        self.cache = cache
+        self.pads = pads
+        self.length = length
+        device = cache.layers[0].device
+        pad = torch.tensor(pads, dtype=torch.long, device=device).unsqueeze(1)
+        self.positions = length - pad
+        self.mask: torch.Tensor | None = None
+        if any(pads):
+            self.mask = self._mask(pad, self.capacity)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.cache.layers[0].buffers[0].shape[-2])
+
+    @staticmethod
+    def _mask(pad: torch.Tensor, capacity: int) -> torch.Tensor:
+        columns = torch.arange(capacity, device=pad.device).unsqueeze(0)
+        return (columns >= pad).to(torch.long)
+
+    def same_rows(self, rows: Sequence[RowT]) -> bool:
+        return len(rows) == len(self.rows) and all(id(row) in self.index for row in rows)
+
+    def row(self, i: int) -> KV:
+        """Row i's cache: views of the batch's buffers."""
+        pad, end = self.pads[i], self.length
+        return [
+            (layer.keys[i : i + 1, :, pad:end], layer.values[i : i + 1, :, pad:end])
+            for layer in self.cache.layers
+        ]
+
+    def step(self, model: Any, tokens: list[int]) -> torch.Tensor:
+        """One forward of the batch reading ``tokens`` (in ``rows`` order): logits [B, V]."""
+        if self.length + 1 > self.capacity:
+            capacity = self.length + 1 + ROOM
+            for layer in self.cache.layers:
+                layer.grow(capacity)
+            if self.mask is not None:
+                self.mask = self._mask(self.length - self.positions, capacity)
+        device = self.positions.device
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
+        mask = None if self.mask is None else self.mask[:, : self.length + 1]
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=self.positions,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.length += 1
+        self.positions = self.positions + 1
+        logits: torch.Tensor = out.logits[:, -1]
+        return logits
+
+
+def new_batch(rows: Sequence[RowT], cache_of: Callable[[RowT], KV], last: Batch[RowT] | None) -> Batch[RowT]:
+    """A new batch cache for ``rows``: the rows of ``last`` that stay first (moved in one
+    copy per layer), then the others (``cache_of(row)``), each left-padded to the longest
+    so that every row writes its next position in the same column; the attention mask
+    hides the padding and each row keeps its own positions, so a row's result is the one
+    it would have alone (up to the rounding of a wider matrix product)."""
+    wanted = {id(row) for row in rows}
+    kept = [row for row in last.rows if id(row) in wanted] if last is not None else []
+    known = {id(row) for row in kept}
+    fresh = [row for row in rows if id(row) not in known]
+    caches = [cache_of(row) for row in fresh]
+    lengths = [kv_length(kv) for kv in caches]
+    if last is not None and kept:
+        sources = [last.index[id(row)] for row in kept]
+        lengths[:0] = [last.length - last.pads[i] for i in sources]
+    longest = max(lengths)
+    pads = [longest - n for n in lengths]
+    capacity = longest + 1 + ROOM
+    layers = []
+    for layer in range(len(caches[0]) if caches else len(last.cache.layers)):  # type: ignore[union-attr]
+        like = caches[0][layer] if caches else last.cache.layers[layer].buffers  # type: ignore[union-attr]
+        keys, values = (t.new_zeros((len(rows), t.shape[1], capacity, t.shape[3])) for t in like)
+        if last is not None and kept:
+            # the kept rows' positions move by ``shift`` columns (< 0 when the longest row
+            # left: the padding shrinks; every kept row had at least that much)
+            shift, index = longest - last.length, torch.tensor(sources, device=keys.device)
+            begin = max(0, -shift)
+            for new, old in zip((keys, values), last.cache.layers[layer].buffers, strict=True):
+                new[: len(kept), :, begin + shift : longest] = old[:, :, begin : last.length].index_select(
+                    0, index
+                )
+        for j, kv in enumerate(caches, start=len(kept)):
+            keys[j, :, pads[j] : longest] = kv[layer][0][0]
+            values[j, :, pads[j] : longest] = kv[layer][1][0]
+        layers.append(_slab()(keys, values, longest))
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layers = layers
+    cache.layer_class_to_replicate = None
+    return Batch([*kept, *fresh], cache, pads, longest)

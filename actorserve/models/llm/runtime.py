@@ -27,8 +27,9 @@ from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, stop_strings
 from .checkpoint import chat_template, source_of
-from .forward import Batched, crop, decode, kv_bytes, prefill
+from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .state import LLMState, LLMWork
+from .torchserve import TS_BODY, from_torchserve
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
 
@@ -74,7 +75,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.tokenizer: Any = None
         self.eos: frozenset[int] = frozenset()
         self.start_token = 0
-        self._batched: Batched | None = None  # the last step's batched decode
+        self._batch: Batch[LLMWork] | None = None  # the cache of the last step's batched decode
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -180,6 +181,11 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def begin(self, request: InferenceRequest, state: LLMState | None) -> LLMWork:
         tensor = request.input("text_input", required=False)
+        body = request.input(TS_BODY, required=False) if tensor is None else None
+        if body is not None:
+            request, tensor = from_torchserve(
+                request, body, self.name, self.request_parameters or frozenset()
+            )
         prompt = ""
         if tensor is not None:
             if tensor.datatype != "BYTES" or tensor.data.size != 1:
@@ -268,7 +274,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             left = len(work.feed) - work.cached
             if work.max_tokens == 0:
                 outputs[i] = self._finish(work, "", "length")
-            elif left == 1 and work.kv is not None:
+            elif left == 1 and work.has_cache():
                 decoding.append(work)
             else:
                 chunk = work.feed[work.cached : work.cached + self.prefill_chunk]
@@ -288,28 +294,25 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                     rows.append(work)
                     logits.append(row.unsqueeze(0))
         if decoding:
-            previous = self._batched
-            self._batched, out = decode(
-                self.model,
-                decoding,
-                [w.kv or [] for w in decoding],
-                [w.feed[-1] for w in decoding],
-                self.device,
-                previous,
-            )
-            for i, work in enumerate(decoding):
-                work.kv = self._batched.row(i)
+            current = self._batch
+            if current is None or not current.same_rows(decoding):
+                current = self._batch = new_batch(decoding, LLMWork.cache, current)
+                for work in decoding:
+                    work.slot, work.kv = current, None
+            tokens_in = [0] * len(decoding)
+            for work in decoding:
+                tokens_in[current.index[id(work)]] = work.feed[-1]
                 work.cached += 1
-            rows.extend(decoding)
-            logits.append(out)
+            rows.extend(current.rows)
+            logits.append(current.step(self.model, tokens_in))
         else:
-            self._batched = None
+            self._batch = None
         tokens: list[int] = []
         if rows:
             both = logits[0] if len(logits) == 1 else torch.cat(logits)
             top_ps = [w.top_p for w in rows]
             tokens = sample_rows(
-                both.float().cpu(),
+                both,  # on the device: one transfer back, of the chosen ids
                 [w.temperature for w in rows],
                 [w.top_k for w in rows],
                 [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],

@@ -9,7 +9,7 @@ import torch
 
 from ...types import InferenceRequest
 from ..textlm.generation import Draws
-from .forward import KV, owned
+from .forward import KV, Batch, owned
 
 
 class LLMState:
@@ -66,7 +66,8 @@ class Detokenizer:
 
 class LLMWork:
     """One request: ``feed`` (the tokens of its whole context) of which ``cached`` are in
-    ``kv``; then the tokens it generates."""
+    its cache (:meth:`cache`: ``kv``, or its row of the batch ``slot`` once it decodes);
+    then the tokens it generates."""
 
     __slots__ = (
         "cached",
@@ -82,6 +83,7 @@ class LLMWork:
         "prompt_tokens",
         "request",
         "sent",
+        "slot",
         "state",
         "stop",
         "temperature",
@@ -112,6 +114,7 @@ class LLMWork:
         self.feed = feed
         self.cached = cached
         self.kv = state.kv if cached else None
+        self.slot: Batch[LLMWork] | None = None
         self.prompt_tokens = len(feed) - cached
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -131,6 +134,15 @@ class LLMWork:
         model draws them: :class:`~actorserve.models.textlm.generation.Draws`)."""
         return self.draws.next(self.max_tokens - self.generated)
 
+    def has_cache(self) -> bool:
+        return self.slot is not None or self.kv is not None
+
+    def cache(self) -> KV:
+        """This request's cache (a view of its batch's while it decodes)."""
+        if self.slot is not None:
+            return self.slot.row(self.slot.index[id(self)])
+        return self.kv or []
+
     def settle(self) -> None:
         """Leave the sequence with what this request read and said (once)."""
         if self.finished:
@@ -140,4 +152,5 @@ class LLMWork:
         state.busy = False
         state.text = self.text + self.sent
         state.ids = self.feed[: self.cached]
-        state.kv = owned(self.kv)
+        state.kv = owned(self.cache() or None)
+        self.slot = self.kv = None

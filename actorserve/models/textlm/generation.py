@@ -157,7 +157,8 @@ def sample_rows(
     draws: list[float],
     top_ps: list[float] | None = None,
 ) -> list[int]:
-    """:meth:`TextLMCore.sample` for every row of CPU ``logits`` [N, V] at once.
+    """:meth:`TextLMCore.sample` for every row of ``logits`` [N, V] at once, on the
+    device of ``logits``, with one transfer back (the chosen ids).
 
     ``draws[i]`` is row i's uniform draw from its own generator (ignored, and not to be
     drawn, when the row is greedy: temperature 0). The float64 operations are those of
@@ -165,25 +166,21 @@ def sample_rows(
     so a stream's text does not depend on what else is in its batch.
     """
     n, vocab_size = logits.shape
+    device = logits.device
     rows = logits.to(torch.float64)
-    out = [0] * n
     sampled = [i for i in range(n) if temperatures[i] > 0.0]
-    if len(sampled) < n:
-        greedy = rows.argmax(dim=1).tolist()
-        for i in range(n):
-            if temperatures[i] <= 0.0:
-                out[i] = greedy[i]
+    out = rows.argmax(dim=1)  # the greedy rows' choice
     if not sampled:
-        return out
+        return [int(i) for i in out.tolist()]
     if len(sampled) < n:
         rows = rows[sampled]
-    temps = torch.tensor([temperatures[i] for i in sampled], dtype=torch.float64)
+    temps = torch.tensor([temperatures[i] for i in sampled], dtype=torch.float64, device=device)
     rows = rows / temps.unsqueeze(1)
     ks = [top_ks[i] for i in sampled]
     limited = [j for j, k in enumerate(ks) if 0 < k < vocab_size]
     if limited:
         ordered = torch.sort(rows[limited], dim=1, descending=True).values
-        kth = ordered.gather(1, torch.tensor([ks[j] - 1 for j in limited]).unsqueeze(1))
+        kth = ordered.gather(1, torch.tensor([ks[j] - 1 for j in limited], device=device).unsqueeze(1))
         sub = rows[limited]
         rows[limited] = sub.masked_fill(sub < kth, float("-inf"))
     probs = torch.softmax(rows, dim=1)
@@ -192,18 +189,17 @@ def sample_rows(
         if nucleus_rows:
             probs[nucleus_rows] = nucleus(probs[nucleus_rows], [top_ps[sampled[j]] for j in nucleus_rows])
     cdf = torch.cumsum(probs, dim=1)
-    u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64)
-    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).view(-1)
-    index = index.clamp_(max=vocab_size - 1)
-    picked = index.tolist()
-    zero = (probs.gather(1, index.unsqueeze(1)).view(-1) == 0.0).tolist()
-    for j, i in enumerate(sampled):
-        k = picked[j]
-        if zero[j]:  # rounding put the draw past the last non-zero entry
-            while probs[j, k] == 0.0 and k > 0:
-                k -= 1
-        out[i] = k
-    return out
+    u = torch.tensor([draws[i] for i in sampled], dtype=torch.float64, device=device)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).clamp_(max=vocab_size - 1)
+    # rounding may put the draw past the last non-zero entry: take the last non-zero
+    # entry at or before it (the first entry when there is none)
+    columns = torch.arange(vocab_size, device=device).unsqueeze(0)
+    index = torch.where((probs > 0.0) & (columns <= index), columns, 0).amax(dim=1)
+    if len(sampled) == n:
+        out = index
+    else:
+        out[torch.tensor(sampled, device=device)] = index
+    return [int(i) for i in out.tolist()]
 
 
 def stop_strings(request: InferenceRequest) -> tuple[str, ...]:

@@ -327,7 +327,7 @@ def nucleus(probs: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     kept; ties are ordered by character id, so the result is the same row by row)."""
     ordered, order = torch.sort(probs, dim=1, descending=True, stable=True)
     before = torch.cumsum(ordered, dim=1) - ordered
-    drop = before >= torch.tensor(top_ps, dtype=probs.dtype).unsqueeze(1)
+    drop = before >= torch.tensor(top_ps, dtype=probs.dtype, device=probs.device).unsqueeze(1)
     drop[:, 0] = False
     return probs.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), 0.0)
 
