@@ -11,12 +11,21 @@ message read and once per batch of messages written, never per response.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import grpclib.utils
 import trio_asyncio
 
 from ..owner import OWNER
+
+# grpclib binds ``asyncio.current_task`` once, when it is imported. Imported before
+# trio_asyncio (the betterproto2 stubs, a client, a test), it holds CPython's C function,
+# which on Python 3.12+ cannot see trio_asyncio's loop: every handler then failed with
+# "no running event loop" (seen on an H100 machine's Python 3.12; 3.11 is unaffected).
+# trio_asyncio installs a ``current_task`` that can; grpclib must call that one.
+grpclib.utils._current_task = asyncio.current_task
 
 T = TypeVar("T")
 
