@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from ...api import EngineAPI
+from ...api import EngineAPI, control_of
 from ...replica import new_sequence_id
 from ...types import InferenceRequest, InferenceResponse
 
@@ -104,11 +104,10 @@ def naming_for(preset: str, replica: str) -> SequenceNaming:
 
 
 def sequence_flags(request: InferenceRequest) -> tuple[bool, bool]:
-    """(starts, ends) of a request, read before the engine takes its parameters (a
-    ``sequence_cancel`` ends its sequence too)."""
-    parameters = request.parameters
-    ends = _true(parameters.get("sequence_end")) or _true(parameters.get("sequence_cancel"))
-    return _true(parameters.get("sequence_start")), ends
+    """(starts, ends) of a request, from its control record (a ``sequence_cancel`` ends
+    its sequence too)."""
+    control = control_of(request)
+    return control.start, control.end or control.cancel
 
 
 def _true(value: object) -> bool:
