@@ -28,6 +28,8 @@ from .controls import (
     RequestControl,
     bool_parameter,
     control_of,
+    no_sequence_id,
+    no_sequence_text,
     with_control,
 )
 from .descriptions import (
@@ -340,5 +342,7 @@ __all__ = [
     "UnaryCall",
     "bool_parameter",
     "control_of",
+    "no_sequence_id",
+    "no_sequence_text",
     "with_control",
 ]

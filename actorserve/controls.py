@@ -53,6 +53,19 @@ SEQUENCE_ID_CHARACTERS: Final = frozenset(chr(c) for c in range(0x20, 0x7F))
 OWNER_PARAMETER: Final = "sequence_owner"
 
 
+def no_sequence_id(value: object) -> bool:
+    """Whether a ``sequence_id`` parameter names no sequence: absent, 0 or "" (as in
+    Triton). Every door and the engine ask here; a header's or gRPC metadata's text
+    also says it with "0" (:func:`no_sequence_text`)."""
+    return value is None or value == 0 or value == ""
+
+
+def no_sequence_text(text: str) -> bool:
+    """Whether the text of a ``sequence-id`` header or gRPC metadata names no sequence:
+    "" or "0" (text has no number 0; the caller strips where its wire allows spaces)."""
+    return text in ("", "0")
+
+
 @attrs.frozen(slots=True)
 class RequestControl:
     """What the server acts on in one request. ``sequence_id`` (None: no sequence) and
@@ -94,7 +107,7 @@ class RequestControl:
             return NO_CONTROL
         raw_id = params.get("sequence_id")
         sequence_id: str | None
-        if raw_id is None or raw_id == 0 or raw_id == "":
+        if no_sequence_id(raw_id):
             sequence_id = None
         elif isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
             raise BadInput(f"parameter 'sequence_id': expected an integer or a string, got {_short(raw_id)}")
@@ -197,5 +210,7 @@ __all__ = [
     "RequestControl",
     "bool_parameter",
     "control_of",
+    "no_sequence_id",
+    "no_sequence_text",
     "with_control",
 ]

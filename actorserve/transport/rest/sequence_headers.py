@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from ...api import EngineAPI, control_of
+from ...api import EngineAPI, control_of, no_sequence_id
 from ...replica import new_sequence_id
 from ...types import InferenceRequest, InferenceResponse
 
@@ -67,7 +67,8 @@ class SequenceNaming:
         (``NEW_SESSION``, or ``sequence_start`` alone) gets its id here, in the preset's
         format: the engine would make one SageMaker refuses."""
         parameters = request.parameters
-        if self.new_value is None or parameters.get("sequence_id") not in (None, "", 0, "0"):
+        value = parameters.get("sequence_id")
+        if self.new_value is None or not (no_sequence_id(value) or value == "0"):
             return
         if _true(parameters.get("sequence_start")):
             parameters["sequence_id"] = new_sequence_id(self.replica, sagemaker=True)

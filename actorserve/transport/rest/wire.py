@@ -16,7 +16,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from ...api import bool_parameter, with_control
+from ...api import bool_parameter, no_sequence_text, with_control
 from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
 from ...limits import MAX_INPUTS, check_count, check_json_containers
@@ -350,7 +350,7 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
     decodes comes through here, once."""
     for param, value in headers.sequence:
         value = value.strip()
-        if param == "sequence_id" and value in ("", "0"):
+        if param == "sequence_id" and no_sequence_text(value):
             continue
         if param == "sequence_id" and value == headers.naming.new_value:
             param, value = "sequence_start", "true"  # SageMaker's NEW_SESSION
