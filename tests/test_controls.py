@@ -124,7 +124,12 @@ def test_the_record_crosses_the_engine_link_as_one_field() -> None:
     assert back.control == control and back.parameters == {"sequence_id": "s"}
     unread = InferenceRequest(inputs=[], parameters={"sequence_id": "s"})
     assert request_from_plain(request_to_plain(unread)).control is None  # the engine reads it
-    for bad in ([None, "yes", False, False, None, None, None], ["s", True], "s"):
+    for bad in (
+        [None, "yes", False, False, None, None, None],
+        ["a\nb", *control_to_plain(NO_CONTROL)[1:]],
+        ["s", True],
+        "s",
+    ):
         with pytest.raises(WireError):
             control_from_plain(bad)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import errors
 from ..codecs import MAX_DIMS
-from ..controls import NO_CONTROL, RequestControl
+from ..controls import NO_CONTROL, SEQUENCE_ID_CHARACTERS, RequestControl
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 from .failures import DOMAIN_ERRORS, EngineInternalError, WireError, error_from_plain, error_to_plain
@@ -118,8 +118,12 @@ def control_from_plain(plain: Plain) -> RequestControl | None:
     if plain is None:
         return None
     sequence_id, start, end, cancel, owner, priority, timeout = _fields(plain, 7, "request control")
+    sequence_id = _optional_str(sequence_id)
+    # a door reads no other characters: anything else is a broken peer
+    if sequence_id is not None and not SEQUENCE_ID_CHARACTERS.issuperset(sequence_id):
+        raise WireError(f"malformed request control: sequence id {_short(sequence_id)}")
     control = RequestControl(
-        sequence_id=_optional_str(sequence_id),
+        sequence_id=sequence_id,
         start=_bool(start),
         end=_bool(end),
         cancel=_bool(cancel),
