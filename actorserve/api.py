@@ -6,8 +6,9 @@ in-process :class:`actorserve.engine.Engine` and, in the multi-process server, a
 that talks to the engine process over a socket. So every method is ``async`` (a client
 may need a round trip) and every value that crosses it is a plain frozen record.
 
-Sequence controls are parsed once, by :meth:`SequenceControl.take` (:mod:`.controls`,
-re-exported here). The unary (management) methods are also one typed
+A request's controls (sequence, owner, priority, timeout) are one
+:class:`RequestControl` record on the request, filled once by each door's wire module
+(:mod:`.controls`, re-exported here). The unary (management) methods are also one typed
 :meth:`EngineAPI.call` each: a :class:`UnaryCall` record of :mod:`actorserve.unary`.
 """
 
@@ -20,7 +21,17 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from .controls import ANY_ID_LENGTH, OWNER_PARAMETER, SequenceControl, bool_parameter
+from .controls import (
+    ANY_ID_LENGTH,
+    MAX_SEQUENCE_ID_LENGTH,
+    OWNER_PARAMETER,
+    RequestControl,
+    bool_parameter,
+    control_of,
+    no_sequence_id,
+    no_sequence_text,
+    with_control,
+)
 from .descriptions import (
     BatchStatistics,
     Duration,
@@ -29,7 +40,7 @@ from .descriptions import (
     ReplicaDescription,
 )
 from .textgen import TextGeneration
-from .types import MAX_SEQUENCE_ID_LENGTH, SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
+from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
 
 T = TypeVar("T")
 
@@ -326,8 +337,12 @@ __all__ = [
     "RepositoryEntry",
     "ResponseIterator",
     "ResponseStream",
-    "SequenceControl",
+    "RequestControl",
     "TensorMetadata",
     "UnaryCall",
     "bool_parameter",
+    "control_of",
+    "no_sequence_id",
+    "no_sequence_text",
+    "with_control",
 ]

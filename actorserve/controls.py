@@ -1,17 +1,30 @@
-"""The sequence part of a request (``sequence_id`` / ``_start`` / ``_end`` / ``_cancel``,
-and the ``sequence_owner`` the transports add), read once per request, and the one
+"""A request's controls: what the server, not the model, acts on (``sequence_id`` /
+``_start`` / ``_end`` / ``_cancel``, the ``sequence_owner`` the transports add, Triton's
+``priority`` and ``timeout``), as one :class:`RequestControl` record on
+:attr:`InferenceRequest.control <actorserve.types.InferenceRequest.control>`, and the one
 boolean parser every door uses for flags. Pure code; re-exported by :mod:`actorserve.api`.
+
+Each door's wire module fills the record once (:meth:`RequestControl.from_parameters`,
+after its headers joined the parameters); it crosses the engine link as one field and
+the engine's host, runners and scheduler read that field, never the parameters. A
+request that reaches the engine without one (an embedded caller's
+``InferenceRequest(parameters={"sequence_id": ...})``) gets it from its parameters
+there, once (:func:`control_of`). The parameters stay as they came: models see them as
+before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 import attrs
 
 from .errors import BadInput
-from .types import MAX_SEQUENCE_ID_LENGTH
+
+#: Longest client-chosen sequence id by default (``sequence.max_id_length``): ids are
+#: kept per open and per recently ended sequence and echoed in a response header.
+MAX_SEQUENCE_ID_LENGTH: Final = 128
 
 
 def bool_parameter(value: object, name: str) -> bool:
@@ -40,45 +53,61 @@ SEQUENCE_ID_CHARACTERS: Final = frozenset(chr(c) for c in range(0x20, 0x7F))
 OWNER_PARAMETER: Final = "sequence_owner"
 
 
-@attrs.frozen(slots=True)
-class SequenceControl:
-    """The sequence part of a request: ``id`` (None: no sequence) and start/end/cancel;
-    ``owner``: the fingerprint of the token the request came with when sequences are
-    bound to tokens (None: not bound)."""
+def no_sequence_id(value: object) -> bool:
+    """Whether a ``sequence_id`` parameter names no sequence: absent, 0 or "" (as in
+    Triton). Every door and the engine ask here; a header's or gRPC metadata's text
+    also says it with "0" (:func:`no_sequence_text`)."""
+    return value is None or value == 0 or value == ""
 
-    id: str | None = None
+
+def no_sequence_text(text: str) -> bool:
+    """Whether the text of a ``sequence-id`` header or gRPC metadata names no sequence:
+    "" or "0" (text has no number 0; the caller strips where its wire allows spaces)."""
+    return text in ("", "0")
+
+
+@attrs.frozen(slots=True)
+class RequestControl:
+    """What the server acts on in one request. ``sequence_id`` (None: no sequence) and
+    start/end/cancel; ``owner``: the fingerprint of the token the request came with when
+    sequences are bound to tokens (None: not bound); ``priority`` and ``timeout``:
+    Triton's, when a client sent them as non-negative integers (carried, not acted on
+    yet: as before, a server that does not act on them takes them and ignores them)."""
+
+    sequence_id: str | None = None
     start: bool = False
     end: bool = False
     cancel: bool = False
     owner: str | None = None
+    priority: int | None = None
+    timeout: int | None = None
 
     @property
     def stateful(self) -> bool:
-        return self.id is not None or self.start or self.cancel
+        return self.sequence_id is not None or self.start or self.cancel
 
-    @classmethod
-    def take(cls, params: dict[str, Any], max_id_length: int = MAX_SEQUENCE_ID_LENGTH) -> SequenceControl:
-        """:meth:`from_parameters`, and ``sequence_owner`` taken out of ``params`` (the
-        engine's look at a request: the model never sees who its caller is)."""
-        owner = params.pop(OWNER_PARAMETER, None) if params else None
-        control = cls.from_parameters(params, max_id_length)
-        if owner is None:
-            return control
-        return attrs.evolve(control, owner=str(owner))
+    def checked(self, max_id_length: int) -> RequestControl:
+        """``self``; :class:`BadInput` for a sequence id over ``max_id_length`` characters
+        (the model's ``sequence.max_id_length``: the doors read ids with no cap)."""
+        if self.sequence_id is not None and len(self.sequence_id) > max_id_length:
+            _checked_id(self.sequence_id, max_id_length)
+        return self
 
     @classmethod
     def from_parameters(
         cls, params: Mapping[str, Any] | None, max_id_length: int = MAX_SEQUENCE_ID_LENGTH
-    ) -> SequenceControl:
-        """Read ``sequence_id/start/end/cancel`` (the transports put headers there too).
-        An id of 0 or "" means no sequence, as in Triton; :class:`BadInput` otherwise,
-        and for an id over ``max_id_length`` characters or with a character that is not
-        printable ASCII."""
+    ) -> RequestControl:
+        """Read ``sequence_id/start/end/cancel``, ``priority`` and ``timeout`` (the
+        transports put headers there too); never ``sequence_owner`` (only the doors'
+        :class:`~actorserve.transport.owner.OwnerStamp` and :func:`control_of` set the
+        owner). An id of 0 or "" means no sequence, as in Triton; :class:`BadInput`
+        otherwise, and for an id over ``max_id_length`` characters or with a character
+        that is not printable ASCII."""
         if not params:
-            return _NO_SEQUENCE
+            return NO_CONTROL
         raw_id = params.get("sequence_id")
         sequence_id: str | None
-        if raw_id is None or raw_id == 0 or raw_id == "":
+        if no_sequence_id(raw_id):
             sequence_id = None
         elif isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)):
             raise BadInput(f"parameter 'sequence_id': expected an integer or a string, got {_short(raw_id)}")
@@ -87,14 +116,64 @@ class SequenceControl:
         start = params.get("sequence_start", False)
         end = params.get("sequence_end", False)
         cancel = params.get("sequence_cancel", False)
+        priority = _count(params.get("priority"))
+        timeout = _count(params.get("timeout"))
         if sequence_id is None and start is False and end is False and cancel is False:
-            return _NO_SEQUENCE
+            if priority is None and timeout is None:
+                return NO_CONTROL
+            return cls(priority=priority, timeout=timeout)
         return cls(
-            id=sequence_id,
+            sequence_id=sequence_id,
             start=bool_parameter(start, "sequence_start"),
             end=bool_parameter(end, "sequence_end"),
             cancel=bool_parameter(cancel, "sequence_cancel"),
+            priority=priority,
+            timeout=timeout,
         )
+
+
+class Controlled(Protocol):
+    """What :func:`control_of` reads: an :class:`~actorserve.types.InferenceRequest`."""
+
+    control: RequestControl | None
+    parameters: dict[str, Any]
+
+
+def control_of(request: Controlled) -> RequestControl:
+    """``request.control``; for a request that came without one (an embedded caller's
+    ``engine.infer(InferenceRequest(..., parameters={"sequence_id": ...}))``), read from
+    its parameters once and kept on it, with ``sequence_owner`` taken out of them (the
+    model never sees who its caller is). Ids are read with no cap here: the host checks
+    the model's (:meth:`RequestControl.checked`)."""
+    control = request.control
+    if control is None:
+        params = request.parameters
+        owner = params.pop(OWNER_PARAMETER, None) if params else None
+        control = RequestControl.from_parameters(params, ANY_ID_LENGTH)
+        if owner is not None:
+            control = attrs.evolve(control, owner=str(owner))
+        request.control = control
+    return control
+
+
+R = TypeVar("R", bound=Controlled)
+
+
+def with_control(request: R) -> R:
+    """``request``, its control record read from its parameters: what each door's wire
+    module calls once it has put its headers there. Ids are read with no cap (the host
+    checks the model's); ``sequence_owner`` is never read here (:class:`OwnerStamp
+    <actorserve.transport.owner.OwnerStamp>` sets the owner). :class:`BadInput` as
+    :meth:`RequestControl.from_parameters`."""
+    request.control = RequestControl.from_parameters(request.parameters, ANY_ID_LENGTH)
+    return request
+
+
+def _count(value: object) -> int | None:
+    """A non-negative integer (Triton's uint64 ``priority`` / ``timeout``), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _checked_id(sequence_id: str, max_length: int) -> str:
@@ -117,7 +196,21 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-_NO_SEQUENCE = SequenceControl()
+#: The controls of a request that sets none (shared: the record is frozen).
+NO_CONTROL: Final = RequestControl()
 
 
-__all__ = ["ANY_ID_LENGTH", "OWNER_PARAMETER", "SEQUENCE_ID_CHARACTERS", "SequenceControl", "bool_parameter"]
+__all__ = [
+    "ANY_ID_LENGTH",
+    "MAX_SEQUENCE_ID_LENGTH",
+    "NO_CONTROL",
+    "OWNER_PARAMETER",
+    "SEQUENCE_ID_CHARACTERS",
+    "Controlled",
+    "RequestControl",
+    "bool_parameter",
+    "control_of",
+    "no_sequence_id",
+    "no_sequence_text",
+    "with_control",
+]

@@ -217,7 +217,7 @@ class Engine:
         contract = self._contracts.get(host)
         if contract is not None:
             contract.check(request)
-        mint_id(request.parameters, self.replica, draining=self.draining)
+        mint_id(request, self.replica, draining=self.draining)
         return host
 
     async def infer(

@@ -15,9 +15,10 @@ from typing import Any, Final
 
 import attrs
 
+from .controls import MAX_SEQUENCE_ID_LENGTH
 from .errors import BadInput
 from .textgen import TextGeneration
-from .types import DATATYPES, MAX_SEQUENCE_ID_LENGTH
+from .types import DATATYPES
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 

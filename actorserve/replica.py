@@ -18,9 +18,11 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Final
 
-from .controls import ANY_ID_LENGTH, SequenceControl
+import attrs
+
+from .controls import control_of
 from .errors import SequenceNotHeld, ShuttingDown
 from .types import InferenceRequest
 
@@ -80,25 +82,28 @@ def not_held(sequence_id: str, replica: str) -> SequenceNotHeld:
     )
 
 
-def mint_id(parameters: dict[str, Any], replica: str, *, draining: bool = False) -> None:
-    """Give a start without a ``sequence_id`` a server-made one naming ``replica`` (in
-    ``parameters``, so the responses echo it). Anything else is left as it is.
-    ``draining`` (scale-in, docs/deploy.md#drain): a start is refused with
-    :class:`ShuttingDown` (503 / UNAVAILABLE, so a client or proxy retries elsewhere)."""
-    if not parameters or "sequence_start" not in parameters:
-        return
+def mint_id(request: InferenceRequest, replica: str, *, draining: bool = False) -> None:
+    """Give a start without a sequence id a server-made one naming ``replica`` (in its
+    control record and in its parameters, so the model sees it as before and the
+    responses echo it). Anything else is left as it is. ``draining`` (scale-in,
+    docs/deploy.md#drain): a start is refused with :class:`ShuttingDown` (503 /
+    UNAVAILABLE, so a client or proxy retries elsewhere)."""
     # the model's own id cap (sequence.max_id_length) is checked after this, by its host
-    control = SequenceControl.from_parameters(parameters, ANY_ID_LENGTH)
-    if control.start and draining:
+    control = control_of(request)
+    if not control.start:
+        return
+    if draining:
         raise ShuttingDown(f"replica {replica!r} is draining: start the sequence on another replica")
-    if control.start and control.id is None:
-        parameters["sequence_id"] = new_sequence_id(replica)
+    if control.sequence_id is None:
+        sequence_id = new_sequence_id(replica)
+        request.parameters["sequence_id"] = sequence_id
+        request.control = attrs.evolve(control, sequence_id=sequence_id)
 
 
 async def minting(requests: AsyncIterator[InferenceRequest], replica: str) -> AsyncIterator[InferenceRequest]:
     """``requests``, each start without an id given one (:func:`mint_id`)."""
     async for request in requests:
-        mint_id(request.parameters, replica)
+        mint_id(request, replica)
         yield request
 
 

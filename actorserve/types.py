@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .controls import RequestControl
 from .errors import BadInput
 
 #: OIP datatype name -> numpy dtype. The names are case-sensitive on the wire.
@@ -43,10 +44,6 @@ _NUMPY_TO_DATATYPE: Final[dict[np.dtype[Any], str]] = {
 SEQUENCE_PARAMETERS: Final = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "sequence_cancel", "sequence_owner"}
 )
-
-#: Longest client-chosen sequence id by default (``sequence.max_id_length``): ids are
-#: kept per open and per recently ended sequence and echoed in a response header.
-MAX_SEQUENCE_ID_LENGTH: Final = 128
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
@@ -115,7 +112,11 @@ class InferenceRequest:
     """An OIP inference request.
 
     ``model_name`` / ``model_version`` route the request; over REST and gRPC they come
-    from the URL or the message, not from the JSON body.
+    from the URL or the message, not from the JSON body. ``control``: what the server
+    acts on (sequence, owner, priority, timeout), filled once by the door's wire module
+    from the parameters (which keep those keys: models see them as before); None until
+    then, and the engine fills it from the parameters for a request that arrives
+    without one (:func:`actorserve.controls.control_of`).
     """
 
     inputs: list[Tensor]
@@ -124,6 +125,7 @@ class InferenceRequest:
     outputs: list[RequestedOutput] = attrs.field(factory=list)
     model_name: str | None = None
     model_version: str | None = None
+    control: RequestControl | None = None
 
     def input(self, name: str, *, required: bool = True) -> Tensor | None:
         """The input called ``name``; :class:`BadInput` if required and missing."""

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import attrs
 
-from .api import bool_parameter
+from .controls import control_of
 from .errors import BadInput
 from .settings import ModelSettings, TensorSpec
 from .types import SEQUENCE_PARAMETERS, InferenceRequest
@@ -23,6 +23,8 @@ from .types import SEQUENCE_PARAMETERS, InferenceRequest
 #: Request parameters read by the engine or by a transport or client library, never by
 #: the model: never unknown. (Triton's binary-data and scheduling parameters, MLServer's
 #: ``content_type`` / ``headers``, TorchServe's ``ts_headers``, the sequence controls.)
+#: Those the server acts on are also read once into the request's
+#: :class:`~actorserve.controls.RequestControl` (sequence, owner, priority, timeout).
 RESERVED_PARAMETERS: Final = SEQUENCE_PARAMETERS | frozenset(
     {
         "binary_data",
@@ -88,7 +90,8 @@ class RequestContract:
         params = request.parameters
         if self.parameters is not None and params and not params.keys() <= self.allowed:
             self._check_parameters(params)
-        if self.inputs and not ("sequence_cancel" in params and _cancels(params)):
+        # a sequence_cancel request carries no inputs (its sequence's own request does)
+        if self.inputs and not control_of(request).cancel:
             self._check_inputs(request)
 
     def _check_parameters(self, params: Mapping[str, Any]) -> None:
@@ -129,12 +132,6 @@ class RequestContract:
             if missing:
                 noun = "input" if len(missing) == 1 else "inputs"
                 raise BadInput(f"missing required {noun} {', '.join(repr(n) for n in missing)}")
-
-
-def _cancels(params: Mapping[str, Any]) -> bool:
-    """A ``sequence_cancel`` request carries no inputs (its sequence's own request does)."""
-    value = params.get("sequence_cancel")
-    return value is not None and bool_parameter(value, "sequence_cancel")
 
 
 __all__ = ["RESERVED_PARAMETERS", "RequestContract"]

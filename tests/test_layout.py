@@ -171,16 +171,9 @@ DOORS = {
 }
 #: the hosts: what every request of every door shares; they import no door
 HOSTS = ("actorserve.transport.httphost", "actorserve.transport.grpchost")
-#: modules in a door's package that are the HTTP host's, each with why it is still there
-HOST_MODULES_IN_DOORS = {
-    "actorserve.transport.rest.protocols": "hypercorn's HTTP/1.1 and HTTP/2 protocols; moves to httphost/ after issue 21's write-path round",
-    "actorserve.transport.rest.http1": "the httptools HTTP/1.1 protocol under hypercorn; moves with rest.protocols",
-}
 
 
 def door_of(name: str) -> str | None:
-    if name in HOST_MODULES_IN_DOORS:
-        return None
     return next((door for door in DOORS if name == door or name.startswith(door + ".")), None)
 
 
@@ -212,7 +205,9 @@ def test_the_hosts_import_no_door() -> None:
         if door_of(target) is not None
     }
     assert wrong == set()
-    assert "actorserve.transport.rest.protocols" in edges["actorserve.transport.httphost.serve"]
+    assert (
+        "actorserve.transport.httphost.protocols" in edges["actorserve.transport.httphost.serve"]
+    )  # the graph sees the hosts
 
 
 def test_torchserve_and_its_door_meet_only_through_the_engine_api() -> None:
@@ -232,11 +227,11 @@ def test_torchserve_and_its_door_meet_only_through_the_engine_api() -> None:
 
 def test_the_door_checks_see_a_door_importing_another() -> None:
     assert door_of("actorserve.transport.openai.routes") == "actorserve.transport.openai"
-    assert door_of("actorserve.transport.rest.protocols") is None  # the host's, for now
+    assert door_of("actorserve.transport.httphost.protocols") is None
     assert door_of("actorserve.transport.grpchost.h2") is None
     assert door_of("actorserve.transport.exchange") is None
     assert host_of("actorserve.transport.grpchost.h2") == "actorserve.transport.grpchost"
-    assert all(name in modules() for name in [*DOORS, *HOSTS, *HOST_MODULES_IN_DOORS])
+    assert all(name in modules() for name in [*DOORS, *HOSTS])
 
 
 def test_the_fronts_engine_client_does_not_import_the_engine() -> None:

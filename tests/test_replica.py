@@ -12,6 +12,7 @@ from actorserve.errors import BadInput, SequenceNotHeld, ShuttingDown
 from actorserve.ipc.failures import error_from_plain, error_to_plain
 from actorserve.replica import MAX_PREFIX, made_by, mint_id, new_sequence_id, not_held, replica_id
 from actorserve.settings import BadSetting, Settings
+from actorserve.types import InferenceRequest
 
 
 def test_server_made_ids_carry_their_replica_and_128_random_bits() -> None:
@@ -50,19 +51,24 @@ def test_not_held_names_the_replica_the_id_and_where_it_was_made() -> None:
     assert type(rebuilt) is SequenceNotHeld and rebuilt.message == error.message
 
 
+def _minted(
+    parameters: dict[str, object], replica: str = "r1", *, draining: bool = False
+) -> InferenceRequest:
+    request = InferenceRequest(inputs=[], parameters=dict(parameters))
+    mint_id(request, replica, draining=draining)
+    assert request.control is not None
+    assert request.control.sequence_id == request.parameters.get("sequence_id")
+    return request
+
+
 def test_mint_id_gives_starts_an_id_and_refuses_them_while_draining() -> None:
-    start: dict[str, object] = {"sequence_start": True}
-    mint_id(start, "r1")
-    assert made_by(str(start["sequence_id"])) == "r1"
-    chosen = {"sequence_start": "true", "sequence_id": "mine"}
-    mint_id(chosen, "r1")
-    assert chosen["sequence_id"] == "mine"
-    later = {"sequence_id": "mine"}
-    mint_id(later, "r1", draining=True)  # the open sequences go on
+    start = _minted({"sequence_start": True})
+    assert made_by(str(start.parameters["sequence_id"])) == "r1"
+    assert _minted({"sequence_start": "true", "sequence_id": "mine"}).parameters["sequence_id"] == "mine"
+    _minted({"sequence_id": "mine"}, draining=True)  # the open sequences go on
     with pytest.raises(ShuttingDown, match="replica 'r1' is draining: start the sequence on another replica"):
-        mint_id({"sequence_start": True, "sequence_id": "x"}, "r1", draining=True)
+        _minted({"sequence_start": True, "sequence_id": "x"}, draining=True)
     with pytest.raises(BadInput):
-        mint_id({"sequence_start": "maybe"}, "r1")
-    long_id = {"sequence_start": True, "sequence_id": "y" * 300}  # the model's cap decides, later
-    mint_id(long_id, "r1")
-    assert long_id["sequence_id"] == "y" * 300
+        _minted({"sequence_start": "maybe"})
+    long_id = _minted({"sequence_start": True, "sequence_id": "y" * 300})  # the model's cap decides, later
+    assert long_id.parameters["sequence_id"] == "y" * 300

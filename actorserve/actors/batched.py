@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ..api import ResponseIterator, SequenceControl
+from ..api import RequestControl, ResponseIterator
 from ..errors import BadInput, ModelNotReady
 from ..model import BatchModel
 from ..settings import ModelSettings
@@ -93,7 +93,7 @@ class BatchedRunner:
         self._leftovers = leftovers
         self.closed = False
 
-    async def _start(self, request: InferenceRequest, control: SequenceControl) -> WorkItem:
+    async def _start(self, request: InferenceRequest, control: RequestControl) -> WorkItem:
         """Submit ``request``: to its sequence's actor, or begun and straight to the least
         loaded batcher. Raises what ``begin``, the supervisor or the batcher raise."""
         if control.stateful:
@@ -113,7 +113,7 @@ class BatchedRunner:
 
     @asynccontextmanager
     async def infer_stream(
-        self, request: InferenceRequest, control: SequenceControl
+        self, request: InferenceRequest, control: RequestControl
     ) -> AsyncIterator[ResponseIterator]:
         """The responses of one request as the steps produce them."""
         item = await self._start(request, control)
@@ -124,7 +124,7 @@ class BatchedRunner:
             if not item.finished:
                 self._watch_leftover(item)
 
-    async def infer(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, control: RequestControl) -> InferenceResponse:
         """One response: the item's responses merged by the model (stamped too: a
         request that streamed nothing still tells its caller the sequence's id, which
         the server may have made)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ..api import EndReason, ModelState, OneByOne, ResponseIterator, SequenceControl
+from ..api import EndReason, ModelState, OneByOne, RequestControl, ResponseIterator, control_of
 from ..errors import BadInput, ModelNotReady, Overloaded, ShuttingDown
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
@@ -197,9 +197,9 @@ class ModelHost:
         if self.metrics is not None:
             self.metrics.reject(exc.bound)
 
-    def _cancel(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
+    def _cancel(self, request: InferenceRequest, control: RequestControl) -> InferenceResponse:
         assert self.supervisor is not None
-        sequence_id = self.supervisor.cancel(control.id, control.owner)
+        sequence_id = self.supervisor.cancel(control.sequence_id, control.owner)
         return cancelled_response(self.name, self.version, request, sequence_id)
 
     # -- the public operations ----------------------------------------------------------
@@ -211,7 +211,7 @@ class ModelHost:
         runner = self._enter()
         started, ok = self.counters.started(), False
         try:
-            control = SequenceControl.take(request.parameters, self.settings.sequence.max_id_length)
+            control = control_of(request).checked(self.settings.sequence.max_id_length)
             if control.cancel:
                 yield OneByOne(_single(self._cancel(request, control)))
             else:
@@ -230,7 +230,7 @@ class ModelHost:
         runner = self._enter()
         started, ok = self.counters.started(), False
         try:
-            control = SequenceControl.take(request.parameters, self.settings.sequence.max_id_length)
+            control = control_of(request).checked(self.settings.sequence.max_id_length)
             if control.cancel:
                 response = self._cancel(request, control)
             else:

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import trio
 
-from ..api import OneByOne, ResponseIterator, SequenceControl
+from ..api import OneByOne, RequestControl, ResponseIterator
 from ..errors import ActorServeError, ModelFailed, Overloaded, SequenceNotFound
 from ..model import Model, merge_responses
 from ..settings import ModelSettings
@@ -123,7 +123,7 @@ class PlainRunner:
 
     # -- the operations (the host has parsed the sequence controls; cancel is its own) --
 
-    async def infer(self, request: InferenceRequest, control: SequenceControl) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, control: RequestControl) -> InferenceResponse:
         """One response for one request."""
         if control.stateful:
             async with aclosing(self._responses(request, control, unary=True)) as stream:
@@ -138,7 +138,7 @@ class PlainRunner:
 
     @asynccontextmanager
     async def infer_stream(
-        self, request: InferenceRequest, control: SequenceControl
+        self, request: InferenceRequest, control: RequestControl
     ) -> AsyncIterator[ResponseIterator]:
         """The responses of one request, produced in the caller's task as it reads."""
         async with aclosing(self._responses(request, control)) as stream:
@@ -172,7 +172,7 @@ class PlainRunner:
 
     # -- one request --------------------------------------------------------------------
 
-    async def _wait_turn(self, request: InferenceRequest, control: SequenceControl) -> WorkItem:
+    async def _wait_turn(self, request: InferenceRequest, control: RequestControl) -> WorkItem:
         """Queue ``request`` in its sequence and wait until the actor lets it run. The
         returned item is finished by the caller when the request is done."""
         item = new_item(request, self.settings.reply_buffer)
@@ -190,7 +190,7 @@ class PlainRunner:
         return item
 
     async def _responses(
-        self, request: InferenceRequest, control: SequenceControl, *, unary: bool = False
+        self, request: InferenceRequest, control: RequestControl, *, unary: bool = False
     ) -> AsyncGenerator[InferenceResponse, None]:
         item = await self._wait_turn(request, control) if control.stateful else None
         sequence_id = item.sequence_id if item is not None else None

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..api import EndReason, SequenceControl
+from ..api import EndReason, RequestControl
 from ..errors import (
     ModelFailed,
     Overloaded,
@@ -197,16 +197,16 @@ class Supervisor:
         for actor in list(self._actors.values()):
             actor.stop(reason)
 
-    async def submit(self, job: Job, control: SequenceControl) -> SequenceActor:
+    async def submit(self, job: Job, control: RequestControl) -> SequenceActor:
         """Route ``job`` to its sequence, opening it on ``control.start``.
 
         Raises :class:`SequenceConflict`, :class:`SequenceNotFound`, :class:`Overloaded`
         or :class:`ShuttingDown`; on success the job is queued in the actor's mailbox.
         """
         if control.start:
-            actor = await self._open(control.id, control.owner)
+            actor = await self._open(control.sequence_id, control.owner)
         else:
-            actor = self._find(control.id, control.owner)
+            actor = self._find(control.sequence_id, control.owner)
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:

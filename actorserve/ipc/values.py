@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import errors
 from ..codecs import MAX_DIMS
+from ..controls import NO_CONTROL, SEQUENCE_ID_CHARACTERS, RequestControl
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..types import DATATYPES, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 from .failures import DOMAIN_ERRORS, EngineInternalError, WireError, error_from_plain, error_to_plain
@@ -27,7 +28,7 @@ from .failures import DOMAIN_ERRORS, EngineInternalError, WireError, error_from_
 Plain = Any  # a msgpack-able value; kept loose on purpose (decoders check shapes)
 
 
-# -- tensors, requests, responses ------------------------------------------------------
+# -- tensors, requests (with their controls), responses --------------------------------------
 
 
 #: numeric OIP datatype -> little-endian numpy dtype (BYTES takes the general decoder)
@@ -85,11 +86,12 @@ def request_to_plain(request: InferenceRequest) -> Plain:
         request.parameters,
         [tensor_to_plain(t) for t in request.inputs],
         [[o.name, o.parameters] for o in request.outputs],
+        control_to_plain(request.control),
     ]
 
 
 def request_from_plain(plain: Plain) -> InferenceRequest:
-    request_id, model_name, model_version, parameters, inputs, outputs = _fields(plain, 6, "request")
+    request_id, model_name, model_version, parameters, inputs, outputs, control = _fields(plain, 7, "request")
     return InferenceRequest(
         inputs=[tensor_from_plain(t) for t in _list(inputs)],
         id=_optional_str(request_id),
@@ -99,7 +101,37 @@ def request_from_plain(plain: Plain) -> InferenceRequest:
         ],
         model_name=_optional_str(model_name),
         model_version=_optional_str(model_version),
+        control=control_from_plain(control),
     )
+
+
+def control_to_plain(control: RequestControl | None) -> Plain:
+    """A request's controls as one field: None (not read yet: the engine reads them from
+    the parameters) or ``[sequence_id, start, end, cancel, owner, priority, timeout]``."""
+    if control is None:
+        return None
+    c = control
+    return [c.sequence_id, c.start, c.end, c.cancel, c.owner, c.priority, c.timeout]
+
+
+def control_from_plain(plain: Plain) -> RequestControl | None:
+    if plain is None:
+        return None
+    sequence_id, start, end, cancel, owner, priority, timeout = _fields(plain, 7, "request control")
+    sequence_id = _optional_str(sequence_id)
+    # a door reads no other characters: anything else is a broken peer
+    if sequence_id is not None and not SEQUENCE_ID_CHARACTERS.issuperset(sequence_id):
+        raise WireError(f"malformed request control: sequence id {_short(sequence_id)}")
+    control = RequestControl(
+        sequence_id=sequence_id,
+        start=_bool(start),
+        end=_bool(end),
+        cancel=_bool(cancel),
+        owner=_optional_str(owner),
+        priority=None if priority is None else _int(priority),
+        timeout=None if timeout is None else _int(timeout),
+    )
+    return NO_CONTROL if control == NO_CONTROL else control
 
 
 def response_to_plain(response: InferenceResponse) -> Plain:
@@ -187,6 +219,8 @@ __all__ = [
     "DOMAIN_ERRORS",
     "EngineInternalError",
     "Plain",
+    "control_from_plain",
+    "control_to_plain",
     "WireError",
     "error_from_plain",
     "error_to_plain",

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
+from ..controls import control_of
 from ..errors import ModelFailed
 from ..model import BatchModel, StepOutput
 from ..torchserve_envelope import (
@@ -249,11 +250,12 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
         if state is not None:
             headers.setdefault(self.header_names.sequence_id, state.sequence_id)
             if HEADERS not in request.parameters:  # from an OIP client: its controls
-                for key, name in (
-                    ("sequence_start", self.header_names.sequence_start),
-                    ("sequence_end", self.header_names.sequence_end),
+                control = control_of(request)
+                for flag, name in (
+                    (control.start, self.header_names.sequence_start),
+                    (control.end, self.header_names.sequence_end),
                 ):
-                    if request.parameters.get(key) in (True, "true", 1):
+                    if flag:
                         headers[name] = "true"
         return TsWork(request, str(uuid.uuid4()), data, headers)
 

@@ -7,9 +7,12 @@ metadata (:func:`.grpchost.interceptor.guarded`). It sets :data:`OWNER` to the t
 :func:`fingerprint` for the task serving the request; the gRPC bridge carries it over the
 hop from asyncio to trio (:func:`.grpchost.bridge.to_trio`), and trio copies it into every
 task that task starts. :class:`OwnerStamp`, the engine every door is given, writes it into
-each inference request's ``sequence_owner`` parameter, replacing whatever the client put
-there (and only removing it when sequences are not bound), so it travels to the engine
-process like any parameter. The engine takes it out before the model sees the request.
+each inference request's control record (``RequestControl.owner``), replacing whatever
+the client put in the ``sequence_owner`` parameter (which is always removed, and only
+honoured when sequences are bound), so it travels to the engine process with the
+request's other controls. A request whose door filled no record yet gets it in the
+``sequence_owner`` parameter instead, which the engine takes out when it reads the
+record (:func:`~actorserve.controls.control_of`): the model never sees it.
 
 The fingerprint travels, never the token: a hash of the token under a label of its own,
 so it is no use as a token and is the same in every process.
@@ -21,6 +24,8 @@ import contextvars
 import hashlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
+
+import attrs
 
 from ..api import OWNER_PARAMETER, EngineAPI, ResponseStream
 from ..types import InferenceRequest, InferenceResponse
@@ -73,8 +78,8 @@ class OwnerScope:
 
 class OwnerStamp:
     """``engine`` for the doors: each inference request gets the caller's fingerprint
-    in ``sequence_owner`` (``bind``), or loses any ``sequence_owner`` a client sent
-    (not ``bind``). Everything else is ``engine``'s own."""
+    as its control record's owner (``bind``), and loses any ``sequence_owner`` a client
+    sent. Everything else is ``engine``'s own."""
 
     def __init__(self, engine: EngineAPI, *, bind: bool) -> None:
         self._engine = engine
@@ -85,10 +90,16 @@ class OwnerStamp:
 
     def _stamped(self, request: InferenceRequest, owner: str | None) -> InferenceRequest:
         params = request.parameters
-        if self._bind and owner is not None:
-            params[OWNER_PARAMETER] = owner
-        elif OWNER_PARAMETER in params:
+        if OWNER_PARAMETER in params:
             del params[OWNER_PARAMETER]
+        if not self._bind:
+            owner = None
+        control = request.control
+        if control is None:  # no record yet: the engine reads the owner with the rest
+            if owner is not None:
+                params[OWNER_PARAMETER] = owner
+        elif control.owner != owner:
+            request.control = attrs.evolve(control, owner=owner)
         return request
 
     async def infer(

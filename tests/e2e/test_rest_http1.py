@@ -300,7 +300,7 @@ async def test_every_protocol_writes_straight_into_the_socket(
     server: Server, monkeypatch: pytest.MonkeyPatch, http2: bool
 ) -> None:
     """httptools, h11 and HTTP/2 (prior knowledge) alike: a reading client's replies
-    never wait in hypercorn's send_all (transport/rest/writes.py)."""
+    never wait in hypercorn's send_all (transport/httphost/writes.py)."""
     through_send_all: list[bytes] = []
     original = TCPServer.protocol_send
 

@@ -89,7 +89,7 @@ async def test_exactly_n_events(client: httpx.AsyncClient, n_tokens: int) -> Non
 async def test_a_reading_clients_events_skip_send_all(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every byte of the stream went straight into the socket (transport/rest/writes.py):
+    """Every byte of the stream went straight into the socket (transport/httphost/writes.py):
     none waited in hypercorn's send_all, which only takes what a full socket refused."""
     through_send_all: list[bytes] = []
     original = TCPServer.protocol_send

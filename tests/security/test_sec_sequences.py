@@ -19,7 +19,7 @@ from support.replicas import not_held_message
 
 import actorserve
 from actorserve import BadInput, Overloaded, SequenceNotFound, SequenceSettings
-from actorserve.api import OWNER_PARAMETER, SequenceControl
+from actorserve.api import OWNER_PARAMETER, RequestControl
 from actorserve.replica import MAX_PREFIX, made_by, replica_id
 from actorserve.settings import BadSetting, Settings
 
@@ -69,20 +69,20 @@ async def test_server_made_ids_are_128_random_bits(autojump_clock: trio.testing.
 
 
 def test_an_id_over_the_cap_or_with_a_control_character_is_refused() -> None:
-    assert SequenceControl.from_parameters({"sequence_id": "x" * 128}).id == "x" * 128
-    assert SequenceControl.from_parameters({"sequence_id": 10**127}).id == str(10**127)
+    assert RequestControl.from_parameters({"sequence_id": "x" * 128}).sequence_id == "x" * 128
+    assert RequestControl.from_parameters({"sequence_id": 10**127}).sequence_id == str(10**127)
     with pytest.raises(BadInput, match=r"129 characters, over the limit of 128 \(sequence.max_id_length\)"):
-        SequenceControl.from_parameters({"sequence_id": "x" * 129})
+        RequestControl.from_parameters({"sequence_id": "x" * 129})
     with pytest.raises(BadInput, match=r"over the limit of 128"):
-        SequenceControl.from_parameters({"sequence_id": 10**128})
+        RequestControl.from_parameters({"sequence_id": 10**128})
     huge = "y" * (1 << 20)
     with pytest.raises(BadInput) as refused:
-        SequenceControl.from_parameters({"sequence_id": huge})
+        RequestControl.from_parameters({"sequence_id": huge})
     assert len(str(refused.value)) < 200  # the id is not echoed back
     for bad in ("a\nb", "a\r\nSet-Cookie: x", "tab\there", "nul\x00", "del\x7f", "é"):
         with pytest.raises(BadInput, match="only printable ASCII"):
-            SequenceControl.from_parameters({"sequence_id": bad})
-    assert SequenceControl.from_parameters({"sequence_id": "user 7: chat #1"}).id == "user 7: chat #1"
+            RequestControl.from_parameters({"sequence_id": bad})
+    assert RequestControl.from_parameters({"sequence_id": "user 7: chat #1"}).sequence_id == "user 7: chat #1"
 
 
 async def test_the_cap_is_a_model_setting(autojump_clock: trio.testing.MockClock) -> None:

@@ -17,7 +17,7 @@ from actorserve.actors.replies import new_item
 from actorserve.actors.sequence import Job
 from actorserve.actors.supervisor import Supervisor
 from actorserve.actors.workitem import WorkItem
-from actorserve.api import SequenceControl
+from actorserve.api import RequestControl
 from support.models import Count, Counter, RecordingModel, recording_settings, request
 
 
@@ -86,7 +86,7 @@ async def queue(engine: actorserve.Engine, req: InferenceRequest, name: str = "r
     """Put ``req`` in its sequence's mailbox as the runner does, without a checkpoint
     (unless it starts a sequence): the actor has not seen it when this returns."""
     item = new_item(req, 8)
-    control = SequenceControl.from_parameters(req.parameters)
+    control = RequestControl.from_parameters(req.parameters)
     actor = await supervisor(engine, name).submit(Job(item), control)
     item.sequence_id = actor.id
     return item

@@ -13,6 +13,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from ...api import no_sequence_id, no_sequence_text
 from ...proto.inference import InferParameter
 from ...proto.upb import DecodedRequest
 from ...replica import new_sequence_id
@@ -30,7 +31,7 @@ def metadata_sequence_id(stream: Stream[Any, Any]) -> str | None:
     """The call's ``sequence-id`` request metadata (None: none, empty or ``0``)."""
     metadata: Any = stream.metadata or {}
     value = metadata.get(SEQUENCE_METADATA)
-    return None if value in (None, "", "0") else str(value)
+    return None if value is None or no_sequence_text(value) else str(value)
 
 
 def parameter_sequence_id(parameters: Any) -> str | None:
@@ -39,7 +40,7 @@ def parameter_sequence_id(parameters: Any) -> str | None:
     param = parameters.get("sequence_id")
     for kind in _ID_KINDS:
         value = getattr(param, kind, None)
-        if value is not None and value != "" and value != 0:
+        if not no_sequence_id(value):
             return str(value)
     return None
 
@@ -53,7 +54,7 @@ def agree_on_sequence(message: Any, metadata_id: str | None) -> None:
     if isinstance(message, DecodedRequest):
         parameters = message.request.parameters
         value = parameters.get("sequence_id")
-        parameter = None if value is None or value == "" or value == 0 else str(value)
+        parameter = None if no_sequence_id(value) else str(value)
         if parameter is None:
             parameters["sequence_id"] = metadata_id
     else:
@@ -82,7 +83,7 @@ def give_start_an_id(message: Any, replica: str) -> str | None:
     None when it is not such a start."""
     if isinstance(message, DecodedRequest):
         parameters = message.request.parameters
-        if parameters.get("sequence_id") not in (None, "", 0) or not _true(parameters.get("sequence_start")):
+        if not no_sequence_id(parameters.get("sequence_id")) or not _true(parameters.get("sequence_start")):
             return None
         parameters["sequence_id"] = sequence_id = new_sequence_id(replica)
         return sequence_id

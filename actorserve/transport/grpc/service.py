@@ -20,7 +20,7 @@ from typing import Any, Final, TypeVar
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Stream
 
-from ...api import EngineAPI, ModelState, TensorMetadata
+from ...api import EngineAPI, ModelState, TensorMetadata, with_control
 from ...errors import ModelNotFound
 from ...proto.inference import (
     ModelConfigRequest,
@@ -290,7 +290,7 @@ class InferenceService:
 
     async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
         try:
-            response = await self.engine.infer(request_of(message))
+            response = await self.engine.infer(with_control(request_of(message)))
             if exchange is not None:
                 exchange.answered(response.model_version, response.parameters.get("sequence_id"))
             return response_message(response)

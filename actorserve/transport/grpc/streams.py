@@ -25,7 +25,7 @@ from typing import Any, Final
 import trio
 from grpclib.exceptions import GRPCError
 
-from ...api import ANY_ID_LENGTH, EngineAPI, ResponseIterator, SequenceControl
+from ...api import EngineAPI, RequestControl, ResponseIterator, control_of, with_control
 from ...errors import ActorServeError, BadInput, ModelNotFound
 from ...proto.inference import ModelInferResponse, ModelStreamInferResponse
 from ...proto.upb import request_of, response_message, stream_response_message
@@ -241,11 +241,9 @@ class TritonStream(StreamCall):
             try:
                 request = request_of(message)
                 session = await self._session_for(request, requests, outbox)
-                control = (
-                    SequenceControl.from_parameters(request.parameters, ANY_ID_LENGTH)
-                    if session is None
-                    else None
-                )
+                # the controls order a sequence's requests here (a stream-in session's
+                # requests go to their model as they come)
+                control = control_of(with_control(request)) if session is None else None
             except Exception as exc:
                 self.slots.release()
                 await self._fail(outbox, message, exc)
@@ -262,15 +260,17 @@ class TritonStream(StreamCall):
                 continue
             assert control is not None
             wait_for, done = self._sequence_turn(control)
-            requests.start_soon(self._serve, message, request, outbox.clone(), control.id, wait_for, done)
+            requests.start_soon(
+                self._serve, message, request, outbox.clone(), control.sequence_id, wait_for, done
+            )
 
-    def _sequence_turn(self, control: SequenceControl) -> tuple[trio.Event | None, trio.Event | None]:
+    def _sequence_turn(self, control: RequestControl) -> tuple[trio.Event | None, trio.Event | None]:
         """(what to wait for, what to set when done) to keep a sequence in order."""
-        if control.id is None or control.cancel:
+        if control.sequence_id is None or control.cancel:
             return None, None
         done = trio.Event()
-        previous = self._sequence_tail.get(control.id)
-        self._sequence_tail[control.id] = done
+        previous = self._sequence_tail.get(control.sequence_id)
+        self._sequence_tail[control.sequence_id] = done
         return previous, done
 
     async def _serve(

@@ -11,8 +11,9 @@
   target, the host's own replies.
 
 The doors (:mod:`actorserve.transport.rest`, ``.openai``, ``.torchserve``,
-``.playground``) are listed by :mod:`actorserve.server`. HTTP/1.1 and HTTP/2 under
-hypercorn are :mod:`actorserve.transport.rest.protocols` and ``.http1`` for now.
+``.playground``) are listed by :mod:`actorserve.doors`.
+- :mod:`.protocols`, :mod:`.http1`, :mod:`.writes` — HTTP/1.1 (httptools or h11) and
+  HTTP/2 under hypercorn, and the direct non-blocking socket writes every connection uses.
 """
 
 from .door import HttpDoor

@@ -14,7 +14,7 @@ from hypercorn.utils import wrap_app
 
 from ...replica import REPLICA_HEADER, replica_id
 from ...settings import Settings
-from ..rest.protocols import ServerConfig, install, use_parser
+from .protocols import ServerConfig, install, use_parser
 from .replies import ASGIApp
 
 #: seconds after the grace period for the requests it ended to send their last chunk

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from ...api import EngineAPI
+from ...api import EngineAPI, with_control
 from ...textgen import TextGeneration, TextOptions, TextPieces, text_request
 from ...types import InferenceRequest
 from .encode import Choice, Usage
@@ -53,7 +53,7 @@ def plan_choices(
         for j in range(n):
             seed = None if options.seed is None else options.seed + j
             choice_options = attrs.evolve(options, seed=seed, stop=stop)
-            request = text_request(spec, prompt, choice_options)
+            request = with_control(text_request(spec, prompt, choice_options))  # the door reads them once
             runs.append(ChoiceRun(p * n + j, p, request, stop, options.max_tokens))
     return runs
 

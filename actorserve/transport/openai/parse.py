@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import attrs
 
-from ...api import bool_parameter
+from ...api import bool_parameter, no_sequence_id, no_sequence_text
 from ...errors import BadInput
 from ...limits import MAX_CHAT_MESSAGES
 from ...textgen import TextOptions
@@ -160,7 +160,7 @@ def _sequence(obj: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, A
     for name in ("sequence_id", "sequence_start", "sequence_end"):
         value = obj.get(name)
         header = headers.get(name.replace("_", "-"))
-        if header is not None and name == "sequence_id" and header.strip() in ("", "0"):
+        if header is not None and name == "sequence_id" and no_sequence_text(header.strip()):
             header = None
         if header is not None and value is not None:
             same = (
@@ -179,7 +179,7 @@ def _sequence(obj: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, A
         if name == "sequence_id":
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise _bad("'sequence_id' must be an integer or a string", name, "invalid_type")
-            if value not in (0, ""):
+            if not no_sequence_id(value):
                 out[name] = value.strip() if isinstance(value, str) else value
         else:
             out[name] = _flag(value, name)

@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from ...api import EngineAPI
+from ...api import EngineAPI, control_of, no_sequence_id
 from ...replica import new_sequence_id
 from ...types import InferenceRequest, InferenceResponse
 
@@ -67,7 +67,8 @@ class SequenceNaming:
         (``NEW_SESSION``, or ``sequence_start`` alone) gets its id here, in the preset's
         format: the engine would make one SageMaker refuses."""
         parameters = request.parameters
-        if self.new_value is None or parameters.get("sequence_id") not in (None, "", 0, "0"):
+        value = parameters.get("sequence_id")
+        if self.new_value is None or not (no_sequence_id(value) or value == "0"):
             return
         if _true(parameters.get("sequence_start")):
             parameters["sequence_id"] = new_sequence_id(self.replica, sagemaker=True)
@@ -104,11 +105,10 @@ def naming_for(preset: str, replica: str) -> SequenceNaming:
 
 
 def sequence_flags(request: InferenceRequest) -> tuple[bool, bool]:
-    """(starts, ends) of a request, read before the engine takes its parameters (a
-    ``sequence_cancel`` ends its sequence too)."""
-    parameters = request.parameters
-    ends = _true(parameters.get("sequence_end")) or _true(parameters.get("sequence_cancel"))
-    return _true(parameters.get("sequence_start")), ends
+    """(starts, ends) of a request, from its control record (a ``sequence_cancel`` ends
+    its sequence too)."""
+    control = control_of(request)
+    return control.start, control.end or control.cancel
 
 
 def _true(value: object) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from ...api import bool_parameter
+from ...api import bool_parameter, no_sequence_text, with_control
 from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
 from ...limits import MAX_INPUTS, check_count, check_json_containers
@@ -345,10 +345,12 @@ def _take_output_encoding(request: InferenceRequest) -> OutputEncoding:
 
 def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -> None:
     """Copy ``sequence-*`` headers into the request parameters (a header that disagrees
-    with a parameter of the body is an error). A ``sequence-id`` of ``0`` means none."""
+    with a parameter of the body is an error; a ``sequence-id`` of ``0`` means none),
+    then read the request's control record from them: every REST request the OIP door
+    decodes comes through here, once."""
     for param, value in headers.sequence:
         value = value.strip()
-        if param == "sequence_id" and value in ("", "0"):
+        if param == "sequence_id" and no_sequence_text(value):
             continue
         if param == "sequence_id" and value == headers.naming.new_value:
             param, value = "sequence_start", "true"  # SageMaker's NEW_SESSION
@@ -366,6 +368,7 @@ def apply_sequence_headers(request: InferenceRequest, headers: RequestHeaders) -
                 f"{param!r} ({existing!r})"
             )
     headers.naming.give_id(request)  # SageMaker's preset: its own id format for a start
+    with_control(request)
 
 
 # -- responses ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ...api import EngineAPI, ResponseIterator, bool_parameter
+from ...api import EngineAPI, ResponseIterator, bool_parameter, with_control
 from ...errors import BadInput, ModelNotFound, SequenceConflict, SequenceNotFound
 from ...torchserve_envelope import SEQUENCE_PLATFORM, Answer, HeaderNames, make_request
 from ...torchserve_envelope import answer as answer_of
@@ -97,8 +97,10 @@ class Predictor:
             attempts = [{**base, "sequence_start": start}, {**base, "sequence_start": not start}]
         async with contextlib.AsyncExitStack() as stack:
             for number, parameters in enumerate(attempts):
-                request = make_request(
-                    call.inputs, headers, model=call.model, version=call.version, parameters=parameters
+                request = with_control(
+                    make_request(
+                        call.inputs, headers, model=call.model, version=call.version, parameters=parameters
+                    )
                 )
                 stream = self.engine.infer_stream(request, model=call.model, version=call.version)
                 try:

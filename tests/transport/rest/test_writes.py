@@ -1,4 +1,4 @@
-"""A connection's writes (``transport/rest/writes.py``) on real loopback sockets: bytes
+"""A connection's writes (``transport/httphost/writes.py``) on real loopback sockets: bytes
 that fit go straight into the socket with no scheduler trip, the rest waits in
 hypercorn's ``send_all`` (backpressure) with later writes behind it in order, a broken or
 closed socket goes by ``send_all``, and a write is still a cancellation point."""
@@ -16,7 +16,7 @@ from hypercorn.config import Config
 from hypercorn.events import Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from actorserve.transport.rest.writes import YIELD_EVERY, DirectWriter, plain_socket
+from actorserve.transport.httphost.writes import YIELD_EVERY, DirectWriter, plain_socket
 
 
 class Recorder:
