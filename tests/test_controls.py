@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import msgpack
 import numpy as np
 import orjson
@@ -234,3 +235,12 @@ def test_the_doors_engine_stamps_the_owner_into_the_record() -> None:
     raw = InferenceRequest(inputs=[], parameters={"sequence_id": "s"})
     assert bound._stamped(raw, "fp").parameters == {"sequence_id": "s", OWNER_PARAMETER: "fp"}
     assert control_of(raw) == RequestControl(sequence_id="s", owner="fp")
+
+
+def test_every_control_field_has_a_link_reader() -> None:
+    """A field added to RequestControl crosses the engine link with no edit of
+    ipc/values.py, as long as its type is one the link reads."""
+    from actorserve.ipc.values import _CONTROL_FIELD_TYPES
+
+    for field in attrs.fields(RequestControl):
+        assert str(field.type) in _CONTROL_FIELD_TYPES, (field.name, field.type)

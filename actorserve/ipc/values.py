@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+import attrs
 import numpy as np
 
 from .. import errors
@@ -107,30 +108,30 @@ def request_from_plain(plain: Plain) -> InferenceRequest:
 
 def control_to_plain(control: RequestControl | None) -> Plain:
     """A request's controls as one field: None (not read yet: the engine reads them from
-    the parameters) or ``[sequence_id, start, end, cancel, owner, priority, timeout]``."""
+    the parameters) or the record's fields in declaration order (``[sequence_id, start,
+    end, cancel, owner, priority, timeout]`` today)."""
     if control is None:
         return None
-    c = control
-    return [c.sequence_id, c.start, c.end, c.cancel, c.owner, c.priority, c.timeout]
+    return list(attrs.astuple(control, recurse=False))
 
 
 def control_from_plain(plain: Plain) -> RequestControl | None:
+    """The record back, each field checked by its declared type: a field added to
+    :class:`RequestControl` crosses the link with no change here (its type must be one of
+    :data:`_CONTROL_FIELD_TYPES`; a test fails otherwise)."""
     if plain is None:
         return None
-    sequence_id, start, end, cancel, owner, priority, timeout = _fields(plain, 7, "request control")
-    sequence_id = _optional_str(sequence_id)
+    fields: tuple[attrs.Attribute[Any], ...] = attrs.fields(RequestControl)
+    values = _fields(plain, len(fields), "request control")
+    kwargs = {
+        field.name: _CONTROL_FIELD_TYPES[str(field.type)](value)
+        for field, value in zip(fields, values, strict=True)
+    }
+    sequence_id = kwargs["sequence_id"]
     # a door reads no other characters: anything else is a broken peer
     if sequence_id is not None and not SEQUENCE_ID_CHARACTERS.issuperset(sequence_id):
         raise WireError(f"malformed request control: sequence id {_short(sequence_id)}")
-    control = RequestControl(
-        sequence_id=sequence_id,
-        start=_bool(start),
-        end=_bool(end),
-        cancel=_bool(cancel),
-        owner=_optional_str(owner),
-        priority=None if priority is None else _int(priority),
-        timeout=None if timeout is None else _int(timeout),
-    )
+    control = RequestControl(**kwargs)
     return NO_CONTROL if control == NO_CONTROL else control
 
 
@@ -201,6 +202,14 @@ def _bool(plain: Plain) -> bool:
     if not isinstance(plain, bool):
         raise WireError(f"expected a boolean, got {_short(plain)}")
     return plain
+
+
+#: how a :class:`RequestControl` field of each declared type is read off the link
+_CONTROL_FIELD_TYPES: Final[dict[str, Any]] = {
+    "bool": _bool,
+    "str | None": _optional_str,
+    "int | None": lambda plain: None if plain is None else _int(plain),
+}
 
 
 def plain_default(value: object) -> Plain:
