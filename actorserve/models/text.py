@@ -46,6 +46,8 @@ from ..types import InferenceRequest, InferenceResponse, Tensor
 from .textlm.generation import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
+    GENERATION_PARAMETERS,
+    TEXT_GENERATION,
     Generation,
     TextState,
     longest_stop_prefix,
@@ -61,12 +63,8 @@ __all__ = ["Generation", "TextModel", "TextState", "sample_rows"]
 class TextModel(BatchModel[TextState, Generation]):
     """The ``text`` model; see the module docstring for its contract."""
 
-    request_parameters: ClassVar[frozenset[str] | None] = frozenset(
-        {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
-    )
-    text_generation: ClassVar[TextGeneration | None] = TextGeneration(
-        sampling=("temperature", "top_p", "seed"), stop=True, usage=True
-    )
+    request_parameters: ClassVar[frozenset[str] | None] = GENERATION_PARAMETERS
+    text_generation: ClassVar[TextGeneration | None] = TEXT_GENERATION
 
     default_max_batch_size: ClassVar[int] = 64
     overridable_parameters: ClassVar[frozenset[str]] = frozenset(

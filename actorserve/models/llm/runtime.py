@@ -25,7 +25,14 @@ from ...model import BatchModel, StepOutput, float_parameter, int_parameter
 from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest, InferenceResponse, Tensor
-from ..textlm.generation import DEFAULT_MAX_TOKENS, request_seed, sample_rows, stop_strings
+from ..textlm.generation import (
+    DEFAULT_MAX_TOKENS,
+    GENERATION_PARAMETERS,
+    TEXT_GENERATION,
+    request_seed,
+    sample_rows,
+    stop_strings,
+)
 from .checkpoint import chat_template, source_of
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .state import LLMState, LLMWork
@@ -43,12 +50,8 @@ def _bytes(text: str) -> np.ndarray[Any, np.dtype[Any]]:
 class TransformersModel(BatchModel[LLMState, LLMWork]):
     """A causal LM of ``transformers``; see the module docstring and docs/llm.md."""
 
-    request_parameters: ClassVar[frozenset[str] | None] = frozenset(
-        {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
-    )
-    text_generation: ClassVar[TextGeneration | None] = TextGeneration(
-        sampling=("temperature", "top_p", "seed"), stop=True, usage=True
-    )
+    request_parameters: ClassVar[frozenset[str] | None] = GENERATION_PARAMETERS
+    text_generation: ClassVar[TextGeneration | None] = TEXT_GENERATION
     default_max_batch_size: ClassVar[int] = 32
     overridable_parameters: ClassVar[frozenset[str]] = frozenset(
         {"prefill_chunk", "max_tokens_limit", "max_context", "kv_cache_budget_mb", "threads"}

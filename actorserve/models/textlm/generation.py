@@ -9,7 +9,7 @@ import torch
 
 from ...errors import BadInput
 from ...model import int_parameter
-from ...textgen import longest_stop_prefix
+from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest
 from .network import TextLMCore, nucleus
 
@@ -19,8 +19,17 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 DRAW_BLOCK = 64
 _U64 = (1 << 64) - 1
+#: the request parameters of the generation rules, the same for every built-in text
+#: model (``text`` and the ``transformers`` runtime): the same names, the same meanings
+GENERATION_PARAMETERS: frozenset[str] = frozenset(
+    {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
+)
+#: what the generate extension and the OpenAI routes may map onto them
+TEXT_GENERATION = TextGeneration(sampling=("temperature", "top_p", "seed"), stop=True, usage=True)
 
 __all__ = [
+    "GENERATION_PARAMETERS",
+    "TEXT_GENERATION",
     "Draws",
     "Generation",
     "TextState",
