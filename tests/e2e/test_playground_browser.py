@@ -16,23 +16,13 @@ import pytest
 import trio
 import trio.testing
 from httpx_sse import aconnect_sse
+from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.models.text import TextModel
 from actorserve.models.textlm.network import generate
 from actorserve.server import Server
 from actorserve.transport.playground import FILES
-
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-BROWSER_TIMEOUT = 120.0
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ text is exactly what the API gives."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from e2e.test_playground_browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
+from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
 
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.server import Server
@@ -29,52 +28,38 @@ async def server(launch: Callable[..., Awaitable[Server]]) -> Server:
 
 def drive_chat(base_url: str) -> dict[str, Any]:
     """Runs in a worker thread (see test_playground_browser for the event loop policy)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
     got: dict[str, Any] = {}
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-                bodies: list[str] = []
-                page.on(
-                    "request", lambda r: bodies.append(r.post_data or "") if "/v1/chat" in r.url else None
-                )
-                page.goto(f"{base_url}/")
-                expect(page.locator("#model")).to_have_attribute("data-ready", "true")
-                page.select_option("#mode", "chat")
-                page.fill("#max-tokens", str(MAX_TOKENS))
-                page.fill("#temperature", "0")
-                page.check("#continue")
+    with chromium_page() as (page, errors):
+        bodies: list[str] = []
+        page.on("request", lambda r: bodies.append(r.post_data or "") if "/v1/chat" in r.url else None)
+        page.goto(f"{base_url}/")
+        expect(page.locator("#model")).to_have_attribute("data-ready", "true")
+        page.select_option("#mode", "chat")
+        page.fill("#max-tokens", str(MAX_TOKENS))
+        page.fill("#temperature", "0")
+        page.check("#continue")
 
-                def send(text: str) -> str:
-                    page.fill("#prompt", text)
-                    page.click("#generate")
-                    expect(page.locator("#output")).to_have_attribute("data-state", "done")
-                    return page.locator("#output .generated").last.text_content() or ""
+        def send(text: str) -> str:
+            page.fill("#prompt", text)
+            page.click("#generate")
+            expect(page.locator("#output")).to_have_attribute("data-state", "done")
+            return page.locator("#output .generated").last.text_content() or ""
 
-                got["first"] = send("Speak, friend.")
-                got["sequence"] = page.locator("#sequence-id").inner_text()
-                got["second"] = send("Whither?")
-                got["stats"] = page.locator("#stats").inner_text()
-                page.click("#forget")
-                expect(page.locator("#sequence")).to_be_hidden()
-                page.uncheck("#continue")
-                page.click("#clear")
-                got["plain_first"] = send("Speak, friend.")
-                got["plain_second"] = send("Whither?")
-                got["transcript"] = page.locator("#output").inner_text()
-                got["bodies"] = bodies
-                got["errors"] = errors
-            finally:
-                browser.close()
-    finally:
-        asyncio.set_event_loop_policy(None)
+        got["first"] = send("Speak, friend.")
+        got["sequence"] = page.locator("#sequence-id").inner_text()
+        got["second"] = send("Whither?")
+        got["stats"] = page.locator("#stats").inner_text()
+        page.click("#forget")
+        expect(page.locator("#sequence")).to_be_hidden()
+        page.uncheck("#continue")
+        page.click("#clear")
+        got["plain_first"] = send("Speak, friend.")
+        got["plain_second"] = send("Whither?")
+        got["transcript"] = page.locator("#output").inner_text()
+        got["bodies"] = bodies
+        got["errors"] = errors
     return got
 
 

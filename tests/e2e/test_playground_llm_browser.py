@@ -4,7 +4,6 @@ API answers (the prompt alone, then the whole history re-sent)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from e2e.test_playground_browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
+from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
@@ -32,40 +31,28 @@ async def server(launch: Callable[..., Awaitable[Server]], tmp_path: Path) -> Se
 
 def drive(base_url: str) -> dict[str, Any]:
     """Runs in a worker thread (see test_playground_browser for the event loop policy)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
     got: dict[str, Any] = {}
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-            try:
-                page = browser.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-                page.goto(f"{base_url}/")
-                expect(page.locator("#model")).to_have_attribute("data-ready", "true")
-                got["models"] = page.locator("#model option:not([disabled])").all_inner_texts()
-                page.select_option("#model", "llm")
-                page.fill("#max-tokens", str(MAX_TOKENS))
-                page.fill("#temperature", "0")
-                page.check("#continue")
+    with chromium_page() as (page, errors):
+        page.goto(f"{base_url}/")
+        expect(page.locator("#model")).to_have_attribute("data-ready", "true")
+        got["models"] = page.locator("#model option:not([disabled])").all_inner_texts()
+        page.select_option("#model", "llm")
+        page.fill("#max-tokens", str(MAX_TOKENS))
+        page.fill("#temperature", "0")
+        page.check("#continue")
 
-                def send(text: str) -> str:
-                    page.fill("#prompt", text)
-                    page.click("#generate")
-                    expect(page.locator("#output")).to_have_attribute("data-state", "done")
-                    return page.locator("#output .generated").last.text_content() or ""
+        def send(text: str) -> str:
+            page.fill("#prompt", text)
+            page.click("#generate")
+            expect(page.locator("#output")).to_have_attribute("data-state", "done")
+            return page.locator("#output .generated").last.text_content() or ""
 
-                got["first"] = send("ROMEO:\n")
-                got["second"] = send("JULIET:\n")
-                got["transcript"] = page.locator("#output").inner_text()
-                got["errors"] = errors
-            finally:
-                browser.close()
-    finally:
-        asyncio.set_event_loop_policy(None)
+        got["first"] = send("ROMEO:\n")
+        got["second"] = send("JULIET:\n")
+        got["transcript"] = page.locator("#output").inner_text()
+        got["errors"] = errors
     return got
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import trio
-from e2e.test_playground_browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
+from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 from support.countdown import countdown_settings
 
 from actorserve.models import builtin_settings as builtin_models

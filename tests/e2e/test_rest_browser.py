@@ -11,18 +11,9 @@ from typing import Any
 
 import pytest
 import trio
+from support.browser import CHROMIUM, FLAGS
 
 from actorserve.server import Server
-
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 
@@ -74,7 +65,7 @@ async def test_browser_event_source_and_fetch(server: Server) -> None:
     # Playwright runs in its own process: its sync API needs a plain asyncio loop, and
     # trio-asyncio (imported by the gRPC transport) changes asyncio's loop policy here.
     code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"import json, sys; sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]; "
         f"from test_rest_browser import in_browser; print(json.dumps(in_browser({str(server.http_url)!r})))"
     )
     with trio.fail_after(120):
