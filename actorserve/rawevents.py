@@ -12,9 +12,17 @@ stream comes as an :class:`~actorserve.types.InferenceResponse`. No I/O.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import attrs
+import numpy as np
+
+from .types import DATATYPES, InferenceResponse, Tensor
+
+#: numeric OIP datatype -> the little-endian numpy dtype of its raw data
+RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
+}
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -38,3 +46,20 @@ class RawEvent(NamedTuple):
     shapes: tuple[tuple[int, ...], ...]
     parameters: dict[str, Any]
     raws: list[bytes]
+
+
+def response_of(event: RawEvent) -> InferenceResponse:
+    """The response a raw event stands for (for the rare event a transport cannot write
+    raw)."""
+    head = event.head
+    outputs = []
+    for name, datatype, shape, parameters, raw in zip(
+        head.names, head.datatypes, event.shapes, head.parameters, event.raws, strict=True
+    ):
+        if datatype == "BYTES":  # one element (see the module)
+            data = np.empty(1, dtype=object)
+            data[0] = raw[4:]
+        else:
+            data = np.frombuffer(raw, RAW_DTYPES[datatype]).reshape(shape)
+        outputs.append(Tensor(name, shape, datatype, data, dict(parameters)))
+    return InferenceResponse(head.model_name, outputs, head.model_version, head.id, event.parameters)

@@ -30,15 +30,11 @@ import numpy as np
 from .. import errors
 from ..codecs import MAX_DIMS
 from ..raw import tensor_to_raw
-from ..rawevents import RawEvent, StreamHead
-from ..types import DATATYPES, InferenceResponse, Tensor
+from ..rawevents import RAW_DTYPES, RawEvent, StreamHead
+from ..types import InferenceResponse, Tensor
 from .values import Plain, WireError, tensor_from_plain
 
 _LEN: Final = struct.Struct("<I")
-#: numeric OIP datatype -> little-endian numpy dtype
-_RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
-    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
-}
 
 #: the constants of a stream: model name, version, id, then per output name, datatype
 #: and parameters
@@ -54,7 +50,7 @@ def _raw(tensor: Tensor) -> bytes:
         raise errors.BadInput(
             f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
         )
-    dtype = _RAW_DTYPES.get(tensor.datatype)
+    dtype = RAW_DTYPES.get(tensor.datatype)
     if dtype is None:  # BYTES
         if count == 1:  # one string: a streamed text piece, the common case
             value = data.reshape(-1)[0]
@@ -177,7 +173,7 @@ class DeltaDecoder:
         self._raw_shapes = tuple(self._shapes)
         sizes: list[int] = []
         for datatype, shape in zip(head[4], self._shapes, strict=True):
-            dtype = _RAW_DTYPES.get(datatype)
+            dtype = RAW_DTYPES.get(datatype)
             count = math.prod(shape)
             if dtype is not None and count:
                 sizes.append(count * dtype.itemsize)
@@ -259,7 +255,7 @@ def _head(plain: Plain) -> _Head:
 def _builder(name: str, datatype: str, shape: tuple[int, ...], parameters: dict[str, Any]) -> _Build:
     """How to build the data of one output from its raw bytes: a numpy view on them for
     numeric data, one object array for a single string, else the general decoder."""
-    dtype = _RAW_DTYPES.get(datatype)
+    dtype = RAW_DTYPES.get(datatype)
     count: int = math.prod(shape)
     if dtype is not None and shape and count:
         size, typed = count * dtype.itemsize, dtype

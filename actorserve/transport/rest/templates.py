@@ -26,9 +26,9 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from ...rawevents import RawEvent
+from ...rawevents import RAW_DTYPES, RawEvent, response_of
 from ...textgen import element_text
-from ...types import DATATYPES, InferenceResponse, Tensor
+from ...types import InferenceResponse, Tensor
 from .generate import encode_event_source, encode_generate, generate_value
 from .wire import encode_oip
 
@@ -189,15 +189,11 @@ def _data_json(tensor: Tensor) -> bytes:
     return _dumps(np.ascontiguousarray(data).reshape(-1))
 
 
-#: numeric OIP datatype -> the little-endian numpy dtype of its raw data
-_RAW_DTYPES: Final = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"}
-
-
 def _raw_data_json(datatype: str) -> Callable[[bytes], bytes]:
     """:func:`_data_json` of an output's raw data (numbers, or one BYTES element)."""
     if datatype == "BYTES":
         return lambda raw: _dumps([raw[4:].decode("utf-8", "replace")])  # element_text
-    dtype = _RAW_DTYPES[datatype]
+    dtype = RAW_DTYPES[datatype]
     if dtype in _AS_LIST:
         return lambda raw: orjson.dumps(np.frombuffer(raw, dtype).tolist())
     return lambda raw: _dumps(np.frombuffer(raw, dtype))
@@ -207,7 +203,7 @@ def _raw_generate_json(datatype: str, shape: tuple[int, ...]) -> Callable[[bytes
     """:func:`_generate_json` of an output's raw data (numbers, or one BYTES element)."""
     if datatype == "BYTES":  # one element: a scalar
         return lambda raw: _dumps(raw[4:].decode("utf-8", "replace"))
-    dtype = _RAW_DTYPES[datatype]
+    dtype = RAW_DTYPES[datatype]
     if math.prod(shape) == 1 and len(shape) <= 1:
         return lambda raw: _dumps(np.frombuffer(raw, dtype).item())
     return lambda raw: _dumps(np.frombuffer(raw, dtype).reshape(shape).tolist())
@@ -299,7 +295,7 @@ class GenerateEvents:
                     for name, datatype, shape in zip(head.names, head.datatypes, event.shapes, strict=True)
                 ]
         if self._raw_outputs is None:
-            return self._slow(_response_of(event))
+            return self._slow(response_of(event))
         parts = [self._raw_head]
         for (key, data_json), raw in zip(self._raw_outputs, event.raws, strict=True):
             parts += (key, data_json(raw))
@@ -322,22 +318,6 @@ def _generate_head(response_id: str | None, model_name: str, model_version: str 
         head += b'"id":' + _dumps(response_id) + b","
     head += b'"model_name":' + _dumps(model_name)
     return head + b',"model_version":' + _dumps(model_version)
-
-
-def _response_of(event: RawEvent) -> InferenceResponse:
-    """The response a raw event stands for (for the rare event no template takes)."""
-    head = event.head
-    outputs = []
-    for name, datatype, shape, parameters, raw in zip(
-        head.names, head.datatypes, event.shapes, head.parameters, event.raws, strict=True
-    ):
-        if datatype == "BYTES":
-            data = np.empty(1, dtype=object)
-            data[0] = raw[4:]
-        else:
-            data = np.frombuffer(raw, _RAW_DTYPES[datatype]).reshape(shape)
-        outputs.append(Tensor(name, shape, datatype, data, dict(parameters)))
-    return InferenceResponse(head.model_name, outputs, head.model_version, head.id, event.parameters)
 
 
 def for_stream(encode: Callable[[InferenceResponse], bytes]) -> Callable[[InferenceResponse], bytes]:
