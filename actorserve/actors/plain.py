@@ -30,6 +30,10 @@ from .sequence import Job
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+#: how late, as a fraction of ``step_timeout``, a plain model's stream may notice a step
+#: past it (see ``PlainRunner._stream_into``); never early
+DEADLINE_SLACK = 0.01
 T = TypeVar("T")
 
 
@@ -236,19 +240,23 @@ class PlainRunner:
         self, out: Pumped, model: Model, request: InferenceRequest, item: WorkItem | None
     ) -> None:
         """Pull the model's responses into ``out``, each step within ``step_timeout``:
-        one cancel scope for the whole stream whose deadline moves with each step (a
-        scope per step cost more than the rest of a cheap model's step)."""
+        one cancel scope for the whole stream whose deadline moves with the steps (a
+        scope per step cost more than the rest of a cheap model's step). The deadline
+        moves only when it would otherwise come early, to :data:`DEADLINE_SLACK` past
+        the step's own: steps that follow each other quickly share one."""
         timeout = model.step_timeout
+        slack = 0.0 if timeout is None else timeout * DEADLINE_SLACK
         sequence_id = item.sequence_id if item is not None else None
         name = self.settings.name
         current_time = trio.current_time
         async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
             next_response = responses.__anext__
             with trio.CancelScope() as steps:
+                armed = -math.inf  # the scope's deadline, when set
                 while True:
                     started = current_time()
-                    if timeout is not None:
-                        steps.deadline = started + timeout
+                    if timeout is not None and started + timeout > armed:
+                        armed = steps.deadline = started + timeout + slack
                     try:
                         response = await next_response()
                     except StopAsyncIteration:
@@ -267,7 +275,8 @@ class PlainRunner:
                         raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
                     out.put(stamp(response, request.id, sequence_id), now)
                     if out.due(now, started):
-                        steps.deadline = math.inf  # the reader's pace is not the model's
+                        if armed != -math.inf:  # the reader's pace is not the model's
+                            steps.deadline, armed = math.inf, -math.inf
                         await out.turn()
             if steps.cancelled_caught:
                 assert timeout is not None  # only the step deadline cancels this scope
