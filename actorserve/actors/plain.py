@@ -10,6 +10,7 @@ requests of one sequence run one after another), then runs here as well.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import aclosing, asynccontextmanager
 from typing import TypeVar
@@ -18,16 +19,21 @@ import trio
 
 from ..api import OneByOne, RequestControl, ResponseIterator
 from ..errors import ActorServeError, ModelFailed, Overloaded, SequenceNotFound
-from ..model import Model, merge_responses
+from ..model import Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
 from .batcher import WorkItem
 from .outputs import malformed, response_problem
+from .pumped import Pumped
 from .replies import new_item, stamp
 from .sequence import Job
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+#: how late, as a fraction of ``step_timeout``, a plain model's stream may notice a step
+#: past it (see ``PlainRunner._stream_into``); never early
+DEADLINE_SLACK = 0.01
 T = TypeVar("T")
 
 
@@ -106,29 +112,33 @@ class PlainRunner:
             with trio.fail_after(timeout):
                 result = await call
         except trio.TooSlowError:
-            error = ModelFailed(
-                f"model {self.settings.name!r}: no response within its step_timeout of {timeout:g} s"
-            )
-            log.error("%s (the call was cancelled)", error)
-            raise error from None
+            raise self._timed_out(timeout) from None
         if trio.current_time() - started > timeout:
-            log.warning(
-                "model %r: a call took %.1f s, past its step_timeout of %g s, without letting the event loop "
-                "cancel it (work computed inline cannot be preempted: run long work in a thread)",
-                self.settings.name,
-                trio.current_time() - started,
-                timeout,
-            )
+            self._overran(trio.current_time() - started, timeout)
         return result
+
+    def _timed_out(self, timeout: float) -> ModelFailed:
+        error = ModelFailed(
+            f"model {self.settings.name!r}: no response within its step_timeout of {timeout:g} s"
+        )
+        log.error("%s (the call was cancelled)", error)
+        return error
+
+    def _overran(self, took: float, timeout: float) -> None:
+        log.warning(
+            "model %r: a call took %.1f s, past its step_timeout of %g s, without letting the event loop "
+            "cancel it (work computed inline cannot be preempted: run long work in a thread)",
+            self.settings.name,
+            took,
+            timeout,
+        )
 
     # -- the operations (the host has parsed the sequence controls; cancel is its own) --
 
     async def infer(self, request: InferenceRequest, control: RequestControl) -> InferenceResponse:
         """One response for one request."""
         if control.stateful:
-            async with aclosing(self._responses(request, control, unary=True)) as stream:
-                responses = [r async for r in stream]
-            return merge_responses(self.replicas[0], request, responses)
+            return await self._infer_in_turn(request, control)
         index = self._take_replica()
         try:
             model = self.replicas[index]
@@ -140,9 +150,21 @@ class PlainRunner:
     async def infer_stream(
         self, request: InferenceRequest, control: RequestControl
     ) -> AsyncIterator[ResponseIterator]:
-        """The responses of one request, produced in the caller's task as it reads."""
-        async with aclosing(self._responses(request, control)) as stream:
-            yield OneByOne(stream)
+        """The responses of one request, produced by a task of their own (the stream's
+        actor) into a buffer of ``reply_buffer`` responses that the caller reads in
+        batches (:mod:`.pumped`). Leaving the block cancels that task."""
+        out = Pumped(self.settings.reply_buffer)
+        error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._produce, out, request, control)
+            try:
+                yield out
+            except BaseException as exc:
+                error = exc  # raised as itself below, not inside the nursery's group
+            finally:
+                nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
 
     @asynccontextmanager
     async def stream_input(
@@ -189,36 +211,91 @@ class PlainRunner:
             raise item.error or SequenceNotFound(f"sequence {actor.id!r} ended")
         return item
 
-    async def _responses(
-        self, request: InferenceRequest, control: RequestControl, *, unary: bool = False
-    ) -> AsyncGenerator[InferenceResponse, None]:
-        item = await self._wait_turn(request, control) if control.stateful else None
+    async def _produce(self, out: Pumped, request: InferenceRequest, control: RequestControl) -> None:
+        """Run ``request``'s stream into ``out``: its responses, then its end or error."""
+        try:
+            item = await self._wait_turn(request, control) if control.stateful else None
+            try:
+                index = self._take_replica()
+            except BaseException:
+                if item is not None:
+                    item.finish()
+                raise
+            try:
+                await self._stream_into(out, self.replicas[index], request, item)
+            except ModelFailed as exc:
+                if item is not None:
+                    item.fail(exc)  # the sequence ends (failed): its state is suspect
+                raise
+            finally:
+                self._load[index] -= 1
+                if item is not None:
+                    item.finish()
+        except Exception as exc:
+            out.fail(exc)
+        else:
+            out.close()
+
+    async def _stream_into(
+        self, out: Pumped, model: Model, request: InferenceRequest, item: WorkItem | None
+    ) -> None:
+        """Pull the model's responses into ``out``, each step within ``step_timeout``:
+        one cancel scope for the whole stream whose deadline moves with the steps (a
+        scope per step cost more than the rest of a cheap model's step). The deadline
+        moves only when it would otherwise come early, to :data:`DEADLINE_SLACK` past
+        the step's own: steps that follow each other quickly share one."""
+        timeout = model.step_timeout
+        slack = 0.0 if timeout is None else timeout * DEADLINE_SLACK
         sequence_id = item.sequence_id if item is not None else None
+        name = self.settings.name
+        current_time = trio.current_time
+        async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
+            next_response = responses.__anext__
+            with trio.CancelScope() as steps:
+                armed = -math.inf  # the scope's deadline, when set
+                while True:
+                    started = current_time()
+                    if timeout is not None and started + timeout > armed:
+                        armed = steps.deadline = started + timeout + slack
+                    try:
+                        response = await next_response()
+                    except StopAsyncIteration:
+                        break
+                    except ActorServeError:
+                        raise
+                    except Exception as exc:
+                        raise ModelFailed.wrap(name, exc) from None
+                    now = current_time()
+                    if timeout is not None and now - started > timeout:
+                        self._overran(now - started, timeout)
+                    problem = response_problem(response)
+                    if problem is not None:
+                        raise malformed(name, problem)
+                    if item is not None and item.cancelled:
+                        raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
+                    out.put(stamp(response, request.id, sequence_id), now)
+                    if out.due(now, started):
+                        if armed != -math.inf:  # the reader's pace is not the model's
+                            steps.deadline, armed = math.inf, -math.inf
+                        await out.turn()
+            if steps.cancelled_caught:
+                assert timeout is not None  # only the step deadline cancels this scope
+                raise self._timed_out(timeout)
+
+    async def _infer_in_turn(self, request: InferenceRequest, control: RequestControl) -> InferenceResponse:
+        """A sequence's unary request: its turn in the sequence, then ``predict``."""
+        item = await self._wait_turn(request, control)
         try:
             index = self._take_replica()
         except BaseException:
-            if item is not None:
-                item.finish()
+            item.finish()
             raise
         model = self.replicas[index]
         try:
-            if unary:
-                yield stamp(await self._call(model, model.predict(request)), request.id, sequence_id)
-                return
-            async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
-                while True:
-                    try:
-                        response = await self._call(model, responses.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    if item is not None and item.cancelled:
-                        raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
-                    yield stamp(response, request.id, sequence_id)
+            return stamp(await self._call(model, model.predict(request)), request.id, item.sequence_id)
         except ModelFailed as exc:
-            if item is not None:
-                item.fail(exc)  # the sequence ends (failed): its state is suspect
+            item.fail(exc)  # the sequence ends (failed): its state is suspect
             raise
         finally:
             self._load[index] -= 1
-            if item is not None:
-                item.finish()
+            item.finish()

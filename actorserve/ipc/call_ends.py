@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
 
+from ..rawevents import RawEvent
 from ..types import InferenceRequest, InferenceResponse
 from .deltas import DeltaDecoder
 from .frames import End, Failed, Message
 from .values import Plain, WireError, error_from_plain
+
+T = TypeVar("T")
 
 
 class Link(Protocol):
@@ -98,6 +101,19 @@ class RemoteResponses:
             buffered = list(self._buffer)
             self._buffer.clear()
             return buffered
+        return await self._next(self._deltas.responses)
+
+    async def next_raw_batch(self) -> list[RawEvent | InferenceResponse]:
+        """:meth:`next_batch` with the responses whose outputs are numbers or one string
+        left raw (:mod:`actorserve.rawevents`): for a transport that writes the raw
+        data itself, with no response built per event."""
+        if self._buffer:
+            buffered: list[RawEvent | InferenceResponse] = list(self._buffer)
+            self._buffer.clear()
+            return buffered
+        return await self._next(self._deltas.raw_events)
+
+    async def _next(self, decode: Callable[[list[Plain]], list[T]]) -> list[T]:
         call = self._call
         if self._done:
             raise StopAsyncIteration
@@ -107,11 +123,11 @@ class RemoteResponses:
                 raise self._local_error
             self._client._check_open()
             await call.arrived.park()
-        batch: list[InferenceResponse] = []
+        batch: list[T] = []
         while call.inbox and isinstance(head := call.inbox[0], Outputs):
             call.inbox.popleft()
             try:
-                batch.extend(self._deltas.responses(head.events))
+                batch.extend(decode(head.events))
             except WireError:
                 self._done = True  # what follows cannot be decoded either
                 raise

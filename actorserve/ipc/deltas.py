@@ -30,14 +30,11 @@ import numpy as np
 from .. import errors
 from ..codecs import MAX_DIMS
 from ..raw import tensor_to_raw
-from ..types import DATATYPES, InferenceResponse, Tensor
+from ..rawevents import RAW_DTYPES, RawEvent, StreamHead
+from ..types import InferenceResponse, Tensor
 from .values import Plain, WireError, tensor_from_plain
 
 _LEN: Final = struct.Struct("<I")
-#: numeric OIP datatype -> little-endian numpy dtype
-_RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
-    name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"
-}
 
 #: the constants of a stream: model name, version, id, then per output name, datatype
 #: and parameters
@@ -53,7 +50,7 @@ def _raw(tensor: Tensor) -> bytes:
         raise errors.BadInput(
             f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
         )
-    dtype = _RAW_DTYPES.get(tensor.datatype)
+    dtype = RAW_DTYPES.get(tensor.datatype)
     if dtype is None:  # BYTES
         if count == 1:  # one string: a streamed text piece, the common case
             value = data.reshape(-1)[0]
@@ -119,14 +116,73 @@ _Build = Callable[[bytes], np.ndarray[Any, Any]]
 
 
 class DeltaDecoder:
-    """The front's end of one stream: events back into responses (see the module)."""
+    """The front's end of one stream: events back into responses (see the module), or
+    into :class:`~actorserve.rawevents.RawEvent` s for a transport that writes raw data."""
 
-    __slots__ = ("_builds", "_head", "_shapes")
+    __slots__ = ("_builds", "_head", "_raw_head", "_raw_shapes", "_shapes", "_sizes")
 
     def __init__(self) -> None:
         self._head: _Head | None = None
         self._shapes: list[tuple[int, ...]] = []
         self._builds: list[_Build] = []
+        #: the head and shapes as the raw events carry them (new objects on each change)
+        self._raw_head: StreamHead | None = None
+        self._raw_shapes: tuple[tuple[int, ...], ...] = ()
+        #: per output, its raw data's size in bytes (-1: one length-prefixed string);
+        #: None when an output is neither (its events are built as responses)
+        self._sizes: list[int] | None = None
+
+    def raw_events(self, events: Sequence[Plain]) -> list[RawEvent | InferenceResponse]:
+        """The events as :class:`RawEvent` s where every output is numbers or one string,
+        else as responses; :class:`WireError` if one is malformed (checked as
+        :meth:`responses` checks it)."""
+        if not isinstance(events, list):
+            raise WireError(f"expected a list of stream events, got {events!r:.100}")
+        out: list[RawEvent | InferenceResponse] = []
+        for event in events:
+            if not isinstance(event, list) or not 2 <= len(event) <= 4:
+                raise WireError(f"malformed stream event {event!r:.100}")
+            if len(event) > 2:
+                self._change(event)
+            sizes, head = self._sizes, self._raw_head
+            parameters, raws = event[0], event[1]
+            if sizes is None or head is None:
+                out.append(self._response([parameters, raws]))
+                continue
+            if not isinstance(parameters, dict) or not isinstance(raws, list) or len(raws) != len(sizes):
+                raise WireError(f"malformed stream event {event!r:.100}")
+            for raw, size, name in zip(raws, sizes, head.names, strict=True):
+                if not isinstance(raw, bytes):
+                    raise WireError(f"malformed tensor {name!r}: its data is not bytes")
+                if size >= 0:
+                    if len(raw) != size:
+                        raise WireError(f"malformed tensor {name!r}: {len(raw)} bytes, expected {size}")
+                elif len(raw) < 4 or int.from_bytes(raw[:4], "little") != len(raw) - 4:
+                    raise WireError(f"malformed tensor {name!r}: not one length-prefixed string")
+            out.append(RawEvent(head, self._raw_shapes, parameters, raws))
+        return out
+
+    def _change(self, event: list[Any]) -> None:
+        """Take an event's new constants and/or shapes (then its data is as any event's)."""
+        if len(event) == 4:
+            self._head = _head(event[3])
+        self._set_shapes(event[2])
+        head = self._head
+        assert head is not None  # _set_shapes checked it
+        self._raw_head = StreamHead(*head)
+        self._raw_shapes = tuple(self._shapes)
+        sizes: list[int] = []
+        for datatype, shape in zip(head[4], self._shapes, strict=True):
+            dtype = RAW_DTYPES.get(datatype)
+            count = math.prod(shape)
+            if dtype is not None and count:
+                sizes.append(count * dtype.itemsize)
+            elif datatype == "BYTES" and shape == (1,):
+                sizes.append(-1)
+            else:
+                self._sizes = None
+                return
+        self._sizes = sizes
 
     def responses(self, events: Sequence[Plain]) -> list[InferenceResponse]:
         """The responses of ``events``, in order; :class:`WireError` if one is malformed."""
@@ -137,10 +193,8 @@ class DeltaDecoder:
     def _response(self, event: Plain) -> InferenceResponse:
         if not isinstance(event, list) or not 2 <= len(event) <= 4:
             raise WireError(f"malformed stream event {event!r:.100}")
-        if len(event) == 4:
-            self._head = _head(event[3])
         if len(event) >= 3:
-            self._set_shapes(event[2])
+            self._change(event)
         head = self._head
         parameters, raws = event[0], event[1]
         if head is None:
@@ -201,7 +255,7 @@ def _head(plain: Plain) -> _Head:
 def _builder(name: str, datatype: str, shape: tuple[int, ...], parameters: dict[str, Any]) -> _Build:
     """How to build the data of one output from its raw bytes: a numpy view on them for
     numeric data, one object array for a single string, else the general decoder."""
-    dtype = _RAW_DTYPES.get(datatype)
+    dtype = RAW_DTYPES.get(datatype)
     count: int = math.prod(shape)
     if dtype is not None and shape and count:
         size, typed = count * dtype.itemsize, dtype

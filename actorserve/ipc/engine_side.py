@@ -270,24 +270,39 @@ class FrontConnection:
             except StopAsyncIteration:
                 return
             call.credit -= len(batch)
-            for entry in self._encode_entries(call_id, deltas, batch, limit):
+            entries, failure = self._encode_entries(call_id, deltas, batch, limit)
+            for entry in entries:
                 await self._outbox.put_entry(entry, limit)
+            if failure is not None:
+                raise failure
 
     def _encode_entries(
         self, call_id: int, deltas: DeltaEncoder, batch: list[InferenceResponse], limit: int
-    ) -> list[bytes]:
-        """``batch`` as one entry, or one per response if together they are too large; a
-        response that cannot cross is the model's failure (it fails this call only)."""
-        try:
-            events = [deltas.event(r) for r in batch]
+    ) -> tuple[list[bytes], ModelFailed | None]:
+        """``batch`` as one entry, or one per response if together they are too large;
+        with the error of the first response that cannot cross (the model's failure: it
+        fails this call only), the responses before it still go."""
+        events: list[Any] = []
+        failure: ModelFailed | None = None
+        for response in batch:
             try:
-                return [encode_stream_entry(call_id, events, limit)]
-            except FrameTooLarge:
-                if len(batch) == 1:
-                    raise
-            return [encode_stream_entry(call_id, [event], limit) for event in events]
-        except BadInput as exc:
-            raise ModelFailed(f"the engine cannot send the model's output: {exc.message}") from None
+                events.append(deltas.event(response))
+            except BadInput as exc:
+                failure = _cannot_send(exc)
+                break
+        if not events:
+            return [], failure
+        try:
+            return [encode_stream_entry(call_id, events, limit)], failure
+        except FrameTooLarge:
+            pass
+        entries = []
+        for event in events:
+            try:
+                entries.append(encode_stream_entry(call_id, [event], limit))
+            except BadInput as exc:
+                return entries, _cannot_send(exc)
+        return entries, failure
 
     def _encode_output(self, message: Callable[[], Message]) -> bytes:
         """A message carrying a model's output; one that cannot cross (a tensor whose
@@ -296,7 +311,7 @@ class FrontConnection:
         try:
             return self._encode(message())
         except BadInput as exc:
-            raise ModelFailed(f"the engine cannot send the model's output: {exc.message}") from None
+            raise _cannot_send(exc) from None
 
     async def _stream_in(
         self,
@@ -327,6 +342,10 @@ class FrontConnection:
             log.error("engine call %d failed", call_id, exc_info=error)
         kind, text = error_to_plain(error)
         return encode_message(Failed(call_id, kind, text))
+
+
+def _cannot_send(error: BadInput) -> ModelFailed:
+    return ModelFailed(f"the engine cannot send the model's output: {error.message}")
 
 
 def _single(error: Exception) -> Exception:

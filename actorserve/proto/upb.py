@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import BadInput
 from ..raw import tensor_from_raw, tensor_to_raw
+from ..rawevents import RawEvent, response_of
 from ..types import InferenceRequest, InferenceResponse, RequestedOutput
 from .convert import request_from_pb, response_to_pb
 from .inference import ModelInferRequest, ModelStreamInferResponse
@@ -169,6 +170,29 @@ def stream_response_message(response: InferenceResponse) -> Any:
     return ModelStreamInferResponse(infer_response=response_to_pb(response))
 
 
+def stream_raw_message(event: RawEvent) -> Any:
+    """A front's raw event (:mod:`actorserve.rawevents`) as the ``ModelStreamInferResponse``
+    of the response it stands for: its raw data is already ``raw_output_contents``."""
+    head = event.head
+    if _simple(event.parameters) and all(_simple(p) for p in head.parameters):
+        msg = UpbStreamInferResponse()
+        inner = msg.infer_response
+        inner.model_name = head.model_name
+        inner.model_version = head.model_version or ""
+        inner.id = head.id or ""
+        if _set_params(inner.parameters, event.parameters):
+            for name, datatype, shape, parameters in zip(
+                head.names, head.datatypes, event.shapes, head.parameters, strict=True
+            ):
+                entry = inner.outputs.add(name=name, datatype=datatype, shape=shape)
+                if not _set_params(entry.parameters, parameters):
+                    break
+            else:
+                inner.raw_output_contents.extend(event.raws)
+                return msg
+    return stream_response_message(response_of(event))
+
+
 def _fill(msg: Any, response: InferenceResponse) -> bool:
     """Fill an empty upb ``ModelInferResponse``; False where betterproto2 must encode."""
     if not _simple(response.parameters) or not all(_simple(t.parameters) for t in response.outputs):
@@ -225,5 +249,6 @@ __all__ = [
     "decode_request",
     "request_of",
     "response_message",
+    "stream_raw_message",
     "stream_response_message",
 ]

@@ -25,6 +25,7 @@ from actorserve.ipc.frames import (
 )
 from actorserve.ipc.outbox import Outbox
 from actorserve.ipc.values import WireError, plain_default
+from actorserve.rawevents import RawEvent
 from actorserve.types import InferenceResponse, Tensor
 
 
@@ -181,3 +182,39 @@ async def test_entries_join_only_the_message_queued_last() -> None:
     assert len(outbox) == 0
     await outbox.put_entry(entries[0], 1000)  # the taken message is closed: a new one
     assert await outbox.take(1 << 20) == [encode_stream_outputs(entries[:1])]
+
+
+def test_numbers_and_one_string_decode_as_raw_events_sharing_their_constants() -> None:
+    encoder, decoder = DeltaEncoder(), DeltaDecoder()
+    events = over_the_wire([encoder.event(token(k)) for k in range(3)])
+    raw = decoder.raw_events(events)
+    assert all(isinstance(e, RawEvent) for e in raw)
+    first = raw[0]
+    assert isinstance(first, RawEvent)
+    assert (first.head.model_name, first.head.model_version, first.head.id) == ("streamer", "1", "r1")
+    assert first.head.names == ("text_output", "index") and first.shapes == ((1,), (1,))
+    # one head and one shapes object for the whole stream: templates compare by identity
+    assert all(isinstance(e, RawEvent) and e.head is first.head and e.shapes is first.shapes for e in raw)
+    assert [e.raws for e in raw if isinstance(e, RawEvent)][2] == [
+        b"\x05\x00\x00\x00tok:2",
+        np.int64(2).tobytes(),
+    ]
+
+
+def test_outputs_that_are_not_numbers_or_one_string_decode_as_responses() -> None:
+    two = np.empty(2, dtype=object)
+    two[:] = [b"a", b"b"]
+    response = InferenceResponse("m", [Tensor("t", (2,), "BYTES", two)], id="r")
+    [decoded] = DeltaDecoder().raw_events(over_the_wire([DeltaEncoder().event(response)]))
+    assert isinstance(decoded, InferenceResponse) and decoded.outputs[0].data.tolist() == [b"a", b"b"]
+
+
+@pytest.mark.parametrize(
+    "raws",
+    [[b"\x05\x00\x00\x00tok", b"\x00" * 8], [b"\x03\x00\x00\x00tok", b"\x00" * 7], ["tok", b"\x00" * 8]],
+)
+def test_a_raw_event_of_the_wrong_size_is_a_wire_error(raws: list[Any]) -> None:
+    decoder = DeltaDecoder()
+    decoder.raw_events(over_the_wire([DeltaEncoder().event(token(0))]))
+    with pytest.raises(WireError, match="malformed tensor"):
+        decoder.raw_events([[{}, raws]])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import numpy as np
 import tritonclient.grpc as triton_grpc
 from hypothesis import given, settings
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 from tritonclient.grpc._utils import _get_inference_request
 
 from actorserve.codecs import tensor_from_numpy
+from actorserve.errors import BadInput
+from actorserve.ipc.deltas import DeltaDecoder, DeltaEncoder
+from actorserve.ipc.values import plain_default
 from actorserve.proto import inference as bp
 from actorserve.proto.convert import request_to_pb, response_to_pb
 from actorserve.proto.upb import (
@@ -19,8 +23,10 @@ from actorserve.proto.upb import (
     InferRequestDecoder,
     request_of,
     response_message,
+    stream_raw_message,
     stream_response_message,
 )
+from actorserve.rawevents import RawEvent
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from tests.strategies import arrays
 
@@ -149,3 +155,22 @@ def test_tritonclient_requests_take_the_upb_path() -> None:
     assert (decoded.model_name, decoded.id) == ("identity", "abc")
     (tensor,) = decoded.request.inputs
     np.testing.assert_array_equal(tensor.data, np.arange(4, dtype=np.float32).reshape(1, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(responses())
+def test_a_fronts_raw_event_is_the_stream_message_of_its_response(response: InferenceResponse) -> None:
+    """A front reads a remote stream as raw events where it can (ipc/deltas.py); their
+    stream messages are byte for byte those of the responses they stand for."""
+    try:
+        packed = msgpack.packb([DeltaEncoder().event(response)], use_bin_type=True, default=plain_default)
+    except (BadInput, TypeError, OverflowError):  # what cannot cross never reaches a front
+        return
+    wire = msgpack.unpackb(packed, raw=False)
+    [decoded] = DeltaDecoder().responses(wire)
+    [raw] = DeltaDecoder().raw_events(wire)
+    expected = stream_response_message(decoded).SerializeToString()
+    if isinstance(raw, RawEvent):
+        assert stream_raw_message(raw).SerializeToString() == expected
+    else:
+        assert stream_response_message(raw).SerializeToString() == expected

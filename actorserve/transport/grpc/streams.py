@@ -28,7 +28,8 @@ from grpclib.exceptions import GRPCError
 from ...api import EngineAPI, RequestControl, ResponseIterator, control_of, with_control
 from ...errors import ActorServeError, BadInput, ModelNotFound
 from ...proto.inference import ModelInferResponse, ModelStreamInferResponse
-from ...proto.upb import request_of, response_message, stream_response_message
+from ...proto.upb import request_of, response_message, stream_raw_message, stream_response_message
+from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import http_status
 from ..exchange import Exchange, Recorder
@@ -64,17 +65,33 @@ async def _pump(
     exchange: Exchange | None = None,
 ) -> None:
     """Hand every response of ``responses`` to the writer, a batch at a time (each
-    batch recorded as sent, for the stream metrics)."""
+    batch recorded as sent, for the stream metrics). A front's engine client hands
+    Triton's stream messages over raw (:mod:`actorserve.rawevents`): their data is
+    already ``raw_output_contents``, so no response is built per event."""
+    next_raw_batch = getattr(responses, "next_raw_batch", None)
+    if wrap is not stream_response_message:
+        next_raw_batch = None
     while True:
         try:
-            batch = await responses.next_batch()
+            batch = await (responses.next_batch() if next_raw_batch is None else next_raw_batch())
         except StopAsyncIteration:
             return
-        await outbox.send([wrap(response) for response in batch])
+        if next_raw_batch is not None:
+            await outbox.send([_stream_message(item) for item in batch])
+        else:
+            await outbox.send([wrap(response) for response in batch])
         if exchange is not None and recorder is not None:
             if exchange.first_at is None:
-                exchange.answered(batch[0].model_version, batch[0].parameters.get("sequence_id"))
+                first = batch[0]
+                if isinstance(first, RawEvent):
+                    exchange.answered(first.head.model_version, first.parameters.get("sequence_id"))
+                else:
+                    exchange.answered(first.model_version, first.parameters.get("sequence_id"))
             recorder.responses(exchange, len(batch))
+
+
+def _stream_message(item: RawEvent | InferenceResponse) -> Any:
+    return stream_raw_message(item) if isinstance(item, RawEvent) else stream_response_message(item)
 
 
 async def _recorded(

@@ -21,9 +21,10 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from ...api import EngineAPI
+from ...api import EngineAPI, ResponseIterator
 from ...errors import ModelNotFound
 from ...limits import PARSE_IN_THREAD_BYTES
+from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
@@ -37,7 +38,7 @@ from .generate import (
     parse_generate_body,
 )
 from .sequence_headers import OIP, SequenceNaming, answer_headers, sequence_flags
-from .sse import EVENT_STREAM_HEADERS, write_events
+from .sse import EVENT_STREAM_HEADERS, Batches, write_events
 from .templates import for_stream
 from .wire import (
     GZIP_HEADERS,
@@ -283,8 +284,9 @@ class RawRoutes:
                     note_response(exchange, first[0])
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": start_headers})
+                rest, encode_any = _raw_if_possible(responses, encode)
                 tail = await write_events(
-                    first, responses, encode, send_chunk, end_event=end_event, on_sent=sent, on_error=failed
+                    first, rest, encode_any, send_chunk, end_event=end_event, on_sent=sent, on_error=failed
                 )
         except Exception as exc:
             if started:  # a bug after the stream started: nothing left to tell the client
@@ -299,6 +301,35 @@ class RawRoutes:
 
     async def _send_reply(self, send: ASGISend, reply: HttpReply, headers: RequestHeaders) -> None:
         await send_reply(send, reply, headers.accept_encoding, self._gzip_min)
+
+
+class _RawBatches:
+    """A remote stream's batches with the responses left raw (``next_raw_batch``)."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, next_raw_batch: Callable[[], Awaitable[list[RawEvent | InferenceResponse]]]) -> None:
+        self._next = next_raw_batch
+
+    async def next_batch(self) -> list[RawEvent | InferenceResponse]:
+        return await self._next()
+
+
+def _raw_if_possible(
+    responses: ResponseIterator, encode: Encoder
+) -> tuple[Batches[Any], Callable[[Any], bytes]]:
+    """What to read the rest of a stream from, and how to encode each item: the raw events
+    of a front's engine client when the stream's template can write them (no response
+    built per event), else the responses."""
+    next_raw_batch = getattr(responses, "next_raw_batch", None)
+    raw = getattr(encode, "raw", None)
+    if next_raw_batch is None or raw is None:
+        return responses, encode
+
+    def encode_any(item: RawEvent | InferenceResponse) -> bytes:
+        return raw(item) if isinstance(item, RawEvent) else encode(item)
+
+    return _RawBatches(next_raw_batch), encode_any
 
 
 async def send_reply(

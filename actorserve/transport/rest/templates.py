@@ -9,17 +9,24 @@ hypothesis). An event whose constants differ from the template's (another id, an
 set of outputs) rebuilds the template; an event the template cannot express (output
 names that collide with the document's own keys) is encoded by the plain encoder.
 
+A template also renders a :class:`~actorserve.rawevents.RawEvent` (``template.raw``): a
+front's response whose data is still in the engine link's raw layout, so that no
+response object is built per event; the bytes are the same as for the response it
+stands for (tested with hypothesis too).
+
 No I/O: bytes in, bytes out. One template serves one stream, in one task.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
 import orjson
 
+from ...rawevents import RAW_DTYPES, RawEvent, response_of
 from ...textgen import element_text
 from ...types import InferenceResponse, Tensor
 from .generate import encode_event_source, encode_generate, generate_value
@@ -60,7 +67,7 @@ class OipEvents:
     """:func:`~.wire.encode_oip` for one stream (an ``infer_stream`` event, or a
     ``generate_stream`` event of an OIP body)."""
 
-    __slots__ = ("_head", "_id", "_name", "_outputs", "_version")
+    __slots__ = ("_head", "_id", "_name", "_outputs", "_raw_head", "_raw_key", "_raw_outputs", "_version")
 
     def __init__(self) -> None:
         self._name: object = _UNBUILT  # never equal to a response's
@@ -68,6 +75,10 @@ class OipEvents:
         self._id: str | None = None
         self._head = b""
         self._outputs: list[_OipOutput] = []
+        # the raw events' template: (head, shapes) it was built for, compared by identity
+        self._raw_key: tuple[object, object] = (_UNBUILT, _UNBUILT)
+        self._raw_head = b""
+        self._raw_outputs: list[tuple[bytes, Callable[[bytes], bytes], bytes]] = []
 
     def __call__(self, response: InferenceResponse) -> bytes:
         outputs = response.outputs
@@ -105,15 +116,54 @@ class OipEvents:
         return b"".join(parts)
 
     def _build(self, response: InferenceResponse) -> None:
-        # the keys in codecs.response_to_json's order
-        head = b'{"model_name":' + _dumps(response.model_name)
-        if response.model_version is not None:
-            head += b',"model_version":' + _dumps(response.model_version)
-        if response.id is not None:
-            head += b',"id":' + _dumps(response.id)
         self._name, self._version, self._id = response.model_name, response.model_version, response.id
-        self._head = head
+        self._head = _oip_head(response.model_name, response.model_version, response.id)
         self._outputs = [_OipOutput(tensor, position) for position, tensor in enumerate(response.outputs)]
+
+    def raw(self, event: RawEvent) -> bytes:
+        """The event of a :class:`~actorserve.rawevents.RawEvent` (the same bytes as for
+        the response it stands for)."""
+        if event.head is not self._raw_key[0] or event.shapes is not self._raw_key[1]:
+            self._build_raw(event)
+        if event.parameters:
+            parts = [self._raw_head, _PARAMETERS, _dumps(event.parameters), _OUTPUTS]
+        else:
+            parts = [self._raw_head, _OUTPUTS]
+        for (before, data_json, after), raw in zip(self._raw_outputs, event.raws, strict=True):
+            parts += (before, data_json(raw), after)
+        parts.append(b"]}")
+        return b"".join(parts)
+
+    def _build_raw(self, event: RawEvent) -> None:
+        head = event.head
+        self._raw_key = (head, event.shapes)
+        self._raw_head = _oip_head(head.model_name, head.model_version, head.id)
+        self._raw_outputs = [
+            (
+                (b',{"name":' if position else b'{"name":')
+                + _dumps(name)
+                + b',"shape":'
+                + _dumps(list(shape))
+                + b',"datatype":'
+                + _dumps(datatype)
+                + b',"data":',
+                _raw_data_json(datatype),
+                _PARAMETERS + _dumps(parameters) + b"}" if parameters else b"}",
+            )
+            for position, (name, datatype, shape, parameters) in enumerate(
+                zip(head.names, head.datatypes, event.shapes, head.parameters, strict=True)
+            )
+        ]
+
+
+def _oip_head(model_name: str, model_version: str | None, response_id: str | None) -> bytes:
+    """The document's first keys, in codecs.response_to_json's order."""
+    head = b'{"model_name":' + _dumps(model_name)
+    if model_version is not None:
+        head += b',"model_version":' + _dumps(model_version)
+    if response_id is not None:
+        head += b',"id":' + _dumps(response_id)
+    return head
 
 
 #: dtypes whose elements orjson writes the same from numpy as from Python (integers,
@@ -139,6 +189,26 @@ def _data_json(tensor: Tensor) -> bytes:
     return _dumps(np.ascontiguousarray(data).reshape(-1))
 
 
+def _raw_data_json(datatype: str) -> Callable[[bytes], bytes]:
+    """:func:`_data_json` of an output's raw data (numbers, or one BYTES element)."""
+    if datatype == "BYTES":
+        return lambda raw: _dumps([raw[4:].decode("utf-8", "replace")])  # element_text
+    dtype = RAW_DTYPES[datatype]
+    if dtype in _AS_LIST:
+        return lambda raw: orjson.dumps(np.frombuffer(raw, dtype).tolist())
+    return lambda raw: _dumps(np.frombuffer(raw, dtype))
+
+
+def _raw_generate_json(datatype: str, shape: tuple[int, ...]) -> Callable[[bytes], bytes]:
+    """:func:`_generate_json` of an output's raw data (numbers, or one BYTES element)."""
+    if datatype == "BYTES":  # one element: a scalar
+        return lambda raw: _dumps(raw[4:].decode("utf-8", "replace"))
+    dtype = RAW_DTYPES[datatype]
+    if math.prod(shape) == 1 and len(shape) <= 1:
+        return lambda raw: _dumps(np.frombuffer(raw, dtype).item())
+    return lambda raw: _dumps(np.frombuffer(raw, dtype).reshape(shape).tolist())
+
+
 def _generate_json(tensor: Tensor) -> bytes:
     """:func:`~.generate.generate_value` as JSON, one-element outputs without the lists."""
     data = tensor.data
@@ -159,7 +229,7 @@ class GenerateEvents:
     """:func:`~.generate.encode_generate` for one stream, or with ``event_source``
     :func:`~.generate.encode_event_source` (a GET stream's events)."""
 
-    __slots__ = ("_event_source", "_head", "_key", "_names", "_slow")
+    __slots__ = ("_event_source", "_head", "_key", "_names", "_raw_head", "_raw_key", "_raw_outputs", "_slow")
 
     def __init__(self, *, event_source: bool = False) -> None:
         self._event_source = event_source
@@ -170,6 +240,11 @@ class GenerateEvents:
         self._head = b""
         #: (output name, its key's bytes) in the order of the template's outputs
         self._names: list[tuple[str, bytes]] = []
+        # the raw events' template: (head, shapes) it was built for, compared by identity;
+        # None: those outputs cannot be spliced
+        self._raw_key: tuple[object, object] = (_UNBUILT, _UNBUILT)
+        self._raw_head = b""
+        self._raw_outputs: list[tuple[bytes, Callable[[bytes], bytes]]] | None = []
 
     def __call__(self, response: InferenceResponse) -> bytes:
         outputs = response.outputs
@@ -197,19 +272,52 @@ class GenerateEvents:
         """Render the constants of ``response``; False (and no template) when its outputs
         cannot be spliced: a repeated name, or one that is also a key of the document."""
         names = [tensor.name for tensor in response.outputs]
-        if len(set(names)) != len(names) or not _GENERATE_KEYS.isdisjoint(names):
+        if not _spliceable(names):
             self._key = None
             return False
-        # the keys in generate.generate_response_to_json's order
-        head = b"{"
-        if response.id is not None:
-            head += b'"id":' + _dumps(response.id) + b","
-        head += b'"model_name":' + _dumps(response.model_name)
-        head += b',"model_version":' + _dumps(response.model_version)
         self._key = (response.id, response.model_name, response.model_version)
-        self._head = head
+        self._head = _generate_head(response.id, response.model_name, response.model_version)
         self._names = [(name, b"," + _dumps(name) + b":") for name in names]
         return True
+
+    def raw(self, event: RawEvent) -> bytes:
+        """The event of a :class:`~actorserve.rawevents.RawEvent` (the same bytes as for
+        the response it stands for)."""
+        if event.head is not self._raw_key[0] or event.shapes is not self._raw_key[1]:
+            head = event.head
+            self._raw_key = (head, event.shapes)
+            if not _spliceable(head.names):
+                self._raw_outputs = None
+            else:
+                self._raw_head = _generate_head(head.id, head.model_name, head.model_version)
+                self._raw_outputs = [
+                    (b"," + _dumps(name) + b":", _raw_generate_json(datatype, shape))
+                    for name, datatype, shape in zip(head.names, head.datatypes, event.shapes, strict=True)
+                ]
+        if self._raw_outputs is None:
+            return self._slow(response_of(event))
+        parts = [self._raw_head]
+        for (key, data_json), raw in zip(self._raw_outputs, event.raws, strict=True):
+            parts += (key, data_json(raw))
+        if self._event_source and "sequence_id" in event.parameters:
+            parts += (b',"sequence_id":', _dumps(event.parameters["sequence_id"]))
+        parts.append(b"}")
+        return b"".join(parts)
+
+
+def _spliceable(names: Sequence[str]) -> bool:
+    """Whether outputs of these names can be spliced into a generate document: no name
+    twice, none that is also a key of the document."""
+    return len(set(names)) == len(names) and _GENERATE_KEYS.isdisjoint(names)
+
+
+def _generate_head(response_id: str | None, model_name: str, model_version: str | None) -> bytes:
+    """The document's first keys, in generate.generate_response_to_json's order."""
+    head = b"{"
+    if response_id is not None:
+        head += b'"id":' + _dumps(response_id) + b","
+    head += b'"model_name":' + _dumps(model_name)
+    return head + b',"model_version":' + _dumps(model_version)
 
 
 def for_stream(encode: Callable[[InferenceResponse], bytes]) -> Callable[[InferenceResponse], bytes]:

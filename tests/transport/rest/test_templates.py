@@ -8,10 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actorserve.errors import BadInput
+from actorserve.ipc.deltas import DeltaDecoder, DeltaEncoder
+from actorserve.ipc.values import plain_default
+from actorserve.rawevents import RawEvent
 from actorserve.transport.openai.encode import ChunkShape
 from actorserve.transport.rest.generate import encode_event_source, encode_generate
 from actorserve.transport.rest.templates import GenerateEvents, OipEvents, for_stream
@@ -139,3 +144,33 @@ def test_openai_text_chunks_are_the_documents_bytes(
         except Exception as exc:
             got = type(exc)
         assert got == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.booleans())
+def test_raw_events_are_written_as_the_responses_they_stand_for(
+    stream: list[InferenceResponse], event_source: bool
+) -> None:
+    """A front reads a remote stream's responses as raw events where it can
+    (ipc/deltas.py); each template writes them byte for byte as it writes the decoded
+    responses."""
+    encoder, objects, raws = DeltaEncoder(), DeltaDecoder(), DeltaDecoder()
+    pairs: list[tuple[Any, Any]] = [
+        (OipEvents(), OipEvents()),
+        (GenerateEvents(event_source=event_source), GenerateEvents(event_source=event_source)),
+    ]
+    for response in stream:
+        try:
+            event = encoder.event(response)
+            packed = msgpack.packb([event], use_bin_type=True, default=plain_default)
+        except (BadInput, TypeError, OverflowError):  # what cannot cross never reaches a front
+            return
+        wire = msgpack.unpackb(packed, raw=False)
+        [decoded] = objects.responses(wire)
+        [raw] = raws.raw_events(wire)
+        for plain, fast in pairs:
+
+            def render(item: RawEvent | InferenceResponse, fast: Any = fast) -> bytes:
+                return fast.raw(item) if isinstance(item, RawEvent) else fast(item)
+
+            assert outcome(render, raw) == outcome(plain, decoded)  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""The responses of a stream that its own task produces: a bounded buffer between that
+task (the producer, e.g. a plain model's ``predict_stream`` run by
+:class:`~actorserve.actors.plain.PlainRunner`) and the one reader that takes them.
+
+The reader takes every response waiting in one :meth:`Pumped.next_batch`, so a model
+that makes several responses between two waits has them written in one chunk (one SSE
+write, one engine-link entry) instead of one each. The producer waits while
+``window`` responses are untaken (backpressure: a slow client stops the model) and
+hands the reader its turn when its batch is old enough (:meth:`Pumped.turn`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import trio
+
+from ..types import InferenceResponse
+
+#: seconds a response may wait in the buffer while its producer keeps making more
+#: without waiting (a model computing inline): past it the producer lets the reader
+#: write what is there. 64 responses of a cheap model take about this long, so they
+#: leave in one chunk; a slow step (a token that takes milliseconds) is never held.
+GATHER: Final = 0.0005
+
+
+class Pumped:
+    """A :class:`~actorserve.api.ResponseIterator` fed by a producer task: responses
+    in order, then the end (:meth:`close`) or the producer's error (:meth:`fail`),
+    raised after the responses before it."""
+
+    __slots__ = ("_buffer", "_ended", "_error", "_first", "_oldest", "_reader", "_room", "_window", "_woken")
+
+    def __init__(self, window: int) -> None:
+        self._buffer: deque[InferenceResponse] = deque()
+        self._window = max(1, window)
+        self._ended = False
+        self._error: BaseException | None = None
+        self._reader = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+        #: trio.current_time() when the oldest untaken response was put
+        self._oldest = 0.0
+        self._first = True  # the first response is never held (time to first token)
+        self._woken = False  # the reader was woken to take what is buffered
+
+    # -- the producer's end -----------------------------------------------------------
+
+    def put(self, response: InferenceResponse, now: float) -> None:
+        """Buffer ``response`` (made at ``now``) and wake the reader; never waits (the
+        producer calls :meth:`turn` after each put)."""
+        if not self._buffer:
+            self._oldest = now
+            if self._reader:
+                self._reader.unpark()
+                self._woken = True
+        self._buffer.append(response)
+
+    def due(self, now: float, step_started: float) -> bool:
+        """Whether the producer should give the reader its turn now: the stream's first
+        response is there, the buffer is full, its oldest response waited
+        :data:`GATHER`, or the step that made the last one took that long (the next may
+        too). A fast step followed by a slow inline one is the case this holds back: by
+        the slow step's time, as such a step holds the whole event loop anyway."""
+        return (
+            self._first
+            or len(self._buffer) >= self._window
+            or now - self._oldest >= GATHER
+            or now - step_started >= GATHER
+        )
+
+    async def turn(self) -> None:
+        """Let the reader take what is buffered if it is waiting for it (else one
+        scheduler round), then wait while the buffer is full."""
+        self._first = False
+        if self._woken:
+            self._woken = False
+            await self._room.park()  # the reader's take wakes this: it goes first
+        else:
+            await trio.lowlevel.checkpoint()
+        while len(self._buffer) >= self._window:
+            await self._room.park()
+
+    def close(self) -> None:
+        """No more responses: the reader gets the end after those buffered."""
+        self._ended = True
+        self._reader.unpark_all()
+
+    def fail(self, error: BaseException) -> None:
+        """End with ``error``, raised to the reader after the responses buffered."""
+        if not self._ended:
+            self._error = error
+        self.close()
+
+    # -- the reader's end -------------------------------------------------------------
+
+    def __aiter__(self) -> Pumped:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        await self._wait()
+        response = self._buffer.popleft()
+        self._woken = False
+        if self._room:
+            self._room.unpark_all()
+        return response
+
+    async def next_batch(self) -> list[InferenceResponse]:
+        """Every response waiting (at least one, waiting for it); the producer's error
+        after the responses before it, then :class:`StopAsyncIteration`."""
+        await self._wait()
+        batch = list(self._buffer)
+        self._buffer.clear()
+        self._woken = False
+        if self._room:
+            self._room.unpark_all()
+        return batch
+
+    async def _wait(self) -> None:
+        while not self._buffer:
+            if self._ended:
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopAsyncIteration
+            await self._reader.park()
