@@ -1,7 +1,7 @@
 """Memory of the server's process tree by role, idle and under W6 (prints numbers; not a test).
 
     python benchmarks/memory.py [--shapes fronts,one] [--mlserver] [--seconds 8]
-                                [--streams 64] [--tokens 64] [--settle 5]
+                                [--streams 64] [--tokens 64] [--settle 5] [--rounds 1]
 
 Starts the real server (``python -m actorserve benchmarks/models``) on 127.0.0.1 with free
 ports, in the default shape (parent + engine + fronts) and with ``--api-workers 0`` (one
@@ -25,6 +25,9 @@ Phases, one after the other on the same server:
 ``after``
     idle again, ``--settle`` seconds after the load (actorserve trims its heap once a busy
     process goes idle, ``actorserve/heaptrim.py``), the mean of ``--idle`` seconds.
+
+``--rounds N`` repeats the load phases and the idle reading after them N times on the same
+server, so memory that plateaus after the first load tells itself apart from a leak.
 
 ``--mlserver`` also measures MLServer 1.7.1 (its venv ``--mlserver-venv``) as the side by
 side harness starts it (``--mlserver-peer``: its peer.json env, the ``main`` profile, i.e.
@@ -378,12 +381,15 @@ def measure(label: str, server: Tree, args: argparse.Namespace) -> list[str]:
         asyncio.run(LOADS[transport](server.http if transport == "sse" else server.grpc, 4, 8, 0.5))
     time.sleep(args.settle)
     rows = [row(label, "idle", sample_for(roles, args.idle, args.interval))]
-    for transport in args.transports:
-        samples, rate = under_load(server, transport, args)
-        rows.append(row(label, f"W6 {transport} peak", peak(samples), f"{rate:,.0f}"))
-        rows.append(row(label, f"W6 {transport} mean", mean(samples)))
-    time.sleep(args.settle)
-    rows.append(row(label, f"idle after {args.settle:g} s", sample_for(roles, args.idle, args.interval)))
+    for round_ in range(1, args.rounds + 1):
+        tag = f" ({round_})" if args.rounds > 1 else ""
+        for transport in args.transports:
+            samples, rate = under_load(server, transport, args)
+            rows.append(row(label, f"W6 {transport} peak{tag}", peak(samples), f"{rate:,.0f}"))
+            rows.append(row(label, f"W6 {transport} mean{tag}", mean(samples)))
+        time.sleep(args.settle)
+        idle = sample_for(roles, args.idle, args.interval)
+        rows.append(row(label, f"idle after {args.settle:g} s{tag}", idle))
     print(HEADER, *rows, sep="\n", flush=True)
     return rows
 
@@ -404,6 +410,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="closed-loop load per transport")
     parser.add_argument("--transports", type=lambda s: s.split(","), default=["sse", "grpc"])
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="load phases again: a plateau, or memory that keeps growing?"
+    )
     parser.add_argument("--idle", type=float, default=1.0, help="seconds of samples per idle reading")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds left idle before idle readings")
     args = parser.parse_args()
