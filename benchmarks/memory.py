@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -56,7 +57,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -278,7 +278,7 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-@contextmanager
+@contextlib.contextmanager
 def bound_sockets(count: int) -> Iterator[list[socket.socket]]:
     socks = [socket.socket() for _ in range(count)]
     try:
@@ -394,6 +394,20 @@ def measure(label: str, server: Tree, args: argparse.Namespace) -> list[str]:
     return rows
 
 
+def stop_tree(server: Tree) -> None:
+    """Stop the server, then kill what is left of its tree: actorserve's children run in
+    sessions of their own, out of reach of the signal to the parent's group."""
+    try:
+        procs = [proc for procs in server.roles().values() for proc in procs]
+    except psutil.NoSuchProcess:  # the parent is gone already
+        procs = []
+    server.stop()
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proc.is_running():
+                proc.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -436,7 +450,7 @@ def main() -> None:
             try:
                 tables.append(measure(label, server, args))
             finally:
-                server.stop()
+                stop_tree(server)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print("\nall servers:", HEADER, *(r for rows in tables for r in rows), sep="\n")
