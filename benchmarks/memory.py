@@ -9,8 +9,8 @@ process), using :class:`event_cost.Server` and its role detection, and reads the
 every process of the tree (psutil ``memory_full_info()``: RSS, PSS and USS) by role: the
 engine, the fronts summed, the parent; in the one-process shape the single process is the
 engine. ``total`` is the per-sample sum over the tree; of the three, only PSS adds up
-(RSS counts each shared page, e.g. what a forked front still shares with its parent, in
-every process that maps it; USS counts it in none).
+(RSS counts each shared page, e.g. a shared library's code, in every process that maps it;
+USS counts it in none).
 
 Phases, one after the other on the same server:
 
@@ -36,7 +36,7 @@ is copied to a temporary folder whose ``settings.json`` names them (MLServer tak
 ports from that file before its environment). Its whole tree is one role.
 
 Every wait is bounded and every server is stopped (SIGINT to its process group, then
-SIGKILL).
+SIGKILL; then whatever is left of its tree is killed).
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ PROMPT = "hello"
 STREAM_TIMEOUT = 60.0
 #: seconds past ``--seconds`` that the streams running at the deadline may take to end
 TAIL = STREAM_TIMEOUT + 10.0
-MLSERVER_PEER = Path("/work/shared/bench/peers/mlserver")
+#: the side by side harness sits at ``../shared/bench`` next to the checkouts
+MLSERVER_PEER = event_cost.ROOT.parent / "shared" / "bench" / "peers" / "mlserver"
 MLSERVER_VENV = Path("/tmp/bench/mlserver")
 MLSERVER_READY_TIMEOUT = 120.0
 
