@@ -47,10 +47,69 @@ def use_parser(config: Config, parser: str) -> None:
 
 def install() -> None:
     """Make hypercorn's trio TCP server build its protocols with :class:`ProtocolWrapper`
-    and time idle connections out with :func:`_idle_timeout` (idempotent). Servers whose
-    config is not marked keep hypercorn's own protocol classes."""
+    and time idle connections out with :func:`_idle_timeout`, run by an
+    :class:`IdleTimer` (idempotent). Servers whose config is not marked keep hypercorn's
+    own protocol classes."""
     hypercorn.trio.tcp_server.ProtocolWrapper = ProtocolWrapper  # type: ignore[attr-defined]
     hypercorn.trio.tcp_server.TCPServer._idle_timeout = _idle_timeout  # type: ignore[method-assign]
+    hypercorn.trio.tcp_server.TrioSingleTask = IdleTimer  # type: ignore[assignment,attr-defined]
+
+
+class IdleTimer:
+    """hypercorn's ``TrioSingleTask`` for a connection's idle timeout (``restart``: arm it
+    anew, ``stop``: disarm it), run by one task for the connection's life.
+
+    hypercorn stops the timeout when a request starts and starts a new task for it when
+    the response ends: a lock, a cancel and a ``nursery.start`` per request, about a tenth
+    of a small unary request's CPU. Here ``restart`` and ``stop`` never wait: they cancel
+    the timeout running now, if any, and the one task runs it again while armed. The
+    protocol ends the task with :meth:`close` when the connection closes."""
+
+    __slots__ = ("_armed", "_closed", "_lot", "_running", "_scope")
+
+    def __init__(self) -> None:
+        self._armed = False
+        self._closed = False
+        self._running = False
+        self._scope: trio.CancelScope | None = None
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
+        # one scheduler round, as hypercorn's lock gave: its HTTP/2 protocol has come to
+        # count on the app's task running there (a stream answered before its body is
+        # read is a KeyError in its event loop, which closes the connection)
+        await trio.lowlevel.checkpoint()
+        self._armed = True
+        if self._scope is not None:
+            self._scope.cancel()
+        if not self._running and not self._closed:
+            self._running = True
+            task_group._nursery.start_soon(self._run, action)
+        elif self._lot:
+            self._lot.unpark()
+
+    async def stop(self) -> None:
+        await trio.lowlevel.checkpoint()  # as in restart
+        self._armed = False
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def close(self) -> None:
+        """The connection is closed: end the task (after the timeout running now, which
+        ends with the connection)."""
+        self._closed = True
+        self._armed = False
+        self._lot.unpark_all()
+
+    async def _run(self, action: Callable[[], Awaitable[None]]) -> None:
+        while not self._closed:
+            if not self._armed:
+                await self._lot.park()
+                continue
+            with trio.CancelScope() as self._scope:
+                await action()
+                return  # the timeout closed the connection
+            self._scope = None  # restarted or stopped
 
 
 def _waiting_bytes(stream: object) -> bool:
@@ -144,6 +203,9 @@ class ProtocolWrapper(HypercornProtocolWrapper):
         self.client_closed = False
         #: the scope of the idle timeout running now, if any (a close ends it at once)
         self.idle_scope: trio.CancelScope | None = None
+        # the connection's idle timer (hypercorn's TCP server is the send method's owner)
+        timer = getattr(getattr(send, "__self__", None), "idle_task", None)
+        self._idle_timer = timer if isinstance(timer, IdleTimer) else None
         parser = getattr(config, _MARK, None)
         sock = plain_socket(send)  # before the wrapping below hides hypercorn's server
         if parser is not None:
@@ -169,7 +231,9 @@ class ProtocolWrapper(HypercornProtocolWrapper):
             self.client_closed = True
             if self.idle_scope is not None:
                 self.idle_scope.cancel()
+            if self._idle_timer is not None:
+                self._idle_timer.close()
         await super().handle(event)
 
 
-__all__ = ["ProtocolWrapper", "install", "use_parser"]
+__all__ = ["IdleTimer", "ProtocolWrapper", "install", "use_parser"]
