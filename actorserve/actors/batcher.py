@@ -6,7 +6,9 @@ whose reader is ``reply_buffer`` responses behind (they sit out steps until it c
 up, so a slow reader never stalls the batch), runs :meth:`BatchModel.step` and reports.
 The batcher is the event loop's side of it: it hands submissions, cancellations and
 reply credits over, holds new work back for up to ``max_batch_time`` after an idle
-spell, and ``send_nowait`` s each report's outputs to their items' reply mailboxes.
+spell (with 0, until its task runs again: work that arrives in the same tick of the
+event loop starts in the same step), and ``send_nowait`` s each report's outputs to
+their items' reply mailboxes.
 
 Who runs the rounds is chosen by :attr:`BatchModel.step_in_thread`:
 
@@ -115,8 +117,12 @@ class ContinuousBatcher:
             self._cycle.consumed(item, count)
 
     def _hand(self, item: WorkItem) -> None:
-        """Give a new item to the cycle, or hold it back while gathering a batch."""
-        if self._gathering is None and self._cycle_idle and self.max_batch_time > 0:
+        """Give a new item to the cycle, or hold it back while gathering a batch: after
+        an idle spell, for ``max_batch_time``, or with 0 until the batcher's task runs
+        again, after the tasks already runnable (what arrives together steps together:
+        the step-loop thread, woken by the first item, would otherwise start a step for
+        it alone as soon as it gets the GIL, and the rest would finish a step later)."""
+        if self._gathering is None and self._cycle_idle:
             self._gathering = []
             self._gather_deadline = trio.current_time() + self.max_batch_time
             self._wakeup.set()

@@ -243,6 +243,30 @@ async def test_max_batch_time_gathers_after_idle(autojump_clock: trio.testing.Mo
         assert batcher.load == 0
 
 
+async def test_what_an_idle_replica_gets_in_one_tick_starts_in_one_step() -> None:
+    async with running(max_batch_size=8) as (batcher, model):
+        items = []
+        for rid in ("a", "b", "c"):
+            items.append(submit(batcher, rid, 2))
+            hog_the_event_loop(0.01)  # lets the thread run: it must not step "a" alone
+        for item in items:
+            assert await read_all(item) == [0, 1]
+        assert model.steps == [["a", "b", "c"]] * 2
+        # Busy, the replica takes new work at once: it joins the step after the running one.
+        first = submit(batcher, "d", 10_000, buffer=10_000)
+        await first.next_reply()
+        model.gate.clear()
+        model.entered.clear()
+        await trio.to_thread.run_sync(model.entered.wait)  # a step of "d" runs
+        late = submit(batcher, "e", 1)
+        assert batcher._gathering is None
+        model.gate.set()
+        assert await read_all(late) == [0]
+        assert ["d", "e"] in model.steps
+        first.cancel()
+        await first.done.wait()
+
+
 class EndRecordingModel(LoopModel):
     """Also records, at ``on_sequence_end``, how many steps the thread had run."""
 
