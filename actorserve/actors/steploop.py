@@ -13,25 +13,14 @@ threads:
   ``TrioToken.run_sync_soon``: one wake-up of the loop per step, not per stream. A round
   plans a step only while at most ``MAX_AHEAD`` reports wait for the loop, so a stalled
   loop cannot make outputs pile up.
-
-The stepping thread makes no system call of its own between steps: it puts each report
-in a queue (``SimpleQueue.put`` keeps the GIL) and a second thread, the courier, calls
-``run_sync_soon``. That call writes to trio's wake-up socket, and the GIL released for
-the write was often taken by the event loop it woke, which then ran the whole step's
-hand-out (64 readers: ~0.3-0.6 ms of Python) while the stepping thread waited to plan
-and start the next step. Now the stepping thread keeps the GIL until the model releases
-it, and the loop's hand-out runs beside the next step's compute. The courier also
-watches the running step's deadline (``step_timeout``): it is idle while a step runs.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
@@ -40,7 +29,7 @@ from .cycle import BatchCycle, StepReport
 
 log = logging.getLogger(__name__)
 
-#: the courier looks at a running step this many times per ``step_timeout`` (at most
+#: the watchdog looks at a running step this many times per ``step_timeout`` (at most
 #: once every WATCH_MAX_INTERVAL seconds, so a long deadline is still seen promptly)
 WATCH_PER_TIMEOUT = 4
 WATCH_MAX_INTERVAL = 1.0
@@ -54,17 +43,16 @@ class ReplicaHung(ModelFailed):
 
 
 class StepLoop:
-    """The worker thread that drives a :class:`BatchCycle` for the event loop, and its
-    courier thread that posts to the loop.
+    """The worker thread that drives a :class:`BatchCycle` for the event loop.
 
-    Create it on the trio thread, :meth:`start` it, and :meth:`stop` it; the courier
-    calls ``report`` (via ``run_sync_soon``) once per round, in order, and
-    ``exited(error)`` last (``error`` is None unless the loop itself broke).
+    Create it on the trio thread, :meth:`start` it, and :meth:`stop` it; the thread
+    calls ``report`` (via ``run_sync_soon``) once per round and ``exited(error)`` last
+    (``error`` is None unless the loop itself broke).
 
-    With ``step_timeout`` (seconds), the courier looks at the running step; past the
-    deadline it declares the loop hung: ``exited(ReplicaHung(...))`` is called at once,
-    and the stepping thread, whenever its step returns, reports nothing more and ends
-    (:meth:`join` does not wait for it).
+    With ``step_timeout`` (seconds), a watchdog thread looks at the running step; past
+    the deadline it declares the loop hung: ``exited(ReplicaHung(...))`` is called at
+    once, and the stepping thread, whenever its step returns, reports nothing more and
+    ends (:meth:`join` does not wait for it).
     """
 
     def __init__(
@@ -84,22 +72,27 @@ class StepLoop:
         # -- guarded by cycle.cond --
         self._step_started: float | None = None  # time.monotonic() of the running call
         self.hung = False
-        # -- the stepping thread puts, the courier takes: (callback, its argument) --
-        self._posts: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        # --
         self._thread = threading.Thread(target=self._main, name=f"step loop: {self.name}", daemon=True)
-        self._courier = threading.Thread(target=self._carry, name=f"step courier: {self.name}", daemon=True)
+        self._watchdog: threading.Thread | None = None
+        self._watch_stop = threading.Event()
 
     # -- event-loop side -----------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
-        self._courier.start()
+        if self.step_timeout:
+            self._watchdog = threading.Thread(
+                target=self._watch, name=f"step watchdog: {self.name}", daemon=True
+            )
+            self._watchdog.start()
 
     def join(self) -> None:
-        """Called after ``exited``: the courier returns once it posted it, and so does
-        the stepping thread (unless it hung: then it is left to finish its step on its
-        own), so this does not block."""
-        self._courier.join()
+        """Called after ``exited``: the thread is returning (unless it hung: then it is
+        left to finish its step on its own), so this does not block."""
+        self._watch_stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
         if not self.hung:
             self._thread.join()
 
@@ -107,7 +100,7 @@ class StepLoop:
         """The thread ends after the step it may be running (its report is still sent)."""
         self.cycle.stop()
 
-    # -- the stepping thread ----------------------------------------------------------------
+    # -- the thread -----------------------------------------------------------------------
 
     def _main(self) -> None:
         error: BaseException | None = None
@@ -117,9 +110,36 @@ class StepLoop:
             error = exc
         finally:
             with self.cycle.cond:
-                hung = self.hung  # then the courier said the last word
+                hung = self.hung  # then the watchdog said the last word
             if not hung:
-                self._posts.put((self._exited, error))
+                try:
+                    self._token.run_sync_soon(self._exited, error)
+                except trio.RunFinishedError:
+                    pass
+
+    def _watch(self) -> None:
+        """The watchdog thread: declare the loop hung once a call of ``step`` has run
+        past ``step_timeout`` (real time: a thread's step does not run on trio's clock)."""
+        timeout = self.step_timeout
+        assert timeout
+        interval = min(timeout / WATCH_PER_TIMEOUT, WATCH_MAX_INTERVAL)
+        while not self._watch_stop.wait(interval):
+            with self.cycle.cond:
+                started = self._step_started
+                if started is None or time.monotonic() - started <= timeout:
+                    continue
+                self.hung = True
+                self.cycle.stopping = True
+            error = ReplicaHung(
+                f"model {self.cycle.model.name!r}: a step ran past its step_timeout of {timeout:g} s; "
+                "the replica was declared hung and is being replaced"
+            )
+            log.warning("%s: %s (its thread is abandoned)", self.name, error)
+            try:
+                self._token.run_sync_soon(self._exited, error)
+            except trio.RunFinishedError:
+                pass
+            return
 
     def _call_started(self) -> None:
         with self.cycle.cond:
@@ -149,50 +169,7 @@ class StepLoop:
                         )
                         return
             cycle.settle(report)
-            self._posts.put((self._report, report))
-
-    # -- the courier ------------------------------------------------------------------------
-
-    def _carry(self) -> None:
-        """Post what the stepping thread queued, in order, until ``exited`` is posted;
-        between posts, watch the running step's deadline. A step runs with nothing
-        queued (its thread posts between steps), so a wait for a post that times out
-        is when to look at it."""
-        timeout = self.step_timeout
-        interval = min(timeout / WATCH_PER_TIMEOUT, WATCH_MAX_INTERVAL) if timeout else None
-        while True:
             try:
-                call, argument = self._posts.get(timeout=interval)
-            except queue.Empty:
-                if self._overdue():
-                    return
-                continue
-            try:
-                self._token.run_sync_soon(call, argument)
+                self._token.run_sync_soon(self._report, report)
             except trio.RunFinishedError:
-                self.cycle.stop()  # nobody reads the reports: the stepping thread ends
                 return
-            if call is self._exited:
-                return
-
-    def _overdue(self) -> bool:
-        """Declare the loop hung once a call of ``step`` has run past ``step_timeout``
-        (real time: a thread's step does not run on trio's clock)."""
-        timeout = self.step_timeout
-        assert timeout
-        with self.cycle.cond:
-            started = self._step_started
-            if started is None or time.monotonic() - started <= timeout:
-                return False
-            self.hung = True
-            self.cycle.stopping = True
-        error = ReplicaHung(
-            f"model {self.cycle.model.name!r}: a step ran past its step_timeout of {timeout:g} s; "
-            "the replica was declared hung and is being replaced"
-        )
-        log.warning("%s: %s (its thread is abandoned)", self.name, error)
-        try:
-            self._token.run_sync_soon(self._exited, error)
-        except trio.RunFinishedError:
-            pass
-        return True
