@@ -129,7 +129,7 @@ async def test_one_wakeup_of_the_event_loop_per_step_whatever_the_batch_size() -
             calls.append(fn)
             post(fn, argument)
 
-        doorbell.post = counting_post  # type: ignore[method-assign]
+        doorbell.post = counting_post  # type: ignore[method-assign, assignment]
         # The thread is idle, so the batch gathers until it is full: one hand-off of 16.
         items = [submit(batcher, f"s{i}", 10) for i in range(16)]
         results: dict[str, list[int]] = {}
