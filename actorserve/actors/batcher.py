@@ -6,7 +6,9 @@ whose reader is ``reply_buffer`` responses behind (they sit out steps until it c
 up, so a slow reader never stalls the batch), runs :meth:`BatchModel.step` and reports.
 The batcher is the event loop's side of it: it hands submissions, cancellations and
 reply credits over, holds new work back for up to ``max_batch_time`` after an idle
-spell, and ``send_nowait`` s each report's outputs to their items' reply mailboxes.
+spell (with 0, until its task runs again: work that arrives in the same tick of the
+event loop starts in the same step), and ``send_nowait`` s each report's outputs to
+their items' reply mailboxes.
 
 Who runs the rounds is chosen by :attr:`BatchModel.step_in_thread`:
 
@@ -18,6 +20,7 @@ Who runs the rounds is chosen by :attr:`BatchModel.step_in_thread`:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +30,7 @@ from ..errors import ModelFailed, Overloaded, ShuttingDown
 from ..model import BatchModel, StepOutput
 from .counters import BatcherStatistics, StepCounters
 from .cycle import BatchCycle, StepReport
-from .steploop import ReplicaHung, StepLoop
+from .steploop import Doorbell, ReplicaHung, StepLoop
 from .workitem import WorkItem
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class ContinuousBatcher:
         self.counters = StepCounters()
         # The trio side mirrors the cycle's schedule from its reports.
         self._loop: StepLoop | None = None  # the worker thread, while it runs
+        self._doorbell: Doorbell | None = None  # what this task waits on, while it runs
         self._held: set[WorkItem] = set()
         self._running = 0
         self._handed = 0  # submissions given to the cycle
@@ -115,11 +119,15 @@ class ContinuousBatcher:
             self._cycle.consumed(item, count)
 
     def _hand(self, item: WorkItem) -> None:
-        """Give a new item to the cycle, or hold it back while gathering a batch."""
-        if self._gathering is None and self._cycle_idle and self.max_batch_time > 0:
+        """Give a new item to the cycle, or hold it back while gathering a batch: after
+        an idle spell, for ``max_batch_time``, or with 0 until the batcher's task runs
+        again, after the tasks already runnable (what arrives together steps together:
+        the step-loop thread, woken by the first item, would otherwise start a step for
+        it alone as soon as it gets the GIL, and the rest would finish a step later)."""
+        if self._gathering is None and self._cycle_idle:
             self._gathering = []
             self._gather_deadline = trio.current_time() + self.max_batch_time
-            self._wakeup.set()
+            self._wake()
         if self._gathering is not None:
             self._gathering.append(item)
             if len(self._gathering) >= self._cycle.max_batch_size:
@@ -136,10 +144,13 @@ class ContinuousBatcher:
                 self._cycle_idle = False
                 self._handed += len(items)
                 self._cycle.submit(items)
-            self._wakeup.set()
+            self._wake()
 
     def _wake(self) -> None:
-        self._wakeup.set()  # the event of the current sleep: _wait replaces it
+        if self._doorbell is not None:
+            self._doorbell.ring()
+        else:
+            self._wakeup.set()  # the event of the current sleep: _wait replaces it
 
     async def _wait(self) -> None:
         """Sleep until woken; hand a gathered batch over once its time is up."""
@@ -215,32 +226,52 @@ class ContinuousBatcher:
             raise self._thread_error
 
     async def _run_thread(self, task_status: trio.TaskStatus[None]) -> None:
-        """The step-loop thread runs the rounds; this task only times ``max_batch_time``
-        (trio's clock) and waits for the thread to end after the running step's report."""
+        """The step-loop thread runs the rounds; this task answers its doorbell (each
+        round's report, then its exit), times ``max_batch_time`` (trio's clock), and
+        at the end waits for the thread to end after the running step's report."""
+        doorbell = Doorbell()
         loop = StepLoop(
             self._cycle,
+            doorbell,
             report=self._on_report,
             exited=self._on_thread_exit,
             step_timeout=self.model.step_timeout,
         )
-        self._loop = loop
+        self._loop, self._doorbell = loop, doorbell
         loop.start()
         try:
             task_status.started()
             while not self._thread_exited.is_set():
-                await self._wait()
+                await self._answer(doorbell)
         finally:
             self._closed = True
             loop.stop()
             with trio.CancelScope(shield=True):
-                await self._thread_exited.wait()  # after the running step's report
+                while not self._thread_exited.is_set():  # after the running step's report
+                    await self._answer(doorbell)
             loop.join()
-            self._loop = None
+            self._loop = self._doorbell = None
+            doorbell.close()
+
+    async def _answer(self, doorbell: Doorbell) -> None:
+        """Wait for the doorbell (while gathering, no later than the deadline), run the
+        calls posted, and hand a gathered batch over once its time is up."""
+        gathering = self._gathering
+        with trio.move_on_at(self._gather_deadline if gathering is not None else math.inf):
+            await doorbell.wait()
+        for call, argument in doorbell.take():
+            call(argument)
+        if (
+            gathering is not None
+            and self._gathering is gathering
+            and trio.current_time() >= self._gather_deadline
+        ):
+            self._flush_gathering()
 
     def _on_thread_exit(self, error: BaseException | None) -> None:
+        """The thread's last post (run by :meth:`_answer`)."""
         self._thread_error = error
         self._thread_exited.set()
-        self._wakeup.set()
 
     async def _run_inline(self) -> None:
         """Rounds on this task, woken by every hand-off. A step's outputs are handed out

@@ -127,12 +127,18 @@ class BatchCycle:
             self._handed()
 
     def consumed(self, item: WorkItem, count: int = 1) -> None:
-        """``item``'s reader took ``count`` responses: as many more may be produced."""
-        with self.cond:
-            item.consumed += count
-            if item.paused:
-                item.paused = False
-                self._handed()
+        """``item``'s reader took ``count`` responses: as many more may be produced.
+
+        Called on the event loop for every response read, so it takes the lock only for
+        an item that sits out steps. No wake-up is lost: this writes the count before it
+        reads ``paused``, and :meth:`plan` marks ``paused`` before it reads the count
+        again; under the GIL one of the two sees what the other wrote."""
+        item.consumed += count  # written by the event loop only
+        if item.paused:
+            with self.cond:
+                if item.paused:
+                    item.paused = False
+                    self._handed()
 
     def delivered(self) -> None:
         """A report was handled by the event loop."""
@@ -199,8 +205,10 @@ class BatchCycle:
         for item in self.scheduler.plan():
             if item.produced - item.consumed >= item.replies.capacity:
                 item.paused = True
-            else:
-                batch.append(item)
+                if item.produced - item.consumed >= item.replies.capacity:
+                    continue  # the reader's next consumed() sees the mark and wakes us
+                item.paused = False  # it took a response meanwhile (see consumed)
+            batch.append(item)
         return batch
 
     def step(self, report: StepReport, on_call: Callable[[], None] | None = None) -> None:

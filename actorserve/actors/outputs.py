@@ -58,25 +58,30 @@ def _parameters_problem(parameters: dict[str, Any], where: str) -> str | None:
 
 
 def _tensor_problem(index: int, tensor: object) -> str | None:
+    # Run for every output of every step on the stepping thread, between the model's
+    # compute and the next step: the common case (a tuple shape, the datatype's own
+    # dtype object) takes the identity tests first.
     if not isinstance(tensor, Tensor):
         return f"output {index} is a {type(tensor).__name__}, expected a Tensor"
-    name = tensor.name
-    expected = DATATYPES.get(tensor.datatype) if isinstance(tensor.datatype, str) else None
+    name, datatype = tensor.name, tensor.datatype
+    expected = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if expected is None:
-        return f"output {name!r}: unknown datatype {tensor.datatype!r}"
+        return f"output {name!r}: unknown datatype {datatype!r}"
     data = tensor.data
     if not isinstance(data, np.ndarray):
         return f"output {name!r}: data is a {type(data).__name__}, expected a numpy array"
-    if data.dtype != expected:
-        return f"output {name!r}: {tensor.datatype} data has numpy dtype {data.dtype} (expected {expected})"
-    try:
-        shape = tuple(tensor.shape)
-    except TypeError:
-        return f"output {name!r}: shape {tensor.shape!r} is not a list of sizes"
-    if data.shape != shape:
-        return f"output {name!r}: shape {list(shape)} but its data has shape {list(data.shape)}"
-    if tensor.datatype == "BYTES":
-        for value in data.reshape(-1):
+    if data.dtype is not expected and data.dtype != expected:
+        return f"output {name!r}: {datatype} data has numpy dtype {data.dtype} (expected {expected})"
+    shape = tensor.shape
+    if type(shape) is not tuple or data.shape != shape:
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            return f"output {name!r}: shape {shape!r} is not a list of sizes"
+        if data.shape != shape:
+            return f"output {name!r}: shape {list(shape)} but its data has shape {list(data.shape)}"
+    if datatype == "BYTES":
+        for value in data.flat:
             if not isinstance(value, bytes):
                 return f"output {name!r}: a BYTES element is a {type(value).__name__}, expected bytes"
     if tensor.parameters:

@@ -23,6 +23,7 @@ from actorserve import ModelFailed, SequenceNotFound, ShuttingDown, StepOutput
 from actorserve.actors import cycle
 from actorserve.actors.batcher import BatcherStatistics, ContinuousBatcher, WorkItem
 from actorserve.actors.mailbox import Mailbox
+from actorserve.actors.steploop import Doorbell
 
 TIMEOUT = 10
 
@@ -121,14 +122,14 @@ async def test_one_wakeup_of_the_event_loop_per_step_whatever_the_batch_size() -
     async with running(max_batch_size=16, max_batch_time=5.0) as (batcher, model):
         assert batcher._loop is not None
         calls: list[Callable[..., object]] = []
-        token = batcher._loop._token
+        doorbell = batcher._loop.doorbell
+        post = doorbell.post
 
-        class CountingToken:
-            def run_sync_soon(self, fn: Callable[..., object], *args: object) -> None:
-                calls.append(fn)
-                token.run_sync_soon(fn, *args)
+        def counting_post(fn: Callable[[Any], None], argument: Any) -> None:
+            calls.append(fn)
+            post(fn, argument)
 
-        batcher._loop._token = CountingToken()  # type: ignore[assignment]
+        doorbell.post = counting_post  # type: ignore[method-assign, assignment]
         # The thread is idle, so the batch gathers until it is full: one hand-off of 16.
         items = [submit(batcher, f"s{i}", 10) for i in range(16)]
         results: dict[str, list[int]] = {}
@@ -243,6 +244,30 @@ async def test_max_batch_time_gathers_after_idle(autojump_clock: trio.testing.Mo
         assert batcher.load == 0
 
 
+async def test_what_an_idle_replica_gets_in_one_tick_starts_in_one_step() -> None:
+    async with running(max_batch_size=8) as (batcher, model):
+        items = []
+        for rid in ("a", "b", "c"):
+            items.append(submit(batcher, rid, 2))
+            hog_the_event_loop(0.01)  # lets the thread run: it must not step "a" alone
+        for item in items:
+            assert await read_all(item) == [0, 1]
+        assert model.steps == [["a", "b", "c"]] * 2
+        # Busy, the replica takes new work at once: it joins the step after the running one.
+        first = submit(batcher, "d", 10_000, buffer=10_000)
+        await first.next_reply()
+        model.gate.clear()
+        model.entered.clear()
+        await trio.to_thread.run_sync(model.entered.wait)  # a step of "d" runs
+        late = submit(batcher, "e", 1)
+        assert batcher._gathering is None
+        model.gate.set()
+        assert await read_all(late) == [0]
+        assert ["d", "e"] in model.steps
+        first.cancel()
+        await first.done.wait()
+
+
 class EndRecordingModel(LoopModel):
     """Also records, at ``on_sequence_end``, how many steps the thread had run."""
 
@@ -278,3 +303,28 @@ async def test_sequence_cancel_ends_after_the_request_left_the_thread() -> None:
             assert all("long" not in step for step in model.steps[at_end:])
             stats = await engine.statistics("rec")
             assert (stats.waiting, stats.running) == (0, 0)
+
+
+async def test_the_doorbell_hands_the_task_every_call_posted_from_a_thread_in_order() -> None:
+    doorbell = Doorbell()
+    got: list[int] = []
+
+    def poster() -> None:
+        for i in range(200):
+            doorbell.post(got.append, i)
+
+    try:
+        with trio.fail_after(TIMEOUT):
+            thread = threading.Thread(target=poster)
+            thread.start()
+            while len(got) < 200:  # bounded by fail_after; a wake may find its calls taken
+                await doorbell.wait()
+                for call, argument in doorbell.take():
+                    call(argument)
+            thread.join()
+            assert got == list(range(200))
+            doorbell.ring()  # a ring with nothing posted: the task wakes, takes nothing
+            await doorbell.wait()
+            assert doorbell.take() == []
+    finally:
+        doorbell.close()

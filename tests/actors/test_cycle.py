@@ -6,6 +6,8 @@ Each test hands work over the way the batcher does (``submit``, ``cancel``,
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from support.models import RecordingModel, recording_settings, request
@@ -142,3 +144,53 @@ def test_stop_ends_the_rounds_and_wakes_the_driver() -> None:
     cycle.stop()
     assert cycle.run_once() is None
     assert len(woken) == 2
+
+
+class RacingMailbox(Mailbox[Any]):
+    """A reply mailbox that runs ``hook`` once, when the planner reads its capacity for
+    the ``at``-th time: a reader taking a response at that moment, on another thread."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.hook: Callable[[], None] | None = None
+        self.at = 1
+        self.reads = 0
+
+    @property
+    def capacity(self) -> int:
+        self.reads += 1
+        if self.hook is not None and self.reads == self.at:
+            self.hook()
+        return super().capacity
+
+
+def test_a_credit_that_races_the_planner_is_never_lost() -> None:
+    """The reader's credit takes no lock unless the item sits out; the planner marks it
+    before it looks at the count again, so a credit given mid-plan is seen by one side."""
+    for at, stepped_now in ((1, True), (2, False)):
+        cycle, model = cycle_of()
+        cycle.cond = threading.Condition(threading.RLock())  # the hook runs on the planner's thread
+        replies = RacingMailbox(1)
+        item = WorkItem(request("r", 5), replies)
+        item.work = cycle.model.begin(item.request, None)
+        cycle.submit([item])
+        round_of(cycle)  # produced 1 of its 1 credit
+        replies.reads = 0
+        replies.hook = lambda item=item, cycle=cycle: cycle.consumed(item)
+        replies.at = at  # 1: before the planner marks it paused; 2: after
+        report = cycle.run_once()  # None: nothing to step this round
+        assert (report is not None and ids(report.batch) == ["r"]) is stepped_now
+        assert not item.paused  # either way it is not left sitting out
+        if not stepped_now:
+            assert ids(round_of(cycle).batch) == ["r"]
+        assert len(model.steps) == 2
+
+
+def test_a_reader_credit_does_not_wait_for_the_planner_lock() -> None:
+    cycle, _ = cycle_of()
+    item = item_of(cycle, "r", 5)
+    cycle.submit([item])
+    round_of(cycle)
+    with cycle.cond:  # the driver holds it while it plans
+        cycle.consumed(item)  # the event loop's credit goes through at once
+    assert item.consumed == 1

@@ -146,3 +146,34 @@ def test_response_problem_accepts_every_good_tensor_and_names_what_is_wrong() ->
     assert str(outputs[0].error) == (
         "model 'faulty' returned a malformed answer: step output 0: error is a str, expected an exception"
     )
+
+
+def test_response_problem_takes_shapes_as_any_sequence_and_dtypes_by_value() -> None:
+    """The checks' fast path (a tuple shape, the datatype's own dtype object) gives the
+    same answers as the general one."""
+
+    def problem(tensor: Tensor) -> str | None:
+        return response_problem(InferenceResponse(model_name="m", outputs=[tensor]))
+
+    data = np.zeros((2, 3), np.int64)
+    assert problem(Tensor("a", [2, 3], "INT64", data)) is None  # type: ignore[arg-type]
+    assert problem(Tensor("a", np.array([2, 3]), "INT64", data)) is None  # type: ignore[arg-type]
+    assert problem(Tensor("a", (np.int64(2), 3), "INT64", data)) is None
+    assert (
+        problem(Tensor("a", [3, 2], "INT64", data))
+        == "output 'a': shape [3, 2] but its data has shape [2, 3]"
+    )
+    assert problem(Tensor("a", 6, "INT64", data)) == "output 'a': shape 6 is not a list of sizes"  # type: ignore[arg-type]
+    by_value = np.dtype(np.int64, metadata={"unit": "token"})  # equal to int64, another object
+    assert problem(Tensor("a", (2, 3), "INT64", data.astype(by_value))) is None
+    assert problem(Tensor("a", (2, 3), "INT64", data.astype(">i8"))) == (
+        "output 'a': INT64 data has numpy dtype >i8 (expected int64)"
+    )
+    assert problem(Tensor("a", (2, 3), "INT64", data.astype(np.int32))) == (
+        "output 'a': INT64 data has numpy dtype int32 (expected int64)"
+    )
+    text = np.array([[b"x", b"y"], [b"z", "w"]], dtype=object)
+    assert (
+        problem(Tensor("t", (2, 2), "BYTES", text)) == "output 't': a BYTES element is a str, expected bytes"
+    )
+    assert problem(Tensor("t", (2, 2), "BYTES", text[:, :1].repeat(2, axis=1))) is None
