@@ -17,7 +17,7 @@ import trio.testing
 import trio_asyncio
 
 from actorserve.transport.grpchost.bridge import to_aio, to_trio
-from actorserve.transport.grpchost.loop import BatchingLoop, run_callbacks_in_batches
+from actorserve.transport.grpchost.loop import MIN_TIMERS_TO_REBUILD, BatchingLoop, run_callbacks_in_batches
 
 
 class LoopSteps(trio.abc.Instrument):
@@ -101,6 +101,25 @@ async def test_timers_fire_at_their_time_among_callbacks(autojump_clock: trio.te
         cancelled.cancel()
         await trio.sleep(10)
     assert ran == [("soon", 0.0), ("early", 1.0), ("late", 5.0)]
+
+
+async def test_cancelled_timers_leave_the_heap(autojump_clock: trio.testing.MockClock) -> None:
+    fired: list[float] = []
+    async with batching_loop() as loop:
+        start = trio.current_time()
+        kept = loop.call_later(600, lambda: fired.append(trio.current_time() - start))
+        for _ in range(10):  # ten waves of a deadline per call, each cancelled when its call ends
+            timers = [loop.call_later(300, fired.append, -1.0) for _ in range(10 * MIN_TIMERS_TO_REBUILD)]
+            await trio.testing.wait_all_tasks_blocked()
+            for timer in timers:
+                timer.cancel()
+        loop.call_soon(lambda: None)  # a step after the last cancellations
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(loop._timers) <= 10 * MIN_TIMERS_TO_REBUILD + 1  # trio-asyncio's kept all 10,001
+        await trio.sleep(1000)
+        assert loop._timers == []
+    assert not kept.cancelled()
+    assert fired == [600.0]
 
 
 async def test_trio_tasks_started_from_asyncio_return_their_results() -> None:
