@@ -1,15 +1,18 @@
 """CPU time per gRPC call / streamed message in the server's processes (not throughput).
 
-    python benchmarks/grpc_cost.py [--calls 3000] [--messages 200] [--api-workers 1]
-                                   [--baseline CHECKOUT] [--profile FILE]
+    python benchmarks/grpc_cost.py [--calls 3000] [--concurrency 16] [--phases unary,stream]
+                                   [--api-workers 1] [--baseline CHECKOUT] [--profile FILE]
 
 Starts ``python -m actorserve --http-port off --grpc-port 0`` (built-in models, on
 127.0.0.1) and drives it with ``grpc.aio`` (grpcio's C core, pre-serialised requests, so
 the client costs little and runs outside the server):
 
-- ``--calls`` unary ``ModelInfer`` on ``identity`` (one FP32 [1,16] tensor), 16 at a time;
-- 16 ``ModelStreamInfer`` streams, each sending ``--messages`` ``identity`` requests
-  (16 in flight per stream) and reading one response per request.
+- ``--calls`` unary ``ModelInfer`` on ``identity`` (one FP32 [1,16] tensor),
+  ``--concurrency`` (16) at a time on one channel;
+- ``--concurrency`` ``ModelStreamInfer`` streams, each sending its share of ``--calls``
+  ``identity`` requests (16 in flight per stream) and reading one response per request.
+
+``--phases`` picks which of the two run (both by default).
 
 It reads ``psutil`` CPU times (user + system) of every server process before and after
 each phase and prints microseconds of CPU per call / message, front(s) and engine apart.
@@ -152,7 +155,7 @@ async def _ready(channel: Any) -> None:
             await asyncio.sleep(0.1)
 
 
-async def unary(port: int, calls: int, body: bytes) -> None:
+async def unary(port: int, calls: int, body: bytes, concurrency: int = CONCURRENCY) -> None:
     async with grpc_aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         await _ready(channel)
         call = channel.unary_unary(MODEL_INFER)
@@ -163,10 +166,10 @@ async def unary(port: int, calls: int, body: bytes) -> None:
                 left[0] -= 1
                 await call(body, timeout=CALL_TIMEOUT)
 
-        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(CONCURRENCY))), calls + CALL_TIMEOUT)
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(concurrency))), calls + CALL_TIMEOUT)
 
 
-async def streams(port: int, messages: int, body: bytes) -> None:
+async def streams(port: int, messages: int, body: bytes, concurrency: int = CONCURRENCY) -> None:
     async with grpc_aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         await _ready(channel)
         open_stream = channel.stream_stream(STREAM_INFER)
@@ -187,18 +190,21 @@ async def streams(port: int, messages: int, body: bytes) -> None:
                 pass
 
         await asyncio.wait_for(
-            asyncio.gather(*(one() for _ in range(CONCURRENCY))), messages + 2 * CALL_TIMEOUT
+            asyncio.gather(*(one() for _ in range(concurrency))), messages + 2 * CALL_TIMEOUT
         )
 
 
-def measure(server: Server, phase: str, count: int, body: bytes) -> dict[str, float]:
+def measure(
+    server: Server, phase: str, count: int, body: bytes, concurrency: int = CONCURRENCY
+) -> dict[str, float]:
     """Microseconds of CPU per call / message, per server process."""
     processes = server.processes()
     before = _cpu(processes)
     if phase == "unary":
-        asyncio.run(unary(server.port, count, body))
+        asyncio.run(unary(server.port, count, body, concurrency))
     else:
-        asyncio.run(streams(server.port, count // CONCURRENCY, body))
+        count = count // concurrency * concurrency
+        asyncio.run(streams(server.port, count // concurrency, body, concurrency))
     after = _cpu(processes)
     return {name: (after[name] - before[name]) / count * 1e6 for name in processes}
 
@@ -240,6 +246,8 @@ def serve_profiled(path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000, help="unary calls and streamed messages per round")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="calls / streams at a time")
+    parser.add_argument("--phases", default="unary,stream", help="unary, stream or both (default)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default 3)")
     parser.add_argument("--api-workers", type=int, default=1, help="front processes (0: one process)")
     parser.add_argument("--baseline", metavar="CHECKOUT", help="also measure the actorserve in this checkout")
@@ -259,18 +267,21 @@ def main() -> None:
     try:
         for label, checkout in checkouts.items():
             servers[label] = Server(checkout, args.api_workers, args.profile)
+        phases = [phase.strip() for phase in args.phases.split(",")]
         for server in servers.values():  # warm-up: imports, first calls, caches
-            measure(server, "unary", 200, body)
-            measure(server, "stream", 320, body)
+            for phase in phases:
+                measure(server, phase, 320, body, args.concurrency)
         for _ in range(args.rounds):
-            for phase in ("unary", "stream"):
+            for phase in phases:
                 for label, server in servers.items():
-                    for name, us in measure(server, phase, args.calls, body).items():
+                    for name, us in measure(server, phase, args.calls, body, args.concurrency).items():
                         results.setdefault((phase, label, name), []).append(us)
     finally:
         for server in servers.values():
             server.stop()
-    print("CPU microseconds per unary call / streamed message (median of rounds):")
+    print(
+        f"CPU microseconds per unary call / streamed message, {args.concurrency} at a time (median of rounds):"
+    )
     for (phase, label, name), values in sorted(results.items()):
         print(
             f"  {phase:7s} {label:9s} {name:12s} {statistics.median(values):8.1f}  {sorted(round(v) for v in values)}"

@@ -26,6 +26,7 @@ from ..exchange import Recorder
 from .bridge import to_aio
 from .door import GrpcDoor
 from .host import GrpcHost
+from .loop import run_callbacks_in_batches
 
 log = logging.getLogger("actorserve.transport.grpc")
 
@@ -80,7 +81,8 @@ async def serve_grpc(
                 )
             )
         listeners += [(extra_sock.dup(), name, prefix) for name, (extra_sock, prefix) in extra.items()]
-        async with trio_asyncio.open_loop():
+        async with trio_asyncio.open_loop() as loop:
+            run_callbacks_in_batches(loop)  # a trio round per batch of callbacks, not per callback
             servers = []
             try:
                 for listener, name, prefix in listeners:
