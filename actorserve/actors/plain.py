@@ -274,7 +274,7 @@ class PlainRunner:
                     if item is not None and item.cancelled:
                         raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
                     out.put(stamp(response, request.id, sequence_id), now)
-                    if out.due(now, started):
+                    if out.due(now):
                         if armed != -math.inf:  # the reader's pace is not the model's
                             steps.deadline, armed = math.inf, -math.inf
                         await out.turn()

@@ -21,7 +21,7 @@ from ..types import InferenceResponse
 #: seconds a response may wait in the buffer while its producer keeps making more
 #: without waiting (a model computing inline): past it the producer lets the reader
 #: write what is there. 64 responses of a cheap model take about this long, so they
-#: leave in one chunk; a slow step (a token that takes milliseconds) is never held.
+#: leave in one chunk; a model that waits between responses has each read as it comes.
 GATHER: Final = 0.0005
 
 
@@ -56,18 +56,16 @@ class Pumped:
                 self._woken = True
         self._buffer.append(response)
 
-    def due(self, now: float, step_started: float) -> bool:
-        """Whether the producer should give the reader its turn now: the stream's first
-        response is there, the buffer is full, its oldest response waited
-        :data:`GATHER`, or the step that made the last one took that long (the next may
-        too). A fast step followed by a slow inline one is the case this holds back: by
-        the slow step's time, as such a step holds the whole event loop anyway."""
-        return (
-            self._first
-            or len(self._buffer) >= self._window
-            or now - self._oldest >= GATHER
-            or now - step_started >= GATHER
-        )
+    def due(self, now: float) -> bool:
+        """Whether the producer should give the reader its turn now, rather than go on
+        to its next step: the stream's first response is there, the buffer is full, or
+        its oldest response waited :data:`GATHER` (the producer made responses without
+        waiting for that long). Otherwise the reader, woken by :meth:`put`, runs when the
+        producer next waits (its next step, usually): no scheduler round is added to a
+        step that waits anyway. A step computed inline (no wait) therefore holds the
+        response before it back until it ends, as it holds everything else on the event
+        loop."""
+        return self._first or len(self._buffer) >= self._window or now - self._oldest >= GATHER
 
     async def turn(self) -> None:
         """Let the reader take what is buffered if it is waiting for it (else one

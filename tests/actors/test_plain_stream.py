@@ -106,14 +106,29 @@ async def test_a_paced_step_is_never_held_back(autojump_clock: trio.testing.Mock
     assert seen == [(0, 0.0), (1, 0.01), (2, 0.02), (3, 0.03)]
 
 
-async def test_a_slow_inline_step_hands_over_what_it_made(autojump_clock: trio.testing.MockClock) -> None:
-    """A model computing inline for longer than GATHER per response: each response is
-    read before the next step, although the model never waits."""
+async def test_a_slow_inline_step_holds_back_the_response_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A model computing inline (no wait) for longer than GATHER per response: the
+    response before a slow inline step leaves with the next one, as everything on the
+    event loop waits for such a step; the first leaves at once."""
     inline = {str(k): GATHER * 4 for k in range(1, 3)}
     async with actorserve.open_engine([settings()]) as engine:
         async with engine.infer_stream(ask(n=3, inline=inline), model="scripted") as responses:
-            batches = [indexes(await responses.next_batch()) for _ in range(3)]
-    assert batches == [[0], [1], [2]]
+            batches = [indexes(await responses.next_batch()) for _ in range(2)]
+    assert batches == [[0], [1, 2]]
+
+
+async def test_a_waiting_step_is_not_delayed_by_the_reader(autojump_clock: trio.testing.MockClock) -> None:
+    """Each response of a paced model is read as it is made, and the model's next wait
+    starts at once: 10 responses 10 ms apart take 100 ms, whatever the reader does
+    between them (here: nothing but read)."""
+    waits = {str(k): 0.01 for k in range(10)}
+    async with actorserve.open_engine([settings()]) as engine:
+        start = trio.current_time()
+        async with engine.infer_stream(ask(n=10, waits=waits), model="scripted") as responses:
+            got = [(i, round(trio.current_time() - start, 6)) async for i in _indexes(responses)]
+    assert got == [(k, round(0.01 * (k + 1), 6)) for k in range(10)]
 
 
 async def test_a_slow_reader_is_backpressure_not_a_step_timeout(
