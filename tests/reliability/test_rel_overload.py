@@ -19,6 +19,7 @@ import attrs
 import httpx
 import pytest
 import trio
+import trio.testing
 from grpclib.client import Channel
 from support.rel_load import (
     Case,
@@ -226,7 +227,7 @@ async def test_a_request_sent_in_time_is_answered_when_the_server_reaches_it_aft
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
     socks = [socket.create_connection(server.http_address) for _ in range(10)]
-    await trio.sleep(0.1)  # accepted: each connection's idle timer runs
+    await trio.testing.wait_all_tasks_blocked(0.01)  # accepted: each connection's idle timer runs
     for sock in socks:
         sock.sendall(request)
     time.sleep(0.6)  # noqa: ASYNC251  (on purpose: the server's loop is busy past the timeout)

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import trio
+import trio.testing
 
 from actorserve.torchserve import archive_settings
 
@@ -140,6 +141,17 @@ async def test_a_json_body_reaches_the_handler_parsed(client: httpx.AsyncClient)
     assert second.text == "6"
 
 
+async def settled(server: Any, model: str, **expected: int) -> None:
+    """Wait until the server's loop has nothing left to do and ``model``'s statistics
+    show ``expected`` (bounded: the requests were sent; they only need to arrive)."""
+    for _ in range(200):
+        await trio.testing.wait_all_tasks_blocked(0.01)
+        statistics = await server.engine.statistics(model)
+        if all(getattr(statistics, name) == value for name, value in expected.items()):
+            return
+    raise AssertionError(f"{model}: never {expected}, last {statistics}")
+
+
 async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: Any) -> None:
     folder = tmp_path / "slow"
     (folder / "MAR-INF").mkdir(parents=True)
@@ -165,9 +177,9 @@ async def test_full_queues_are_503_as_torchserve_says(tmp_path: Path, launch: An
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(post, b"0.5")  # runs
-            await trio.sleep(0.1)
+            await settled(server, "slow", inflight=1)
             nursery.start_soon(post, b"0")  # waits in the sequence's queue (size 1)
-            await trio.sleep(0.1)
+            await settled(server, "slow", inflight=2, queued=1)
             full = await client.post("/predictions/slow", content=b"0", headers={SEQ_ID: "busy"})
             assert full.status_code == 503
             assert full.json() == {
