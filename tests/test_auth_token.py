@@ -1,4 +1,4 @@
-"""Where a generated management token lives (actorserve/auth.py): a stable path for a
+"""Where a generated management token lives (actorserve/server/tokens.py): a stable path for a
 fixed port, so ``$(cat ...)`` keeps working across restarts, private to this user; a
 fresh temporary folder when the port is picked at start or the stable folder is unsafe."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actorserve.auth import remove_token_file, with_token
+from actorserve.server.tokens import remove_token_file, with_token
 from actorserve.settings import Settings
 from actorserve.tempdirs import is_temp_folder
 
@@ -31,7 +31,7 @@ def mode(path: Path) -> int:
 def test_the_token_file_of_a_fixed_port_stays_where_it_was(
     runtime: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "actorserve.auth")
+    caplog.set_level(logging.INFO, "actorserve.server.tokens")
     settings, path = with_token(Settings(http_port=8080))
     assert path == runtime / "actorserve" / "8080" / "token"
     assert settings.token_file == str(path)

@@ -4,7 +4,7 @@ from TorchServe archives."""
 
 from __future__ import annotations
 
-from actorserve.default_version import DefaultVersions
+from actorserve.engine.default_version import DefaultVersions
 from actorserve.settings import ModelSettings
 from actorserve.torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 

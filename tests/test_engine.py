@@ -146,7 +146,7 @@ async def test_streamer_and_identity_contracts() -> None:
 async def test_startup_error_reaches_an_embedder_as_itself() -> None:
     import socket
 
-    from actorserve.server import serve
+    from actorserve.server.composition import serve
     from actorserve.settings import Settings
 
     taken = socket.socket()

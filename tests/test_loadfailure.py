@@ -1,4 +1,4 @@
-"""What a failed load says (``actorserve.loadfailure``): the model's own error out of
+"""What a failed load says (``actorserve.engine.loadfailure``): the model's own error out of
 trio's exception groups, and the innermost line of the model's code it came from."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import trio
 
 import actorserve
 from actorserve import Model, ModelSettings
+from actorserve.engine.loadfailure import explain, underlying
 from actorserve.errors import ModelFailed
-from actorserve.loadfailure import explain, underlying
 from actorserve.models.identity import IdentityModel
 
 

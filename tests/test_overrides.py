@@ -1,4 +1,4 @@
-"""What a load request may override (actorserve.overrides), without a server: the
+"""What a load request may override (actorserve.engine.overrides), without a server: the
 policy, when the model's class is read for its declaration, and the operator setting."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import pytest
 
+from actorserve.engine.overrides import LoadOverrideRefused, override_settings
+from actorserve.engine.repository import ModelRepository
 from actorserve.model import Model
-from actorserve.overrides import LoadOverrideRefused, override_settings
-from actorserve.repository import ModelRepository
 from actorserve.settings import BadSetting, ModelSettings, Settings, SettingsError, load_model_settings
 
 #: a model of a folder that counts how often its module runs (in a file beside it)

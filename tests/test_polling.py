@@ -17,7 +17,7 @@ import trio.testing
 import actorserve
 from actorserve.api import ModelState, RepositoryEntry
 from actorserve.engine import Engine
-from actorserve.repository import ModelRepository
+from actorserve.engine.repository import ModelRepository
 from actorserve.settings import Settings
 
 IDENTITY = "actorserve.models.identity.IdentityModel"

@@ -81,5 +81,5 @@ def test_the_log_says_each_address_once_and_ends_with_stopped(api_workers: str) 
     for what in ("REST listening on", "gRPC listening on", "SIGINT: shutting down gracefully"):
         assert len([line for line in lines if what in line]) == 1, (what, server.text())
     assert len([line for line in lines if "shutting down: in-flight" in line]) <= 1, server.text()
-    logger = "actorserve.processes" if api_workers != "0" else "actorserve.server"
+    logger = "actorserve.server.processes" if api_workers != "0" else "actorserve.server"
     assert lines[-1].endswith(f"INFO {logger}: actorserve stopped"), server.text()

@@ -13,8 +13,8 @@ import pytest
 import actorserve
 from actorserve import BadInput, InferenceRequest
 from actorserve.codecs import tensor_from_numpy
+from actorserve.engine.repository import ModelRepository, resolve_implementation
 from actorserve.models.identity import IdentityModel
-from actorserve.repository import ModelRepository, resolve_implementation
 from actorserve.settings import ModelSettings, SettingsError, load_model_settings
 
 #: a model whose one output ``said`` (BYTES [1]) is WORDS

@@ -18,14 +18,14 @@ from e2e.conftest import TIMEOUT
 from support.scrape import parse, value
 
 from actorserve.api import EngineAPI
-from actorserve.doors import http_doors
 from actorserve.metrics import Metrics
 from actorserve.models import builtin_settings
 from actorserve.proto.torchserve.org.pytorch.serve.grpc.inference import (
     PredictionResponse,
     PredictionsRequest,
 )
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.doors import http_doors
 from actorserve.settings import Settings
 from actorserve.transport.access import ACCESS_LOGGER, AccessLog
 from actorserve.transport.auth import Guard, Scope

@@ -19,7 +19,7 @@ import pytest
 import trio
 from support.rel_shutdown import SHUTTING_DOWN, GrpcStream, shutdown_settings, start, wait_until
 
-from actorserve.server import END_MARGIN
+from actorserve.server.composition import END_MARGIN
 
 GRACE = 0.5
 TIMEOUT = 20.0

@@ -15,7 +15,7 @@ stream context (or ``infer`` call), which cancels the request in the engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl
 
@@ -28,6 +28,7 @@ from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .generate import (
     Encoder,
@@ -62,9 +63,6 @@ _T = TypeVar("_T")
 
 # Raw ASGI messages are handled as plain dicts; hypercorn's TypedDicts only matter at
 # the boundary (app.py), where these aliases are cast.
-ASGIScope = Mapping[str, Any]
-ASGIReceive = Callable[[], Awaitable[Any]]
-ASGISend = Callable[[Any], Awaitable[None]]
 
 #: The ASGI headers of every event stream, built once.
 _EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in EVENT_STREAM_HEADERS)

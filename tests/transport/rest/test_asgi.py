@@ -14,9 +14,9 @@ import trio.testing
 from support.models import GateModel, RecordingModel
 
 from actorserve import open_engine
-from actorserve.doors import create_app
 from actorserve.engine import Engine
 from actorserve.models import builtin_settings as builtin_models
+from actorserve.server.doors import create_app
 from actorserve.settings import ModelSettings, Settings
 from actorserve.transport.httphost import HttpHost
 

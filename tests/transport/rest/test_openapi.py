@@ -12,8 +12,8 @@ import pytest
 from openapi_spec_validator import validate
 
 from actorserve import open_engine
-from actorserve.doors import create_app
 from actorserve.engine import Engine
+from actorserve.server.doors import create_app
 from actorserve.settings import Settings
 from actorserve.transport.rest import OipRest
 from actorserve.transport.rest.app import _RAW_METHODS

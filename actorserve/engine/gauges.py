@@ -11,8 +11,8 @@ loaded is set to 0 once (its series stay, as Prometheus series do).
 
 from __future__ import annotations
 
-from .actors.reports import model_statistics
-from .engine import Engine
+from ..actors.reports import model_statistics
+from . import Engine
 
 
 def watch_engine(engine: Engine) -> None:

@@ -14,16 +14,16 @@ Children are started in their own session (a Ctrl-C or a signal to the parent's 
 group reaches only the parent, which then stops them in order: fronts drain first, then
 the engine). With ``drain_timeout`` (scale-in, docs/deploy.md#drain) the parent first
 sends the engine :data:`SCALE_IN_SIGNAL`: the engine serves only its open sequences
-(:func:`~actorserve.scalein.drain_sequences`: not ready, new starts refused, which the
+(:func:`~actorserve.engine.scalein.drain_sequences`: not ready, new starts refused, which the
 fronts pass on as 503 + ``Retry-After`` / UNAVAILABLE, since every start and every
 readiness answer is the engine's) and sends the parent the same signal when none is left
 or the timeout passed; the ordered stop follows (what the children run:
-:mod:`actorserve.children`).
+:mod:`actorserve.server.children`).
 
 Each child holds the read end of a pipe from the parent on its stdin: EOF means the
 parent is gone: a front shuts the listening sockets down and exits at once,
-the engine within :data:`~actorserve.roles.ORPHAN_EXIT_AFTER` s (see
-:func:`~actorserve.roles.watch_parent`). A front that dies is restarted
+the engine within :data:`~actorserve.server.roles.ORPHAN_EXIT_AFTER` s (see
+:func:`~actorserve.server.roles.watch_parent`). A front that dies is restarted
 (its own connections are lost); the engine dying stops the server with exit code 1.
 
 The children re-read the same command line and environment as the parent, so they build
@@ -46,10 +46,11 @@ from pathlib import Path
 import attrs
 import trio
 
-from .auth import TOKENS_FD_VAR, read_tokens, remove_token_file, token_handoff, with_token
+from ..metrics import MULTIPROC_VAR
+from ..settings import Settings
+from ..tempdirs import make_temp_folder, remove_stale
 from .children import run_engine_child, run_front_child
 from .listeners import Listeners, log_addresses, open_listeners
-from .metrics import MULTIPROC_VAR
 from .roles import (
     INDEX_VAR,
     READY_FD_VAR,
@@ -62,8 +63,7 @@ from .roles import (
     say_ready,
     watch_parent,
 )
-from .settings import Settings
-from .tempdirs import make_temp_folder, remove_stale
+from .tokens import TOKENS_FD_VAR, read_tokens, remove_token_file, token_handoff, with_token
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ __all__ = [
 ]
 
 
-# -- the parent, as run by ``python -m actorserve`` (the children: actorserve.children) ---------
+# -- the parent, as run by ``python -m actorserve`` (the children: actorserve.server.children) ---------
 
 
 async def run_parent(settings: Settings, argv: Sequence[str]) -> int:

@@ -1,6 +1,6 @@
-"""What the children of the multi-process server run (:mod:`actorserve.processes` starts
+"""What the children of the multi-process server run (:mod:`actorserve.server.processes` starts
 and stops them): the engine process (every model, serving the fronts on a Unix socket;
-:data:`~actorserve.roles.SCALE_IN_SIGNAL` starts its scale-in drain) and a front process
+:data:`~actorserve.server.roles.SCALE_IN_SIGNAL` starts its scale-in drain) and a front process
 (REST and gRPC on the inherited sockets, an engine client)."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import signal
 
 import trio
 
-from .engine import Engine, open_engine
-from .gauges import watch_engine
+from ..addresses import BACKLOG
+from ..engine import Engine, open_engine
+from ..engine.gauges import watch_engine
+from ..engine.repository import ModelRepository
+from ..engine.scalein import drain_sequences
+from ..settings import Settings
+from .composition import Server, serve_transports
 from .heaptrim import freeze_startup_objects, trim_heap_when_idle
-from .listeners import BACKLOG, Listeners
-from .repository import ModelRepository
+from .listeners import Listeners
 from .roles import SCALE_IN_SIGNAL, engine_socket, say_ready, watch_parent
-from .scalein import drain_sequences
-from .server import Server, serve_transports
-from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 async def run_engine_child(settings: Settings, repository: ModelRepository) -> None:
     """The engine process: load every model, serve the fronts on the Unix socket the
     parent named, until SIGTERM (drain within the grace period) or the parent's death."""
-    from .ipc.engine_side import open_unix_listener, serve_fronts
+    from ..ipc.engine_side import open_unix_listener, serve_fronts
 
     listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
     repository = repository.with_archive_limits(settings)
@@ -53,7 +54,7 @@ async def run_engine_child(settings: Settings, repository: ModelRepository) -> N
 
 
 async def _scale_in_then_tell(engine: Engine, drain_timeout: float, parent: int) -> None:
-    """The engine's drain (:func:`~actorserve.scalein.drain_sequences`), then
+    """The engine's drain (:func:`~actorserve.engine.scalein.drain_sequences`), then
     :data:`SCALE_IN_SIGNAL` to the parent, if it is still this process' parent."""
     await drain_sequences(engine, drain_timeout)
     if os.getppid() == parent:
@@ -64,7 +65,7 @@ async def _scale_in_then_tell(engine: Engine, drain_timeout: float, parent: int)
 async def run_front_child(settings: Settings) -> None:
     """A front process: the transports on the inherited sockets, an engine client to the
     engine process; SIGTERM drains (a second one stops at once)."""
-    from .ipc.client import open_engine_client
+    from ..ipc.client import open_engine_client
 
     listeners = Listeners.inherited()
     try:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from ..settings import ModelSettings
+from ..torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 from .catalog import version_key
-from .settings import ModelSettings
-from .torchserve_envelope import PLATFORM, SEQUENCE_PLATFORM
 
 
 def first_stays_default(settings: ModelSettings) -> bool:

@@ -1,5 +1,5 @@
 """Which part a process plays in the multi-process server, and what a child knows of its
-parent: the ``_ACTORSERVE_*`` variables the parent sets (see :mod:`actorserve.processes`),
+parent: the ``_ACTORSERVE_*`` variables the parent sets (see :mod:`actorserve.server.processes`),
 the ready pipe a child writes once serving, and the stdin pipe whose EOF means the
 parent is gone."""
 

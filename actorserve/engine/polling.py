@@ -15,10 +15,10 @@ from pathlib import Path
 
 import trio
 
-from .api import EngineAPI
-from .errors import ModelNotFound
+from ..api import EngineAPI
+from ..errors import ModelNotFound
+from ..settings import MODEL_SETTINGS_FILE
 from .repository import ModelRepository
-from .settings import MODEL_SETTINGS_FILE
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The engine process: ``python -m actorserve.ipc.engine_main SOCKET [MODEL_FOLDER ...]``.
+"""The engine process: ``python -m actorserve.server.engine_main SOCKET [MODEL_FOLDER ...]``.
 
 Loads the built-in models (and every model under each ``MODEL_FOLDER``), serves front
 connections on a new Unix socket at ``SOCKET``, then prints one line
@@ -21,11 +21,11 @@ import sys
 import trio
 
 from ..engine import open_engine
-from ..logformat import quiet_protocol_loggers
+from ..ipc.engine_side import open_unix_listener, serve_fronts
+from ..ipc.frames import DEFAULT_LIMITS, LinkLimits
 from ..models import builtin_settings as builtin_models
 from ..settings import ModelSettings, Settings, discover_models
-from .engine_side import open_unix_listener, serve_fronts
-from .frames import DEFAULT_LIMITS, LinkLimits
+from .logformat import quiet_protocol_loggers
 
 READY_LINE = "actorserve-engine ready"
 
@@ -62,7 +62,7 @@ async def _main(socket_path: str, settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m actorserve.ipc.engine_main", description="the actorserve engine process (internal)"
+        prog="python -m actorserve.server.engine_main", description="the actorserve engine process (internal)"
     )
     parser.add_argument("socket", help="path of the Unix socket to create")
     parser.add_argument("folders", nargs="*", help="model folders to serve besides the built-in models")

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .actors.host import ModelHost
-from .actors.inflight import Inflight
-from .actors.reports import describe, inference_statistics, info, metadata, model_statistics
-from .api import (
+from ..actors.host import ModelHost
+from ..actors.inflight import Inflight
+from ..actors.reports import describe, inference_statistics, info, metadata, model_statistics
+from ..api import (
     EngineAPI,
     InferenceStatistics,
     ModelDescription,
@@ -33,20 +33,20 @@ from .api import (
     ResponseIterator,
     UnaryCall,
 )
+from ..errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
+from ..exceptiongroups import raise_single
+from ..metrics import Metrics
+from ..model import BatchModel, Model
+from ..replica import mint_id, minting, naming, replica_id
+from ..settings import ModelSettings, Settings, SettingsError
+from ..types import InferenceRequest, InferenceResponse
+from ..unary import dispatch
+from ..validation import RequestContract
 from .catalog import UNLOADED, Catalog, Watchers, version_key
 from .default_version import DefaultVersions
-from .errors import BadInput, ModelFailed, ModelNotFound, ModelNotReady, ShuttingDown
-from .exceptiongroups import raise_single
 from .loadfailure import explain, underlying
-from .metrics import Metrics
-from .model import BatchModel, Model
 from .polling import poll_repository
-from .replica import mint_id, minting, naming, replica_id
 from .repository import ModelRepository
-from .settings import ModelSettings, Settings, SettingsError
-from .types import InferenceRequest, InferenceResponse
-from .unary import dispatch
-from .validation import RequestContract
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Engine:
         self._inflight = Inflight()
         #: what this server is called behind a proxy (errors and server-made ids say it)
         self.replica = replica_id(settings.replica_id)
-        #: scale-in (actorserve.scalein): not ready, new sequence starts refused
+        #: scale-in (actorserve.engine.scalein): not ready, new sequence starts refused
         self.draining = False
 
     # -- models ------------------------------------------------------------------------
@@ -397,7 +397,7 @@ async def open_engine(
     Leaving the block shuts everything down: sequences end with reason ``shutdown`` and
     no task is left behind."""
     if settings is None:
-        from .models import builtin_settings
+        from ..models import builtin_settings
 
         settings = Settings(models=tuple(builtin_settings()))
     elif not isinstance(settings, Settings):

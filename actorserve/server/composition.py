@@ -29,27 +29,28 @@ from typing import Any, cast
 import attrs
 import trio
 
-from .api import EngineAPI
-from .auth import auth_enabled, read_tokens, remove_token_file, with_token
+from ..addresses import browsable, http_url, log_extra_address
+from ..api import EngineAPI
+from ..engine import open_engine
+from ..engine.gauges import watch_engine
+from ..engine.repository import ModelRepository
+from ..engine.scalein import drain_sequences
+from ..exceptiongroups import raise_single
+from ..metrics import Metrics
+from ..models import builtin_settings as builtin_models
+from ..replica import replica_id
+from ..settings import Settings, SettingsError
+from ..tempdirs import remove_stale
+from ..transport.access import AccessLog
+from ..transport.auth import Guard
+from ..transport.httphost import Drain
+from ..transport.httphost.serve import END_MARGIN, serve_http
+from ..transport.owner import OwnerScope, OwnerStamp
 from .doors import create_app, serve_grpc
-from .engine import open_engine
-from .exceptiongroups import raise_single
-from .gauges import watch_engine
 from .heaptrim import freeze_startup_objects, trim_heap_when_idle
-from .listeners import BACKLOG, ListenError, Listeners, browsable, http_url, log_extra_address, open_listeners
+from .listeners import ListenError, Listeners, open_listeners
 from .logformat import quiet_protocol_loggers
-from .metrics import Metrics
-from .models import builtin_settings as builtin_models
-from .replica import replica_id
-from .repository import ModelRepository
-from .scalein import drain_sequences
-from .settings import Settings, SettingsError
-from .tempdirs import remove_stale
-from .transport.access import AccessLog
-from .transport.auth import Guard
-from .transport.httphost import Drain
-from .transport.httphost.serve import END_MARGIN, serve_http
-from .transport.owner import OwnerScope, OwnerStamp
+from .tokens import auth_enabled, read_tokens, remove_token_file, with_token
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ async def serve(
     ``POST /v2/repository/models/{name}/load`` looks (default: ``settings.models``).
     ``rest_fast_path=False`` serves ``infer`` through Quart too (for comparisons).
     ``freeze_heap=True`` (a process that only serves, as the CLI's) freezes the objects
-    alive once the models are loaded (:func:`~actorserve.heaptrim.freeze_startup_objects`).
+    alive once the models are loaded (:func:`~actorserve.server.heaptrim.freeze_startup_objects`).
 
     With auth on and no token given, a token is generated into a new file (mode 0600)
     whose path is logged and is ``server.settings.token_file``; it is removed on return."""
@@ -168,12 +169,12 @@ async def serve_transports(
     (graceful) or cancellation. Used by :func:`serve` (with the in-process engine) and by
     every front process of the multi-process server (with an engine client).
 
-    On shutdown, ``scale_in()`` first, when given (:func:`~actorserve.scalein.drain_sequences`:
+    On shutdown, ``scale_in()`` first, when given (:func:`~actorserve.engine.scalein.drain_sequences`:
     the open sequences are served while new starts are refused); then gRPC drains its calls and hypercorn its connections, while ``drain(grace)``
     (the in-process engine's ``aclose``; nothing in a front, whose engine process is
     stopped after every front) lets in-flight requests finish; all within the grace period.
     The caller owns ``listeners``. Requests are recorded in ``metrics`` (default: a new
-    :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.auth.read_tokens`).
+    :class:`Metrics`); the tokens come from ``settings`` (:func:`actorserve.server.tokens.read_tokens`).
     The protocol libraries' loggers are capped at INFO (:func:`quiet_protocol_loggers`):
     at DEBUG they write every header, a bearer token included. ``announce=False`` (a
     front process) logs the listening lines at DEBUG: the parent logs them once."""
@@ -309,7 +310,7 @@ async def _start_grpc(
     """Start the gRPC host on ``sock`` and the extra TorchServe ports in ``scope``
     (cancelling it starts gRPC's own drain), or log why it is unavailable and return None."""
     try:
-        from .transport import grpchost  # noqa: F401  # grpclib and trio-asyncio
+        from ..transport import grpchost  # noqa: F401  # grpclib and trio-asyncio
     except ImportError as exc:
         log.warning("gRPC transport unavailable (%s): serving REST only", exc)
         for unserved in (sock, *torchserve_only.values()):
@@ -333,7 +334,6 @@ async def _start_grpc(
 
 
 __all__ = [
-    "BACKLOG",
     "ListenError",
     "Listeners",
     "Server",

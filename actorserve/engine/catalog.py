@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from .api import ModelState, RepositoryEntry
-from .settings import ModelSettings
+from ..api import ModelState, RepositoryEntry
+from ..settings import ModelSettings
 
 #: the reason of a model in the folders that nobody asked to load
 NOT_LOADED = "not loaded"

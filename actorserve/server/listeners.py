@@ -15,9 +15,10 @@ from typing import Final
 
 import attrs
 
-from .settings import Settings
+from ..addresses import BACKLOG, PORTS, browsable, host_port, http_url, log_extra_address
+from ..settings import Settings
 
-log = logging.getLogger("actorserve.processes")
+log = logging.getLogger("actorserve.server.processes")
 
 
 class ListenError(OSError):
@@ -33,7 +34,7 @@ class ListenError(OSError):
 
     def __str__(self) -> str:
         reason = str(self.strerror)
-        return f"cannot listen on {_host_port(self.host, self.port)} ({self.transport}): {reason[:1].lower()}{reason[1:]}"
+        return f"cannot listen on {host_port(self.host, self.port)} ({self.transport}): {reason[:1].lower()}{reason[1:]}"
 
 
 @attrs.frozen
@@ -73,25 +74,9 @@ class Listeners:
         return cls(**{name: socket.socket(fileno=int(fd)) for name, fd in fds.items() if fd})
 
 
-#: Listeners field -> (the Settings field of its port, its name in errors and the log)
-PORTS: Final = {
-    "http": ("http_port", "REST"),
-    "grpc": ("grpc_port", "gRPC"),
-    "ts_inference_grpc": ("ts_inference_grpc_port", "TorchServe inference gRPC"),
-    "ts_management_grpc": ("ts_management_grpc_port", "TorchServe management gRPC"),
-    "ts_management_http": ("ts_management_http_port", "TorchServe management REST"),
-}
-
-
 def _fd_variable(name: str) -> str:
     return f"_ACTORSERVE_{name.upper()}_FD"
 
-
-#: pending connections each listening socket queues before the server accepts them, by
-#: default (``Settings.backlog``). hypercorn's own default is 100 and grpclib's 100: a
-#: surge of clients then overflows the queue, and the kernel drops their handshakes
-#: (they retry after 1 s, 3 s, ...) or, with ``tcp_abort_on_overflow``, resets them.
-BACKLOG = 2048
 
 _SOMAXCONN: Final = Path("/proc/sys/net/core/somaxconn")
 
@@ -170,28 +155,6 @@ def _listen(host: str, port: int, transport: str, backlog: int = BACKLOG) -> soc
         sock.close()
         raise
     return sock
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def http_url(host: str, port: int) -> str:
-    """``http://host:port`` (IPv6 hosts in brackets)."""
-    return f"http://{_host_port(host, port)}"
-
-
-def browsable(url: str) -> str:
-    """``url`` with a wildcard host (every interface) replaced by loopback, for a browser."""
-    return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
-
-
-def log_extra_address(
-    name: str, host: str, port: int, logger: logging.Logger = log, level: int = logging.INFO
-) -> None:
-    """The log line of an extra TorchServe port (``name`` a field of :class:`Listeners`)."""
-    where = http_url(host, port) if name.endswith("_http") else _host_port(host, port)
-    logger.log(level, "%s listening on %s", PORTS[name][1], where)
 
 
 def log_addresses(listeners: Listeners, fronts: int) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from .settings import ModelSettings, SettingsError, model_settings_from_dict
+from ..settings import ModelSettings, SettingsError, model_settings_from_dict
 
 #: model-settings.json keys a load request's ``parameters.config`` may set: limits,
 #: shapes and names shown in metadata, none of which names code, a path, a URL or a variable
@@ -139,7 +139,7 @@ def check_registration(path: str, handler: str | None, allowed: Collection[str])
     """A TorchServe registration's ``handler`` (the code the engine imports and runs) is the
     archive's own unless the operator allows ``handler``; :class:`LoadOverrideRefused`.
     Where the archive may be (``url``) is checked by
-    :meth:`actorserve.repository.ModelRepository.locate`."""
+    :meth:`actorserve.engine.repository.ModelRepository.locate`."""
     if handler is not None and not allows(allowed, "handler"):
         raise LoadOverrideRefused(
             f"registering {path!r}",

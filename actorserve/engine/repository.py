@@ -35,11 +35,9 @@ from typing import Any
 import attrs
 import trio
 
-from .errors import BadInput, ModelNotFound
-from .loadfailure import explain, where
-from .model import Model
-from .overrides import LoadOverrideRefused, allows, check_registration, needs_declaration, override_settings
-from .settings import (
+from ..errors import BadInput, ModelNotFound
+from ..model import Model
+from ..settings import (
     MODEL_SETTINGS_FILE,
     ModelSettings,
     Settings,
@@ -47,7 +45,9 @@ from .settings import (
     discover_models,
     load_model_settings,
 )
-from .torchserve.archive import ArchiveLimits, Overrides, archive_name, archive_settings, find_archives
+from ..torchserve.archive import ArchiveLimits, Overrides, archive_name, archive_settings, find_archives
+from .loadfailure import explain, where
+from .overrides import LoadOverrideRefused, allows, check_registration, needs_declaration, override_settings
 
 
 @attrs.frozen
@@ -136,7 +136,7 @@ class ModelRepository:
         self, settings: ModelSettings, config: Mapping[str, Any], allowed: Collection[str] = ()
     ) -> ModelSettings:
         """``settings`` with a load request's ``parameters.config`` over it
-        (:func:`~actorserve.overrides.override_settings`); the model's class is imported
+        (:func:`~actorserve.engine.overrides.override_settings`); the model's class is imported
         for its ``overridable_parameters`` only when a ``parameters`` key needs them."""
         declared: frozenset[str] = frozenset()
         if needs_declaration(config, allowed):

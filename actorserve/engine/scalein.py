@@ -17,8 +17,8 @@ from typing import Final
 
 import trio
 
-from .actors.reports import model_statistics
-from .engine import Engine
+from ..actors.reports import model_statistics
+from . import Engine
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from typing import IO
 
 import attrs
 
-from .settings import Settings, SettingsError
-from .tempdirs import is_temp_folder, make_temp_folder
+from ..settings import Settings, SettingsError
+from ..tempdirs import is_temp_folder, make_temp_folder
 
-log = logging.getLogger("actorserve.auth")
+log = logging.getLogger("actorserve.server.tokens")
 
 TOKEN_FILE_NAME = "token"
 #: names the descriptor of :func:`token_handoff`'s file in a front process's environment

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .api import EngineAPI
-from .metrics import Metrics
-from .settings import Settings
-from .transport.access import AccessLog
-from .transport.auth import Guard
-from .transport.exchange import Recorder
-from .transport.httphost import HttpDoor, HttpHost
-from .transport.openai import OpenAIRoutes
-from .transport.playground import Playground
-from .transport.rest import create_door
-from .transport.torchserve import TorchServeRest
+from ..api import EngineAPI
+from ..metrics import Metrics
+from ..settings import Settings
+from ..transport.access import AccessLog
+from ..transport.auth import Guard
+from ..transport.exchange import Recorder
+from ..transport.httphost import HttpDoor, HttpHost
+from ..transport.openai import OpenAIRoutes
+from ..transport.playground import Playground
+from ..transport.rest import create_door
+from ..transport.torchserve import TorchServeRest
 
 if TYPE_CHECKING:
-    from .transport.grpchost import GrpcDoor
+    from ..transport.grpchost import GrpcDoor
 
 
 def http_doors(
@@ -70,8 +70,8 @@ def create_app(
 
 def grpc_doors(engine: EngineAPI, settings: Settings) -> list[GrpcDoor]:
     """The gRPC doors, in the order the host registers them (``ImportError`` without grpclib)."""
-    from .transport.grpc import TritonGrpc
-    from .transport.torchserve.grpc_services import TorchServeGrpc
+    from ..transport.grpc import TritonGrpc
+    from ..transport.torchserve.grpc_services import TorchServeGrpc
 
     return [TritonGrpc(engine, settings), TorchServeGrpc(engine, settings)]
 
@@ -90,8 +90,8 @@ async def serve_grpc(
     for ``sock``, the drain, and ``observers``: ``metrics``, ``access``, ``guard``,
     ``announce``). ``torchserve_only`` (``{"inference" | "management": socket}``) are
     extra ports serving only that TorchServe service."""
-    from .transport.grpchost import serve_grpc as serve_doors
-    from .transport.torchserve.grpc_services import PORT_PREFIXES
+    from ..transport.grpchost import serve_grpc as serve_doors
+    from ..transport.torchserve.grpc_services import PORT_PREFIXES
 
     ports = {
         f"ts_{kind}_grpc": (extra, PORT_PREFIXES[kind]) for kind, extra in (torchserve_only or {}).items()

@@ -56,7 +56,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     """The logging of ``python -m actorserve``: ``level``, ``log_format`` on stderr, the
     access lines batched in the same format. If the root logger has handlers already, they
     are kept (and the access lines go to them)."""
-    from .transport.access import ACCESS_LOGGER, AccessHandler  # the access log's writer
+    from ..transport.access import ACCESS_LOGGER, AccessHandler  # the access log's writer
 
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
     handler = logging.StreamHandler(sys.stderr)
