@@ -4,6 +4,7 @@ policy, when the model's class is read for its declaration, and the operator set
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -103,3 +104,46 @@ def test_the_operator_setting_takes_a_comma_list_or_several_values() -> None:
     assert Settings().allow_load_overrides == ()
     with pytest.raises(BadSetting, match="allow_load_overrides must be names"):
         Settings(allow_load_overrides=3)  # type: ignore[arg-type]
+
+
+def test_the_policy_holds_on_the_settings_as_parsed() -> None:
+    """Issue 30: whatever spelling a request uses, what changed in the parsed settings is
+    what is checked; no container value is converted from another JSON type."""
+    base = settings()
+    for config in (
+        {"parameters": [["uri", "/b"]]},
+        {"parameters": (("uri", "/b"),)},
+        {"parameters": "uri=/b"},
+        {"sequence": [["max_queue", 1]]},
+    ):
+        with pytest.raises(SettingsError, match="expected a JSON object, not"):
+            override_settings(base, config, declared=frozenset({"threshold"}))
+    # the same value as the model's own is no change; the same value of another type is one
+    assert override_settings(base, {"parameters": {"uri": "/a"}}).parameters == base.parameters
+    with pytest.raises(LoadOverrideRefused):
+        override_settings(settings(parameters={"uri": 1}), {"parameters": {"uri": True}})
+
+
+def test_model_settings_type_check_every_value() -> None:
+    """A model-settings.json value of the wrong JSON type is refused, never converted (no
+    file of the project relied on a conversion; MLServer refuses them too)."""
+    from actorserve.settings import model_settings_from_dict
+
+    good = {"name": "m", "implementation": "x.Y"}
+    for bad, message in (
+        ({"parameters": [["uri", "/b"]]}, "'parameters' must be a JSON object, not an array"),
+        ({"parameters": "x"}, "'parameters' must be a JSON object, not a string"),
+        ({"sequence": [["max_queue", 1]]}, "'sequence' must be a JSON object, not an array"),
+        ({"sequence": {"max_queue": "1"}}, "'sequence.max_queue' must be an integer, not a string"),
+        ({"sequence": {"evict_idle": 1}}, "'sequence.evict_idle' must be true or false"),
+        ({"workers": "2"}, "'workers' must be an integer, not a string"),
+        ({"max_batch_size": True}, "'max_batch_size' must be an integer, not a boolean"),
+        ({"max_batch_time": "0.1"}, "'max_batch_time' must be a number, not a string"),
+        ({"versions": "12"}, "'versions' must be a list of version names"),
+        ({"text_generation": [["usage", True]]}, "'text_generation' must be a JSON object"),
+        ({"implementation": ["x.Y"]}, "'implementation' must be a string"),
+    ):
+        with pytest.raises(SettingsError, match=re.escape(message)):
+            model_settings_from_dict({**good, **bad})
+    parsed = model_settings_from_dict({**good, "max_batch_time": 1, "parameters": {"version": 2}})
+    assert (parsed.max_batch_time, parsed.version) == (1.0, "2")

@@ -97,17 +97,12 @@ def override_settings(
         raise SettingsError(
             f"{where}: cannot set {', '.join(sorted(unknown))} (settable: {', '.join(sorted(OVERRIDABLE))})"
         )
+    for key in ("parameters", "sequence", "request"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            # never converted: a list of pairs is not an object, whatever dict() makes of it
+            raise SettingsError(f"{where}.{key}: expected a JSON object, not {_kind(value)}")
     parameters = config.get("parameters")
-    if isinstance(parameters, Mapping):
-        for key in sorted(parameters):
-            if key not in ALWAYS_OVERRIDABLE and key not in declared and not allows(allowed, key):
-                raise LoadOverrideRefused(
-                    f"{where}.parameters",
-                    key,
-                    f"{key!r} cannot be set by a load request: {_implementation(settings)} declares only "
-                    f"{sorted(ALWAYS_OVERRIDABLE | declared)} safe to override, and other model parameters "
-                    "may name code, files, URLs or environment variables",
-                )
     merged = dict(config)
     if isinstance(config.get("sequence"), Mapping):
         merged["sequence"] = {**attrs.asdict(settings.sequence), **config["sequence"]}
@@ -123,7 +118,84 @@ def override_settings(
             changes.update(parameters=parsed.parameters, version=parsed.version)
         elif key != "name":
             changes[key] = getattr(parsed, key)
-    return attrs.evolve(settings, **changes)
+    result = attrs.evolve(settings, **changes)
+    _check_result(settings, result, allowed, declared, where)
+    return result
+
+
+#: the :class:`ModelSettings` fields a load request may change (the parsed form of
+#: :data:`OVERRIDABLE`); ``parameters`` is checked key by key
+OVERRIDABLE_FIELDS = frozenset(
+    {
+        "parameters",
+        "version",
+        "max_batch_size",
+        "max_batch_time",
+        "workers",
+        "sequence",
+        "reply_buffer",
+        "max_pending",
+        "platform",
+        "inputs",
+        "outputs",
+        "request_parameters",
+    }
+)
+
+
+def _check_result(
+    before: ModelSettings,
+    after: ModelSettings,
+    allowed: Collection[str],
+    declared: frozenset[str],
+    where: str,
+) -> None:
+    """The policy, on the settings as parsed: whatever spelling the request used, every
+    field that differs from the model's own must be one a request may change, and every
+    ``parameters`` key whose value differs (or is new) must be declared or allowed."""
+    for field in attrs.fields(ModelSettings):
+        if field.name not in OVERRIDABLE_FIELDS and not _same(
+            getattr(before, field.name), getattr(after, field.name)
+        ):
+            raise SettingsError(f"{where}: cannot set {field.name}")
+    missing = object()
+    for key in sorted(set(before.parameters) | set(after.parameters)):
+        if _same(before.parameters.get(key, missing), after.parameters.get(key, missing)):
+            continue
+        if key not in ALWAYS_OVERRIDABLE and key not in declared and not allows(allowed, key):
+            raise LoadOverrideRefused(
+                f"{where}.parameters",
+                key,
+                f"{key!r} cannot be set by a load request: {_implementation(before)} declares only "
+                f"{sorted(ALWAYS_OVERRIDABLE | declared)} safe to override, and other model parameters "
+                "may name code, files, URLs or environment variables",
+            )
+
+
+def _same(a: object, b: object) -> bool:
+    """``a`` and ``b`` are the same value of the same types, all the way down (``1``,
+    ``1.0`` and ``true`` are equal in Python, not here)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Mapping):
+        assert isinstance(b, Mapping)
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return type(value).__name__
 
 
 def needs_declaration(config: Mapping[str, Any], allowed: Collection[str]) -> bool:
