@@ -33,7 +33,7 @@ from .server.clitypes import Port, metavar_of
 from .server.composition import Server, serve
 from .server.listeners import raise_open_file_limit
 from .server.logformat import configure_logging
-from .server.tokens import take_token
+from .server.tokens import take_tokens
 from .settings import (
     GRPC_STREAM_DIALECTS,
     HELP,
@@ -54,7 +54,7 @@ ENV_PREFIX = "ACTORSERVE"
 #: the bearer token, from the environment only (a flag would show in ``ps``)
 TOKEN_VARIABLE = f"{ENV_PREFIX}_TOKEN"
 #: Settings fields without an option of their own
-_NO_OPTION = ("models", "token")
+_NO_OPTION = ("models", "token", "inference_token")
 MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -225,7 +225,10 @@ def cli(
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
+        token, inference_token = take_tokens(
+            TOKEN_VARIABLE, f"{ENV_PREFIX}_INFERENCE_TOKEN", f"{TOKEN_VARIABLE}_FILE"
+        )
+        settings = Settings(**values, token=token, inference_token=inference_token)
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None

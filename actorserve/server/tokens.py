@@ -1,9 +1,12 @@
 """Where the server's bearer tokens come from (the checks are in
 :mod:`actorserve.transport.auth`).
 
-Tokens: ``Settings.token`` (the CLI fills it from ``ACTORSERVE_TOKEN``, never from a
-flag, so it does not show in ``ps``) and the lines of ``Settings.token_file`` (one token
-a line; blank lines and ``#`` comments skipped). When auth is on and neither is given,
+Tokens, each with a scope (management or inference, see
+:mod:`actorserve.transport.auth`): ``Settings.token`` (management; the CLI fills it from
+``ACTORSERVE_TOKEN``, never from a flag, so it does not show in ``ps``),
+``Settings.inference_token`` (inference; from ``ACTORSERVE_INFERENCE_TOKEN``) and the
+lines of ``Settings.token_file`` (``<token> [management|inference]`` a line, management
+when the scope is left out; blank lines and ``#`` comments skipped). When auth is on and neither is given,
 :func:`generate_token_file` makes a random token, writes it to a file readable only by
 this user (mode 0600, in a folder of mode 0700) and logs the file's path, never the
 token. The server removes that file when it stops.
@@ -16,11 +19,12 @@ replaced. Where that folder is not private to this user (another owner, a symlin
 to others), or the port is picked at start (0), a fresh temporary folder is used.
 
 Model code runs in the server's processes, so the token does not stay in their
-environment: the CLI takes ``ACTORSERVE_TOKEN`` (and ``ACTORSERVE_TOKEN_FILE``) out of it
-as it reads them (:func:`take_token`), before any model loads or child starts. The
-multi-process parent hands the tokens to its front processes in an unnamed file (mode
-0600, already unlinked: :func:`token_handoff`) whose descriptor each front inherits,
-reads and closes; the engine process, which checks no token, gets none.
+environment: the CLI takes ``ACTORSERVE_TOKEN``, ``ACTORSERVE_INFERENCE_TOKEN`` (and
+``ACTORSERVE_TOKEN_FILE``) out of it as it reads them (:func:`take_tokens`), before any
+model loads or child starts. The multi-process parent hands the tokens, each with its
+scope, to its front processes in an unnamed file (mode 0600, already unlinked:
+:func:`token_handoff`) whose descriptor each front inherits, reads and closes; the
+engine process, which checks no token, gets none.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 import attrs
 
 from ..settings import Settings, SettingsError
 from ..tempdirs import is_temp_folder, make_temp_folder
+from ..transport.auth import TOKEN_SCOPES, Scope
 
 log = logging.getLogger("actorserve.server.tokens")
 
@@ -51,23 +56,47 @@ def auth_enabled(settings: Settings) -> bool:
     return not settings.no_auth or settings.auth_inference or settings.auth_metrics
 
 
-def read_tokens(settings: Settings) -> tuple[str, ...]:
-    """Every accepted token; :class:`SettingsError` if the token file cannot be read."""
-    tokens: list[str] = []
-    if settings.token:  # one token, or several one a line (as a front process gets them)
-        tokens += [line.strip() for line in settings.token.splitlines()]
+#: a token with its scope, as :class:`~actorserve.transport.auth.Guard` takes them
+ScopedToken = tuple[str, Scope]
+
+_SCOPE_NAMES: Final = {scope.value: scope for scope in TOKEN_SCOPES}
+
+
+def parse_token_line(line: str, where: str) -> ScopedToken | None:
+    """One line of a token file: ``<token>`` (a management token) or ``<token> <scope>``
+    (``management`` or ``inference``); None for a blank or ``#`` line;
+    :class:`SettingsError` for anything else."""
+    words = line.split()
+    if not words or words[0].startswith("#"):
+        return None
+    if len(words) > 2 or (len(words) == 2 and words[1] not in _SCOPE_NAMES):
+        # never echo the line: it holds a token
+        raise SettingsError(
+            f"{where}: a line is '<token>' or '<token> <scope>', the scope one of {', '.join(_SCOPE_NAMES)}"
+        )
+    return words[0], _SCOPE_NAMES[words[1]] if len(words) == 2 else Scope.MANAGEMENT
+
+
+def read_tokens(settings: Settings) -> tuple[ScopedToken, ...]:
+    """Every accepted token with its scope: ``settings.token`` (management tokens, one a
+    line), ``settings.inference_token`` (inference tokens, one a line) and the lines of
+    ``settings.token_file`` (:func:`parse_token_line`); :class:`SettingsError` if the
+    token file cannot be read or has a bad line."""
+    tokens: list[ScopedToken] = []
+    for text, scope in ((settings.token, Scope.MANAGEMENT), (settings.inference_token, Scope.INFERENCE)):
+        # one token, or several one a line (as a front process gets them)
+        tokens += [(line.strip(), scope) for line in (text or "").splitlines() if line.strip()]
     if settings.token_file:
         path = Path(settings.token_file)
         try:
             text = path.read_text()
         except OSError as exc:
             raise SettingsError(f"token file {path}: cannot read: {exc.strerror}") from None
-        tokens += [
-            line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
-        ]
+        from_file = [parse_token_line(line, f"token file {path}") for line in text.splitlines()]
+        tokens += [token for token in from_file if token is not None]
         if not tokens:
             raise SettingsError(f"token file {path}: no token in it")
-    return tuple(t for t in tokens if t)
+    return tuple(tokens)
 
 
 def token_folder(settings: Settings) -> Path | None:
@@ -125,35 +154,46 @@ def with_token(settings: Settings) -> tuple[Settings, Path | None]:
     """``settings`` with a generated token file when auth is on and no token was given
     (the second value: that file, for the caller to remove), else unchanged."""
     if not auth_enabled(settings) or settings.token or settings.token_file:
+        # an inference token alone still gets a generated management token: there is
+        # always one, or the management routes could not be used at all
         return settings, None
     path = generate_token_file(token_folder(settings))
     return attrs.evolve(settings, token_file=str(path)), path
 
 
-def take_token(variable: str, file_variable: str) -> str | None:
-    """The token(s) given to this process, taken out of its environment so that model code
-    (and any process it starts) cannot read them there: ``variable`` (the token), and
-    ``file_variable`` (the token file's path, already read into the settings by the CLI)
-    is removed too. In a front process of the multi-process server, also the tokens its
-    parent handed over (:func:`token_handoff`), one a line; the descriptor is closed."""
-    token = os.environ.pop(variable, None) or None
+def take_tokens(variable: str, inference_variable: str, file_variable: str) -> tuple[str | None, str | None]:
+    """The tokens given to this process, (management, inference), each one a line or
+    None, taken out of its environment so that model code (and any process it starts)
+    cannot read them there: ``variable`` (management), ``inference_variable``
+    (inference), and ``file_variable`` (the token file's path, already read into the
+    settings by the CLI) is removed too. In a front process of the multi-process server,
+    also the tokens its parent handed over (:func:`token_handoff`), each to its scope; the
+    descriptor is closed."""
+    management = os.environ.pop(variable, None) or None
+    inference = os.environ.pop(inference_variable, None) or None
     os.environ.pop(file_variable, None)
     fd = os.environ.pop(TOKENS_FD_VAR, None)
     if fd is not None:
-        handed = _read_all(int(fd))
-        token = "\n".join(t for t in (token, handed.strip()) if t) or None
-    return token
+        handed = [parse_token_line(line, "handed tokens") for line in _read_all(int(fd)).splitlines()]
+        given = [t for t in handed if t is not None]
+        management = _lines(management, [t for t, scope in given if scope is Scope.MANAGEMENT])
+        inference = _lines(inference, [t for t, scope in given if scope is Scope.INFERENCE])
+    return management, inference
 
 
-def token_handoff(tokens: tuple[str, ...]) -> IO[bytes] | None:
+def _lines(first: str | None, more: list[str]) -> str | None:
+    return "\n".join(t for t in (first, *more) if t) or None
+
+
+def token_handoff(tokens: tuple[ScopedToken, ...]) -> IO[bytes] | None:
     """An unnamed file (mode 0600, unlinked as it is made, so no path leads to it) holding
-    ``tokens``, one a line, for the front processes to inherit by descriptor (the
-    caller passes it in :data:`TOKENS_FD_VAR` and closes the file when they are done).
-    None when there is no token to hand over."""
+    ``tokens``, ``<token> <scope>`` a line, for the front processes to inherit by
+    descriptor (the caller passes it in :data:`TOKENS_FD_VAR` and closes the file when
+    they are done). None when there is no token to hand over."""
     if not tokens:
         return None
     handoff = tempfile.TemporaryFile()
-    handoff.write("".join(t + "\n" for t in tokens).encode())
+    handoff.write("".join(f"{token} {scope.value}\n" for token, scope in tokens).encode())
     handoff.flush()
     return handoff
 
@@ -174,9 +214,11 @@ __all__ = [
     "TOKENS_FD_VAR",
     "auth_enabled",
     "generate_token_file",
+    "ScopedToken",
+    "parse_token_line",
     "read_tokens",
     "remove_token_file",
-    "take_token",
+    "take_tokens",
     "token_folder",
     "token_handoff",
     "with_token",

@@ -269,12 +269,19 @@ def test_the_guard_covers_management_services_by_name() -> None:
 
 def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
-    path.write_text("# the operators\nfirst-token\n\n  second-token  \n")
+    path.write_text("# the operators\nfirst-token\n\n  second-token  \nreader inference\nboss management\n")
     assert read_tokens(Settings(token_file=str(path), token="from-env")) == (
-        "from-env",
-        "first-token",
-        "second-token",
+        ("from-env", Scope.MANAGEMENT),
+        ("first-token", Scope.MANAGEMENT),
+        ("second-token", Scope.MANAGEMENT),
+        ("reader", Scope.INFERENCE),
+        ("boss", Scope.MANAGEMENT),
     )
+    for bad in ("zq9 admin\n", "zq9 inference extra\n"):
+        (tmp_path / "bad").write_text(bad)
+        with pytest.raises(SettingsError, match="a line is '<token>' or '<token> <scope>'") as refused:
+            read_tokens(Settings(token_file=str(tmp_path / "bad")))
+        assert "zq9" not in str(refused.value)  # never echoes a token
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(SettingsError, match="no token in it"):
         read_tokens(Settings(token_file=str(tmp_path / "empty")))

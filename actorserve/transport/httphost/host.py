@@ -21,7 +21,7 @@ import trio
 
 from ...metrics import CONTENT_TYPE
 from ...settings import Settings
-from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
+from ..auth import CHALLENGE, FORBIDDEN, METRICS_PATH, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..receive import body_deadline, too_large
 from .cors import Cors
@@ -30,6 +30,7 @@ from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_r
 from .target import refusal
 
 _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
+_FORBIDDEN_REPLY: Final = json_reply({"error": FORBIDDEN}, 403)
 
 
 class HttpHost:
@@ -104,8 +105,11 @@ class HttpHost:
         door = None if metrics else self.door_for(path)
         try:
             kind = Scope.METRICS if door is None else door.auth_scope(path)
-            if self.guard is not None and not self._authorized(scope, kind):
+            verdict = Verdict.ALLOWED if self.guard is None else self._verdict(scope, kind)
+            if verdict is Verdict.UNAUTHORIZED:
                 await send_reply(tracked, _UNAUTHORIZED_REPLY)
+            elif verdict is Verdict.FORBIDDEN:
+                await send_reply(tracked, _FORBIDDEN_REPLY)
             elif door is not None:
                 await door.serve(scope, receive, tracked, exchange)
             elif too_large(scope, self.settings.max_body_bytes):  # refused unread, read or not
@@ -144,14 +148,15 @@ class HttpHost:
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 
-    def _authorized(self, scope: ASGIScope, kind: Scope | None) -> bool:
+    def _verdict(self, scope: ASGIScope, kind: Scope | None) -> Verdict:
         assert self.guard is not None
-        if self.guard.needs(kind) is None or scope["method"] == "OPTIONS":
-            return True  # a CORS preflight never carries the Authorization header
+        needed = self.guard.needs(kind)
+        if needed is None or scope["method"] == "OPTIONS":
+            return Verdict.ALLOWED  # a CORS preflight never carries the Authorization header
         for key, value in scope["headers"]:
             if key == b"authorization":
-                return self.guard.allows(value)
-        return False
+                return self.guard.verdict(needed, value)
+        return Verdict.UNAUTHORIZED
 
     async def _metrics(self, scope: ASGIScope, send: ASGISend) -> None:
         if scope["method"] not in ("GET", "HEAD"):
