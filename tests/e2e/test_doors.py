@@ -123,6 +123,10 @@ class Healthz:
         return 400, orjson.dumps({"healthz": why})
 
     @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, orjson.dumps({"healthz": why})
+
+    @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
         return 503, orjson.dumps({"healthz": message})
 

@@ -44,6 +44,11 @@ class HttpDoor(Protocol):
         target the host refused (``why`` says what is wrong with it)."""
         ...
 
+    def forbidden(self, why: str) -> tuple[int, bytes]:
+        """The 403 status and JSON body, in this door's error shape, of a request the host
+        refused unread (``why``: a browser's ``Origin`` this server does not allow)."""
+        ...
+
     def shutting_down(self, message: str) -> tuple[int, bytes]:
         """The status (503) and JSON body, in this door's error shape, of a request the
         drain refuses or ends before its response started."""

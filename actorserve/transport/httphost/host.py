@@ -3,7 +3,10 @@
 It owns what every request shares, in this order: only HTTP (and lifespan) scopes are
 served (a WebSocket is closed unaccepted: hypercorn answers 403); the target is read
 once (:mod:`.target`: anything but a canonical origin-form path is refused 400 before
-CORS, auth or routing, in the error shape of the door the path would belong to); CORS
+CORS, auth or routing, in the error shape of the door the path would belong to); a
+browser's request from another origin than the server's own or one ``--cors-allow-origin``
+allows is refused 403 unread (:func:`.cors.foreign_origin`: a simple request needs no
+preflight, so CORS alone would let any page make the server work); CORS
 (a preflight is answered before auth: it has no token); the door that claims the path
 says which auth scope it is in, and the guard whether that scope needs a token (401
 with ``WWW-Authenticate: Bearer``); ``GET /metrics``; every request's
@@ -24,7 +27,7 @@ from ...settings import Settings
 from ..auth import CHALLENGE, FORBIDDEN, METRICS_PATH, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..receive import body_deadline, too_large
-from .cors import Cors
+from .cors import Cors, foreign_origin, refusal_text
 from .door import UNTIMED_RECEIVE_KEY, HttpDoor
 from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
 from .target import refusal
@@ -75,6 +78,10 @@ class HttpHost:
         why = refusal(scope)
         if why is not None:  # first: nothing below may read a second meaning into it
             await self._bad_target(scope, send, why)
+            return
+        origin = foreign_origin(scope, self.cors)
+        if origin is not None:  # a page of another origin: refused unread, preflight or not
+            await self._refuse_origin(scope, send, origin)
             return
         if self.cors is not None:  # first: a preflight is answered before auth (it has no token)
             origin, origin_ok = self.cors.allowed(scope)
@@ -144,6 +151,19 @@ class HttpHost:
         exchange.status, exchange.complete = 400, True
         try:
             status, body = self.door_for(path).bad_target(why)
+            await send_reply(send, Reply(status, [("Content-Type", "application/json")], body))
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
+
+    async def _refuse_origin(self, scope: ASGIScope, send: ASGISend, origin: str) -> None:
+        """403 for a browser request from another origin (:func:`.cors.foreign_origin`),
+        before its body is read, in the error shape of the door the path belongs to,
+        recorded as any request."""
+        path: str = scope["path"]
+        exchange = Exchange("rest", scope["method"], path)
+        exchange.status, exchange.complete = 403, True
+        try:
+            status, body = self.door_for(path).forbidden(refusal_text(origin))
             await send_reply(send, Reply(status, [("Content-Type", "application/json")], body))
         finally:
             self.recorder.finish(exchange, exchange.outcome())

@@ -83,6 +83,11 @@ class OpenAIRoutes:
         return error_status_and_body(OpenAIError(why, status=400, code="invalid_request"))
 
     @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        """403 in OpenAI's error shape, for a request the host refuses unread."""
+        return error_status_and_body(OpenAIError(why, status=403, code="forbidden"))
+
+    @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
         return error_status_and_body(ShuttingDown(message))
 

@@ -64,6 +64,10 @@ class Playground:
         return 400, orjson.dumps({"error": why})
 
     @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, orjson.dumps({"error": why})
+
+    @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
         return 503, orjson.dumps({"error": message})
 

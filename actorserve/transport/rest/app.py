@@ -91,6 +91,10 @@ class OipRest:
         return 400, json_bytes({"error": why})
 
     @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, json_bytes({"error": why})
+
+    @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
         return 503, json_bytes({"error": message})
 

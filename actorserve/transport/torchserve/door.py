@@ -54,6 +54,10 @@ class TorchServeRest:
     def bad_target(why: str) -> tuple[int, bytes]:
         return _shaped(TsError(400, "BadRequestException", why))
 
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return _shaped(TsError(403, "ForbiddenException", why))
+
     def shutting_down(self, message: str) -> tuple[int, bytes]:
         return _shaped(ts_error(ShuttingDown(message)))
 
