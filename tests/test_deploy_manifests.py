@@ -113,7 +113,10 @@ def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
     stop = shape_stops * (float(env["ACTORSERVE_GRACE_PERIOD"]) + KILL_AFTER)
     needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + stop
     assert pod["terminationGracePeriodSeconds"] > needed  # else the kubelet kills a draining pod
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/models"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/mnt/models",
+        "/var/run/secrets/actorserve",
+    }
     assert container["args"] == ["/mnt/models"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8081}
 
@@ -246,3 +249,42 @@ def test_the_images_install_the_package_and_serve_the_model_mount() -> None:
         text = (DEPLOY / "image" / name).read_text()
         assert "pip install --no-cache-dir ." in text and 'CMD ["/mnt/models"]' in text
         assert "ACTORSERVE_API_WORKERS" not in text  # the default shape: the drain works in both
+
+
+#: where the manifests mount the token Secret, and the file ACTORSERVE_TOKEN_FILE names
+TOKENS_MOUNT = "/var/run/secrets/actorserve"
+
+
+def every_manifest() -> list[tuple[Path, dict[str, Any]]]:
+    return [(path, doc) for path in sorted(DEPLOY.rglob("*.yaml")) for doc in load(path)]
+
+
+def containers_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec)
+    return list(pod.get("containers", []))
+
+
+def test_no_manifest_turns_auth_off() -> None:
+    """Issue 30, finding 15: every actorserve container of deploy/ keeps auth on and
+    reads its tokens from the Secret mounted at :data:`TOKENS_MOUNT`; nothing in
+    deploy/ (manifests, image) says NO_AUTH."""
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
+        assert "NO_AUTH" not in path.read_text().upper().replace("-", "_"), path
+    seen = 0
+    for path, doc in every_manifest():
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec)
+        for container in containers_of(doc):
+            if not str(container.get("image", "")).startswith("actorserve"):
+                continue
+            seen += 1
+            env = env_of(container)
+            assert env.get("ACTORSERVE_NO_AUTH") in (None, "false"), path
+            assert env["ACTORSERVE_TOKEN_FILE"] == f"{TOKENS_MOUNT}/tokens", path
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == TOKENS_MOUNT]
+            assert mount["readOnly"] is True
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert volume["secret"]["secretName"] == "actorserve-tokens", path
+            assert volume["secret"]["defaultMode"] & 0o022 == 0, path  # nobody but readers
+    assert seen == 2  # the Kustomize base's Deployment and the KServe runtime
