@@ -17,6 +17,7 @@ import attrs
 
 from .controls import MAX_SEQUENCE_ID_LENGTH
 from .errors import BadInput
+from .jsonvalues import json_number, json_object, kind, whole_number
 from .textgen import TextGeneration
 from .types import DATATYPES
 
@@ -227,43 +228,6 @@ def _request_parameters(value: Any, where: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def _kind(value: object) -> str:
-    """What JSON calls ``value``'s type, for a message."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    return "an object" if isinstance(value, Mapping) else type(value).__name__
-
-
-def _object(value: object, where: str) -> Mapping[str, Any]:
-    """``value`` if it is a JSON object (null: an empty one); :class:`SettingsError` for
-    anything else, an array of pairs included."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise SettingsError(f"{where} must be a JSON object, not {_kind(value)}")
-    return value
-
-
-def _whole(value: object, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise SettingsError(f"{where} must be an integer, not {_kind(value)}")
-    return value
-
-
-def _number(value: object, where: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise SettingsError(f"{where} must be a number, not {_kind(value)}")
-    return float(value)
-
-
 def _sequence(block: Mapping[str, Any], where: str) -> SequenceSettings:
     """The ``sequence`` block, each field checked for its type (all integers, but the
     boolean ``evict_idle``)."""
@@ -274,9 +238,9 @@ def _sequence(block: Mapping[str, Any], where: str) -> SequenceSettings:
     for key, value in block.items():
         if fields[key].type in (bool, "bool"):
             if not isinstance(value, bool):
-                raise SettingsError(f"{where}: 'sequence.{key}' must be true or false, not {_kind(value)}")
+                raise SettingsError(f"{where}: 'sequence.{key}' must be true or false, not {kind(value)}")
         else:
-            _whole(value, f"{where}: 'sequence.{key}'")
+            whole_number(value, f"{where}: 'sequence.{key}'", SettingsError)
     return SequenceSettings(**block)
 
 
@@ -318,8 +282,8 @@ def model_settings_from_dict(
         raise SettingsError(f"{where}: 'implementation' must be a string naming a class")
     # Each value is checked for its type, never converted: a list of pairs where an object
     # belongs would become one through dict() and slip past every check made on objects.
-    parameters = dict(_object(data.get("parameters"), f"{where}: 'parameters'"))
-    sequence = _sequence(_object(data.get("sequence"), f"{where}: 'sequence'"), where)
+    parameters = dict(json_object(data.get("parameters"), f"{where}: 'parameters'", SettingsError))
+    sequence = _sequence(json_object(data.get("sequence"), f"{where}: 'sequence'", SettingsError), where)
     versions = data.get("versions") or []
     if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
         raise SettingsError(f"{where}: 'versions' must be a list of version names")
@@ -330,7 +294,7 @@ def model_settings_from_dict(
     if not isinstance(platform, str):
         raise SettingsError(f"{where}: 'platform' must be a string")
     counts = {
-        key: _whole(data.get(key, default), f"{where}: {key!r}")
+        key: whole_number(data.get(key, default), f"{where}: {key!r}", SettingsError)
         for key, default in (
             ("max_batch_size", 0),
             ("workers", 1),
@@ -339,14 +303,16 @@ def model_settings_from_dict(
             ("max_requests_per_replica", 0),
         )
     }
-    max_batch_time = _number(data.get("max_batch_time", 0.0), f"{where}: 'max_batch_time'")
-    step_timeout = _number(data.get("step_timeout", DEFAULT_STEP_TIMEOUT), f"{where}: 'step_timeout'")
+    max_batch_time = json_number(data.get("max_batch_time", 0.0), f"{where}: 'max_batch_time'", SettingsError)
+    step_timeout = json_number(
+        data.get("step_timeout", DEFAULT_STEP_TIMEOUT), f"{where}: 'step_timeout'", SettingsError
+    )
     inputs = _specs(data.get("inputs"), f"{where}: inputs")
     outputs = _specs(data.get("outputs"), f"{where}: outputs")
     request_parameters = _request_parameters(data.get("request"), where)
     text_generation = data.get("text_generation")
     if text_generation is not None:
-        _object(text_generation, f"{where}: 'text_generation'")
+        json_object(text_generation, f"{where}: 'text_generation'", SettingsError)
         try:
             TextGeneration().with_settings(text_generation)
         except BadInput as exc:

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from ..jsonvalues import kind
 from ..settings import ModelSettings, SettingsError, model_settings_from_dict
 
 #: model-settings.json keys a load request's ``parameters.config`` may set: limits,
@@ -101,7 +102,7 @@ def override_settings(
         value = config.get(key)
         if value is not None and not isinstance(value, Mapping):
             # never converted: a list of pairs is not an object, whatever dict() makes of it
-            raise SettingsError(f"{where}.{key}: expected a JSON object, not {_kind(value)}")
+            raise SettingsError(f"{where}.{key}: expected a JSON object, not {kind(value)}")
     parameters = config.get("parameters")
     merged = dict(config)
     if isinstance(config.get("sequence"), Mapping):
@@ -184,18 +185,6 @@ def _same(a: object, b: object) -> bool:
         assert isinstance(b, (list, tuple))
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return type(value).__name__
 
 
 def needs_declaration(config: Mapping[str, Any], allowed: Collection[str]) -> bool:
