@@ -53,6 +53,10 @@ SKIP: dict[tuple[str, str], str] = {
     ): "installs torch from the network, for a machine without this project's offline wheel",
     ("docs/torchserve.md", "python -m actorserve ./model_store"): "needs a model store and fixed ports",
     (
+        "docs/deploy.md",
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))' > management",
+    ): "makes a Kubernetes Secret: needs kubectl and a cluster",
+    (
         "docs/getting-started.md",
         "async with actorserve.open_engine()",
     ): "a sketch of two lines, not a program",
