@@ -43,7 +43,6 @@ LONG_MODULES: dict[str, str] = {
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",
     "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",
     "actorserve/transport/grpc/streams.py": "one thing, ModelStreamInfer: per-sequence ordering of a call's requests and its responses",
-    "actorserve/transport/rest/openapi.py": "one thing, the OpenAPI 3.1 document of the REST surface, mostly data",
     "actorserve/transport/rest/wire.py": "one thing, the OIP REST wire (parse, validate, encode), no I/O",
 }
 
