@@ -48,7 +48,7 @@ from .loadfailure import explain, underlying
 from .polling import poll_repository
 from .repository import ModelRepository
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("actorserve.engine")  # the package's name: what its log lines have always said
 
 T = TypeVar("T")
 
