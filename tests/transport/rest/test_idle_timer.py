@@ -4,16 +4,23 @@ task for the connection's life; close ends that task."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import trio
 import trio.testing
-from hypercorn.events import Updated
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.events import RawData, Updated
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 from support.suspension import at_first_suspension
 
+from actorserve.transport.httphost.http1 import HttpToolsProtocol
 from actorserve.transport.httphost.protocols import IdleTimer, ProtocolWrapper, ServerConfig, install, use_parser
 
 
@@ -153,3 +160,74 @@ async def test_every_protocols_send_sets_the_timer_before_it_first_yields(protoc
                 await at_first_suspension(send(Updated(idle=idle)), probe=probe)
             assert states == [True, False, True, False]
             timer.close()  # disarmed: the timer's task ends at once
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+async def test_a_request_that_starts_as_the_response_before_ends_is_never_timed_out(
+    autojump_clock: trio.testing.MockClock, parser: str
+) -> None:
+    """Issue 35 through an HTTP/1.1 protocol: response A ends (its task is in the
+    protocol's recycle, A's stream already gone) while request B starts (the reading
+    task), and the scheduler lets B's ``stop`` run before A decides whether the
+    connection is idle, and A decide before B goes on. B streams for four timeouts; the
+    timeout must not fire until B's response has ended."""
+    fired: list[float] = []
+
+    async def action() -> None:  # an idle timeout of 5 s that closes the connection
+        await trio.sleep(5)
+        fired.append(trio.current_time())
+
+    a_back = trio.Event()  # when A's task may come back from its first checkpoint
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()  # the (empty) request body
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1")]})
+        if scope["path"] == "/b":
+            await trio.sleep(20)  # B streams for 20 s
+            await send({"type": "http.response.body", "body": b"x"})
+        else:  # A's last body ends the exchange in this task (the protocol's recycle)
+            await at_first_suspension(send({"type": "http.response.body", "body": b"x"}), hold=a_back)
+
+    timer = IdleTimer()
+    written: list[bytes] = []
+    b_back = trio.Event()  # when B may go on after its stop()
+
+    async with trio.open_nursery() as nursery:
+        group = TaskGroup()
+        group._nursery = nursery
+        requests = 0
+
+        async def send(event: Any) -> None:  # hypercorn's TCP server, as the timer sees it
+            nonlocal requests
+            if isinstance(event, RawData):
+                written.append(event.data)
+            elif isinstance(event, Updated) and event.idle:
+                await timer.restart(group, action)
+            elif isinstance(event, Updated):
+                await timer.stop()
+                requests += 1
+                if requests == 2:  # B: A's task runs before B comes back
+                    await b_back.wait()
+
+        config = ServerConfig()
+        context = WorkerContext(None)
+        args = (ASGIWrapper(app), config, context, group, ConnectionState({}), False, None, None, send)
+        protocol: Any = HttpToolsProtocol(*args) if parser == "httptools" else H11Protocol(*args)
+        await timer.restart(group, action)  # the connection is accepted
+
+        await protocol.handle(RawData(b"GET /a HTTP/1.1\r\nhost: t\r\n\r\n"))
+        await trio.testing.wait_all_tasks_blocked()  # A's end is under way, held
+        assert b"".join(written).endswith(b"\r\n\r\nx")  # A is answered
+        nursery.start_soon(protocol.handle, RawData(b"GET /b HTTP/1.1\r\nhost: t\r\n\r\n"))
+        await trio.testing.wait_all_tasks_blocked()  # B's stop() has run (httptools)
+        a_back.set()
+        await trio.testing.wait_all_tasks_blocked()  # A has decided
+        b_started = trio.current_time()
+        b_back.set()
+        await trio.sleep(19)
+        assert fired == []  # B is streaming: never cut
+        await trio.sleep(7)  # B ended at +20; idle from then
+        assert b"".join(written).count(b"HTTP/1.1 200") == 2
+        assert fired == [b_started + 20 + 5]
+        timer.close()
+        nursery.cancel_scope.cancel()
