@@ -12,7 +12,6 @@ import trio
 import trio.testing
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.events import RawData, Updated
-from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.tcp_server import TCPServer
@@ -21,7 +20,13 @@ from hypercorn.typing import ConnectionState
 from support.suspension import at_first_suspension
 
 from actorserve.transport.httphost.http1 import HttpToolsProtocol
-from actorserve.transport.httphost.protocols import IdleTimer, ProtocolWrapper, ServerConfig, install, use_parser
+from actorserve.transport.httphost.protocols import (
+    IdleTimer,
+    ProtocolWrapper,
+    ServerConfig,
+    install,
+    use_parser,
+)
 
 
 @attrs.define
