@@ -10,10 +10,11 @@ without its last chunk). Here the timeout is 0.3 s, each stream 0.5 s (5 tokens 
 built-in ``streamer``, 0.1 s apart), 5 rounds; every stream must arrive whole, on both
 HTTP/1.1 parsers and on h2c (HTTP/2 by prior knowledge, a connection per client).
 
-The server runs in its own process so that its loop and the clients' run side by side,
-as in production (in one trio loop the client could never answer within the server's
-window). Nothing here asserts a duration; the deterministic schedule of the same race is
-in ``tests/transport/rest/test_idle_timer.py``.
+The server runs in its own process and each client in a thread, so that a client reads
+its stream's end and sends its next request while the server is still ending that
+stream, as separate client processes do (as tasks of one trio loop, the clients cut
+nothing in 6 runs on the old code). Nothing here asserts a duration; the deterministic
+schedules of the same race are in ``tests/transport/rest/test_idle_timer.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TOKENS = 5
 DELAY = 0.1
 #: the server's keep-alive timeout, shorter than a stream
 KEEP_ALIVE = 0.3
-#: bound on the whole run (it takes about ROUNDS * TOKENS * DELAY = 2 s)
+#: bound on every wait (the run takes about ROUNDS * TOKENS * DELAY = 2.5 s)
 TIMEOUT = 60.0
 
 BODY = json.dumps(
