@@ -74,7 +74,7 @@ class IdleTimer:
     module and :mod:`.writes`, pass none either). When the update came after a
     checkpoint, a ``stop`` for the next request could land before the ``restart`` for the
     previous response's end, and the timeout closed the connection in the middle of the
-    next request (docs/reliability.md, "Streams cut at the keep-alive timeout")."""
+    next request (docs/reliability.md#keep-alive-streams)."""
 
     __slots__ = ("_armed", "_closed", "_lot", "_running", "_scope")
 
