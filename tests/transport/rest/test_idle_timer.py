@@ -1,6 +1,8 @@
 """The idle timeout of a connection (transport/httphost/protocols.py IdleTimer): what
 hypercorn's TrioSingleTask does (restart: the action anew, stop: none running), with one
-task for the connection's life; close ends that task."""
+task for the connection's life; close ends that task. And issue 35: the end of a
+response (the app's task) and the start of the next request (the reading task) leave
+the timer as they happened, whichever of the two tasks trio resumes first."""
 
 from __future__ import annotations
 
