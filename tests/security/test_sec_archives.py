@@ -206,7 +206,9 @@ def test_a_manifest_cannot_name_a_file_outside_its_archive(tmp_path: Path, field
     """Issue 30, finding 14: ``configFile`` was read and YAML-parsed wherever it pointed
     (``/proc/self/environ``: the engine's secrets), by the engine and every front."""
     mar = make_escaping_mar(tmp_path / "escape.mar", **{field: value})
-    with pytest.raises(SettingsError, match=rf"the manifest's {field} '{re.escape(value)}' points outside the archive"):
+    with pytest.raises(
+        SettingsError, match=rf"the manifest's {field} '{re.escape(value)}' points outside the archive"
+    ):
         archive_settings(mar)
     folder = tmp_path / "folder"  # an archive folder (no-archive format): the same
     (folder / "MAR-INF").mkdir(parents=True)
