@@ -214,6 +214,7 @@ class ProcessSupervisor:
         """Start the engine, then the fronts, each once the one before is ready; False
         when :meth:`shutdown` came first (a SIGTERM during a slow model load): the child
         starting then is not waited for and no other is started (the ordered stop follows)."""
+        failed: ChildFailed | None = None
         with trio.CancelScope() as starting:
             async with trio.open_nursery() as nursery:
 
@@ -222,10 +223,15 @@ class ProcessSupervisor:
                     starting.cancel()
 
                 nursery.start_soon(cancel_on_stop)
-                await self._spawn("engine", 0)
-                for index in range(1, self.api_workers + 1):
-                    await self._spawn("front", index)
+                try:
+                    await self._spawn("engine", 0)
+                    for index in range(1, self.api_workers + 1):
+                        await self._spawn("front", index)
+                except ChildFailed as exc:  # raised as itself, not in the nursery's group
+                    failed = exc
                 nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
         return not starting.cancelled_caught
 
     async def _scale_in(self) -> None:

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -68,11 +69,10 @@ def running(pid: int) -> bool:
 
 
 @pytest.fixture
-def tmp(tmp_path: Path) -> Path:
-    """The servers' temporary folder (TMPDIR): where they extract archives."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    return folder
+def tmp() -> Path:
+    """The servers' temporary folder (TMPDIR): where they extract archives. Short (in the
+    session's, which pytest prunes): the engine's Unix socket path must fit 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="t", dir=tempfile.gettempdir()))
 
 
 @contextlib.contextmanager
