@@ -48,7 +48,7 @@ from .loadfailure import explain, underlying
 from .polling import poll_repository
 from .repository import ModelRepository
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("actorserve.engine")  # the package's name: what its log lines have always said
 
 T = TypeVar("T")
 
@@ -407,7 +407,8 @@ async def open_engine(
             engine = Engine(nursery, settings, repository)
             try:
                 for model_settings in settings.models:
-                    await engine.load(model_settings)
+                    host = await engine.load(model_settings)
+                    host.loaded_at_startup = True
                 if settings.poll_repository > 0 and engine.repository.folders:
                     await nursery.start(poll_repository, engine, engine.repository, settings.poll_repository)
                 yield engine

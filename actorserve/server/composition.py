@@ -52,7 +52,7 @@ from .listeners import ListenError, Listeners, open_listeners
 from .logformat import quiet_protocol_loggers
 from .tokens import auth_enabled, read_tokens, remove_token_file, with_token
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("actorserve.server")  # the package's name: what its log lines have always said
 
 Address = tuple[str, int]
 
@@ -306,17 +306,9 @@ async def _start_grpc(
     torchserve_only: dict[str, socket.socket],
     scope: trio.CancelScope,
     **observers: Any,
-) -> Address | None:
+) -> Address:
     """Start the gRPC host on ``sock`` and the extra TorchServe ports in ``scope``
-    (cancelling it starts gRPC's own drain), or log why it is unavailable and return None."""
-    try:
-        from ..transport import grpchost  # noqa: F401  # grpclib and trio-asyncio
-    except ImportError as exc:
-        log.warning("gRPC transport unavailable (%s): serving REST only", exc)
-        for unserved in (sock, *torchserve_only.values()):
-            if unserved is not None:  # refuse connections rather than leave them waiting in the backlog
-                unserved.close()
-        return None
+    (cancelling it starts gRPC's own drain)."""
 
     async def run(*, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:

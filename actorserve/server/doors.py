@@ -69,7 +69,8 @@ def create_app(
 
 
 def grpc_doors(engine: EngineAPI, settings: Settings) -> list[GrpcDoor]:
-    """The gRPC doors, in the order the host registers them (``ImportError`` without grpclib)."""
+    """The gRPC doors, in the order the host registers them (imported here, on first use:
+    a REST-only caller loads neither grpclib nor the gRPC doors)."""
     from ..transport.grpc import TritonGrpc
     from ..transport.torchserve.grpc_services import TorchServeGrpc
 

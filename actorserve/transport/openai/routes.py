@@ -26,6 +26,7 @@ from ...textgen import TextGeneration
 from ..auth import Scope
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
+from ..httphost.openapi import OpenApiPart
 from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
@@ -40,6 +41,7 @@ from .encode import (
     model_object,
     stream_error,
 )
+from .openapi import openapi_part
 from .parse import OpenAIError, TextCall, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,11 @@ class OpenAIRoutes:
     @staticmethod
     def claims(path: str) -> bool:
         return path.startswith("/v1/")
+
+    @staticmethod
+    def openapi() -> OpenApiPart:
+        """The ``/v1`` paths (:mod:`.openapi`)."""
+        return openapi_part()
 
     @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
