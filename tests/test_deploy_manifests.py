@@ -10,7 +10,6 @@ deploy/nginx (HAProxy's ``-c``: tests/e2e/test_deploy_haproxy.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import attrs
 import jsonschema
 import pytest
 import yaml
+from support.programs import require_program
 
 from actorserve.processes import KILL_AFTER
 from actorserve.settings import Settings
@@ -221,9 +221,7 @@ def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
 
 
 def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-    if binary is None:
-        pytest.fail("nginx is not installed (apt-get install nginx-light; .ci/run does)")
+    binary = require_program("nginx", "nginx -t checks deploy/nginx's configuration")
     checked = subprocess.run(
         [
             binary,

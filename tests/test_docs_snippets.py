@@ -27,6 +27,7 @@ from pathlib import Path
 import attrs
 import httpx
 import pytest
+from support.programs import require_program
 from support.servers import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,6 +230,8 @@ def test_doc_snippet_runs(snippet: Snippet, running: Running, tmp_path: Path) ->
     if reason is not None:
         pytest.skip(reason)
     if snippet.language == "bash":
+        if re.search(r"\bcurl\b", snippet.code):
+            require_program("curl", "the docs' snippets call the server with it")
         commands = bash_commands(localized(snippet.code, running))
         script = "".join(f"{command}\necho '{MARK}'\n" for command, _ in commands)
         script += "for job in $(jobs -p); do wait $job; done\n"  # a stream left running ends well too
