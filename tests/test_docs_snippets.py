@@ -318,3 +318,41 @@ def test_the_docs_count_and_name_every_built_in_model() -> None:
         assert sorted(re.findall(r"`(\w+)`", listed[1])) == names, doc
     table = (ROOT / "docs" / "getting-started.md").read_text().split("built-in models:")[1].split("\n\n")[1]
     assert sorted(re.findall(r"^\| `(\w+)` \|", table, re.M)) == names
+
+
+def doc_texts() -> dict[str, str]:
+    return {str(doc.relative_to(ROOT)): doc.read_text() for doc in DOCS}
+
+
+def test_no_doc_installs_actorserve_from_pypi() -> None:
+    """actorserve is not on PyPI: an install names the clone (``-e '.[extra]'``)."""
+    for path, text in doc_texts().items():
+        found = re.findall(r"pip install\s+['\"]?actorserve\b[^`\n]*", text)
+        assert found == [], (path, found)
+
+
+def test_every_json_body_to_predictions_says_its_content_type() -> None:
+    """TorchServe's /predictions reads a body by its Content-Type, and ``curl -d`` alone
+    says it is a form: a JSON body's parameters would be dropped (an unknown key, 200)."""
+    for path, text in doc_texts().items():
+        joined = text.replace("\\\n", " ")
+        for line in joined.splitlines():
+            if re.search(r"curl .*/predictions/.* -d '\{", line):
+                assert "-H 'Content-Type: application/json'" in line, (path, line)
+
+
+def test_every_block_that_loads_a_model_runs() -> None:
+    """A load of a model the docs' server has not (``textlm``) cannot hide in SKIP."""
+    loading = [s for s in SNIPPETS if "load_model(" in s.code or "/load" in s.code]
+    assert loading
+    for snippet in loading:
+        assert snippet.matches(SKIP) is None, (snippet.path, snippet.line)
+
+
+def test_getting_started_says_how_raw_mode_opens_a_sequence() -> None:
+    """The raw editor serves ``accumulator`` only through a sequence: the page opens and
+    ends it (tests/e2e/test_playground_raw_browser.py drives it)."""
+    text = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    raw = text.split("**raw OIP request** mode", 1)[1].split("The page is four static files", 1)[0]
+    for words in ("`sequence_start: true`", "`sequence-id` header", "**End sequence**", "`accumulator`"):
+        assert words in raw, words
