@@ -15,7 +15,6 @@ const modelSelect = $("model");
 const promptBox = $("prompt");
 const paramsBox = $("params");
 const continueBox = $("continue");
-const continueField = $("continue-field");
 const promptField = $("prompt-field");
 const rawField = $("raw-field");
 const rawBox = $("raw");
