@@ -21,7 +21,7 @@ import pytest
 import yaml
 from support.programs import require_program
 
-from actorserve.processes import KILL_AFTER
+from actorserve.server.processes import KILL_AFTER
 from actorserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

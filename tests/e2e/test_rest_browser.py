@@ -13,7 +13,7 @@ import pytest
 import trio
 from support.browser import CHROMIUM, FLAGS
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 EVENT_SOURCE = """
 url => new Promise((resolve, reject) => {

@@ -17,7 +17,7 @@ from support.programs import require_program
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 pytest.importorskip("transformers")
