@@ -22,6 +22,8 @@ from support.rel_shutdown import SHUTTING_DOWN, GrpcStream, shutdown_settings, s
 from actorserve.server.composition import END_MARGIN
 
 GRACE = 0.5
+#: the grace period an idle server must not wait for
+IDLE_GRACE = 10.0
 TIMEOUT = 20.0
 
 
@@ -149,7 +151,7 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
 async def test_an_idle_server_stops_at_once(nursery: trio.Nursery, grpc_open: bool) -> None:
     """Nothing in flight: no wait for the grace period (10 s here), even with a kept-alive
     HTTP connection and an open ModelStreamInfer call that runs no request."""
-    running = await start(nursery, shutdown_settings(grace_period=10.0))
+    running = await start(nursery, shutdown_settings(grace_period=IDLE_GRACE))
     server = running.server
     assert server.http_url is not None and server.grpc_address is not None
     grpc = GrpcStream("{}:{}".format(*server.grpc_address))
@@ -164,4 +166,5 @@ async def test_an_idle_server_stops_at_once(nursery: trio.Nursery, grpc_open: bo
             await running.returned.wait()
     elapsed = trio.current_time() - stopped_at
     grpc.close()
-    assert elapsed < 1.0, elapsed  # ~0.05 s; the grace period is 10 s
+    # ~0.05 s: the grace period (10 s) was not waited for (a bound on behaviour, not speed)
+    assert elapsed < IDLE_GRACE / 4, elapsed

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from support.pace import pace
 from support.servers import start_server
 
 from actorserve.engine.repository import ModelRepository
@@ -144,7 +145,9 @@ async def test_a_bomb_registered_over_rest_is_refused_naming_the_setting(
 async def test_extracting_a_large_archive_does_not_stall_other_requests(tmp_path: Path) -> None:
     """The extraction runs in a worker thread: health probes sent meanwhile to the
     server (its own process, ``--api-workers 0``: engine and REST share one loop)
-    answer within 100 ms. Before, 256 MiB of zeros stalled it about half a second."""
+    keep being answered, each within 25 paces of this machine (``support.pace``: ~0.25 s
+    idle, more when the machine is busy). Before, 256 MiB of zeros stalled it about half a
+    second."""
     (tmp_path / "identity").mkdir()
     (tmp_path / "identity" / "model-settings.json").write_text(
         json.dumps({"name": "identity", "implementation": "actorserve.models.identity.IdentityModel"})
@@ -159,6 +162,7 @@ async def test_extracting_a_large_archive_does_not_stall_other_requests(tmp_path
         settled = trio.Event()  # two more since: one held up by a stall may answer after it
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             assert (await client.get("/v2/health/live")).status_code == 200
+            unit = pace()  # the bound's unit, measured now: a busy machine widens it
 
             async def probe() -> None:
                 while True:  # cancelled once the registration is answered
@@ -177,7 +181,7 @@ async def test_extracting_a_large_archive_does_not_stall_other_requests(tmp_path
                     answered.append(len(probes))
                     await settled.wait()
                 inner.cancel_scope.cancel()
-        assert len(probes) > 3 and max(probes) < 0.1, probes
+        assert len(probes) > 3 and max(probes) < 25 * unit, (probes, unit)
     finally:
         server.stop()
 
