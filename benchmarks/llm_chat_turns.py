@@ -4,7 +4,7 @@ with the prefix cache, and when it sends only the new turn over a sequence (prin
 numbers; not a test).
 
     python benchmarks/llm_chat_turns.py [--turns 10] [--new 100] [--answer 16]
-        [--width 512] [--layers 8] [--threads 1] [--device cpu|cuda] [--rounds 2]
+        [--width 512] [--layers 8] [--threads 1] [--device cpu|cuda] [--rounds 3]
 
 Builds a Llama checkpoint from a config in a temporary folder (width 512, 8 layers, a
 4096-token byte-level BPE vocabulary trained on ../shared/data/tinyshakespeare.txt:
@@ -15,9 +15,11 @@ downloaded), then runs the same chat three ways through an in-process engine:
 - ``sequence``: each turn sends only its new text to one sequence.
 Each user turn is ``--new`` tokens of Shakespeare (a different passage per turn), each
 answer ``--answer`` tokens, greedy: the three ways read the same tokens and answer the
-same text (checked). TTFT: from sending a turn to its first streamed text. Per way, the
-best of ``--rounds`` per turn is printed, with turn 10 / turn 1 and the sum; and the
-tokens each way's prefill read in all (the runtime's ``cache_statistics``).
+same text (checked). The three run side by side, turn by turn (a burst of load on a
+shared machine falls on all of them alike). TTFT: from sending a turn to its first
+streamed text. Per way, the best of ``--rounds`` per turn is printed, with turn 10 /
+turn 1 and the sum; and the tokens each way's prefill read per chat (the runtime's
+``cache_statistics``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -74,28 +77,33 @@ async def first_token(engine: Engine, text: str, answer: int, **parameters: Any)
     return ttft, "".join(pieces)
 
 
-async def chat(
-    engine: Engine, turns: list[str], answer: int, way: str, name: str
-) -> tuple[list[float], list[str]]:
-    """One chat: each turn's TTFT and answer."""
-    history = SYSTEM
-    times: list[float] = []
-    answers: list[str] = []
-    for i, turn in enumerate(turns):
-        new = f"user: {turn}\nassistant:"
-        if way == "sequence":
-            control = {"sequence_id": name, "sequence_start": i == 0, "sequence_end": i == len(turns) - 1}
-            ttft, said = await first_token(engine, (history if i == 0 else "\n") + new, answer, **control)
+class Chat:
+    """One way of sending the chat: the conversation so far and each turn's TTFT."""
+
+    def __init__(self, engine: Engine, way: str, answer: int) -> None:
+        self.engine = engine
+        self.way = way
+        self.answer = answer
+        self.history = SYSTEM
+        self.times: list[float] = []
+        self.answers: list[str] = []
+
+    async def turn(self, i: int, text: str, last: bool, name: str) -> None:
+        new = f"user: {text}\nassistant:"
+        if self.way == "sequence":
+            control = {"sequence_id": name, "sequence_start": i == 0, "sequence_end": last}
+            sent = (self.history if i == 0 else "\n") + new
+            ttft, said = await first_token(self.engine, sent, self.answer, **control)
         else:
-            ttft, said = await first_token(engine, history + new, answer)
-        history += new + said + "\n"
-        times.append(ttft)
-        answers.append(said)
-    return times, answers
+            ttft, said = await first_token(self.engine, self.history + new, self.answer)
+        self.history += new + said + "\n"
+        self.times.append(ttft)
+        self.answers.append(said)
 
 
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
+    ways = {"resent, no reuse": False, "resent, prefix cache": True, "sequence": True}
     with tempfile.TemporaryDirectory() as tmp:
         folder = build(
             Path(tmp) / "bench",
@@ -106,56 +114,67 @@ async def main(args: argparse.Namespace) -> None:
             vocab_size=4096,
             context=4096,
         )
-        ways = {"resent, no reuse": False, "resent, prefix cache": True, "sequence": True}
-        results: dict[str, tuple[list[float], list[str], int]] = {}
-        for way, reuse in ways.items():
-            parameters: dict[str, Any] = {
-                "threads": args.threads,
-                "kv_cache_budget_mb": 1024,
-                "prefix_cache": reuse,
-            }
-            if args.device:
-                parameters["device"] = args.device
-            data = {"name": "llm", "implementation": "transformers", "parameters": parameters}
+        async with AsyncExitStack() as stack:
+            engines: dict[str, tuple[Engine, TransformersModel]] = {}
+            for way, reuse in ways.items():
+                parameters: dict[str, Any] = {
+                    "threads": args.threads,
+                    "kv_cache_budget_mb": 1024,
+                    "prefix_cache": reuse,
+                }
+                if args.device:
+                    parameters["device"] = args.device
+                data = {"name": "llm", "implementation": "transformers", "parameters": parameters}
+                engine = await stack.enter_async_context(
+                    actorserve.open_engine([model_settings_from_dict(data, folder=folder)])
+                )
+                model = engine.model("llm")
+                assert isinstance(model, TransformersModel)
+                engines[way] = engine, model
+            size = sum(p.numel() for p in model.model.parameters())
+            print(
+                f"model: llama {args.layers} layers, width {args.width}, {size / 1e6:.1f} M parameters, "
+                f"{model.device} {model.dtype}, {args.threads} thread(s); {args.turns} turns of "
+                f"~{args.new} new tokens, answers of {args.answer} tokens, best of {args.rounds} per turn"
+            )
+            turns = user_turns(model.tokenizer, args.turns, args.new)
+            for engine, _ in engines.values():  # the kernels warm up
+                await first_token(engine, SYSTEM + turns[0], 2)
+            before = {way: m.cache_statistics().prefilled_tokens for way, (_, m) in engines.items()}
+            best: dict[str, list[float]] = {}
+            answers: dict[str, list[str]] = {}
             with trio.fail_after(TIMEOUT):
-                async with actorserve.open_engine([model_settings_from_dict(data, folder=folder)]) as engine:
-                    model = engine.model("llm")
-                    assert isinstance(model, TransformersModel)
-                    if not results:
-                        size = sum(p.numel() for p in model.model.parameters())
-                        print(
-                            f"model: llama {args.layers} layers, width {args.width}, {size / 1e6:.1f} M parameters, "
-                            f"{model.device} {model.dtype}, {args.threads} thread(s); {args.turns} turns of "
-                            f"~{args.new} new tokens, answers of {args.answer} tokens, best of {args.rounds}"
+                for r in range(args.rounds):
+                    chats = {way: Chat(engine, way, args.answer) for way, (engine, _) in engines.items()}
+                    for _, m in engines.values():  # each round starts from an empty prefix cache
+                        if m.budget.prefix is not None:
+                            with m.budget.lock:
+                                m.budget.prefix.drop(2**62)
+                    # turn by turn, the ways one after the other: a burst of load on the
+                    # shared machine falls on all of them alike
+                    for i, text in enumerate(turns):
+                        for chat in chats.values():
+                            await chat.turn(i, text, i == len(turns) - 1, f"chat{r}")
+                    for way, chat in chats.items():
+                        times = best.get(way)
+                        best[way] = (
+                            chat.times
+                            if not times
+                            else [min(a, b) for a, b in zip(times, chat.times, strict=True)]
                         )
-                    turns = user_turns(model.tokenizer, args.turns, args.new)
-                    await chat(engine, turns[:1], 2, "resent", "warm")  # the kernels warm up
-                    before = model.cache_statistics().prefilled_tokens
-                    best: list[float] = []
-                    answers: list[str] = []
-                    for r in range(args.rounds):
-                        if reuse and way != "sequence":  # each round starts from an empty cache
-                            assert model.budget.prefix is not None
-                            with model.budget.lock:
-                                model.budget.prefix.drop(2**62)
-                        times, answers = await chat(engine, turns, args.answer, way, f"chat{r}")
-                        best = times if not best else [min(a, b) for a, b in zip(best, times, strict=True)]
-                    read = (model.cache_statistics().prefilled_tokens - before) // args.rounds
-                    results[way] = (best, answers, read)
-        reference = results["resent, no reuse"][1]
+                        answers[way] = chat.answers
+        reference = answers["resent, no reuse"]
         print(
             f"{'way':<22} {'turn 1 ms':>10} {'turn 10 ms':>11} {'10/1':>6} {'sum ms':>8} {'read/chat':>10} same"
         )
-        for way, (best, answers, read) in results.items():
-            last = best[min(9, len(best) - 1)]
+        for way, times in best.items():
+            read = (engines[way][1].cache_statistics().prefilled_tokens - before[way]) // args.rounds
+            last = times[min(9, len(times) - 1)]
             print(
-                f"{way:<22} {best[0] * 1000:>10.1f} {last * 1000:>11.1f} {last / best[0]:>6.2f} "
-                f"{sum(best) * 1000:>8.0f} {read:>10} {answers == reference}"
+                f"{way:<22} {times[0] * 1000:>10.1f} {last * 1000:>11.1f} {last / times[0]:>6.2f} "
+                f"{sum(times) * 1000:>8.0f} {read:>10} {answers[way] == reference}"
             )
-        print(
-            "per turn (ms): "
-            + "; ".join(f"{w}: {[round(t * 1000) for t in r[0]]}" for w, r in results.items())
-        )
+        print("per turn (ms): " + "; ".join(f"{w}: {[round(t * 1000) for t in b]}" for w, b in best.items()))
 
 
 if __name__ == "__main__":
@@ -167,5 +186,5 @@ if __name__ == "__main__":
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     trio.run(main, parser.parse_args())

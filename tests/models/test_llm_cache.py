@@ -166,6 +166,7 @@ async def test_a_resent_ten_turn_chat_reads_only_its_new_tokens(folders: dict[st
     assert sum(read) < sum(lengths) // 2
     assert stats.reused_tokens == sum(lengths) - sum(read)
     assert stats.prefix_blocks > 0 and stats.prefix_bytes == stats.prefix_blocks * BLOCK * model.token_bytes
+    assert stats.reserved_bytes == 0  # every request released its reservation
     # the tenth turn answers as transformers' own greedy generate over the whole chat
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are Barnardo, on guard."}]
     for turn, answer in zip(TURNS, answers, strict=True):
@@ -260,7 +261,7 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
         assert refused.value.retry_after == 1 and refused.value.bound == "kv_cache_budget_mb"
         assert model.sequences["a1"].kv is held and model.sequences["b2"].kv is None
         stats = model.cache_statistics()
-        assert stats.refused == 1 and stats.dropped_caches == 2
+        assert stats.refused == 1 and stats.dropped_caches == 2 and stats.reserved_bytes == 0
         # alice's sequence kept its cache: it reads only what is new
         history = model.sequences["a1"].text
         before = model.cache_statistics().prefilled_tokens
@@ -313,3 +314,24 @@ async def test_over_rest_a_bound_client_gets_429_with_retry_after(
         assert again.status_code == 200, again.text
         # a request of bob's that fits beside alice's cache runs
         assert (await generate(bob, "K", max_tokens=4)).status_code == 200
+
+
+async def test_a_cancelled_request_releases_its_reservation_and_leaves_its_blocks(
+    folders: dict[str, Path],
+) -> None:
+    prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 2
+    async with llm_engine(folders["gpt2"]) as (engine, model):
+        async with engine.infer_stream(request(prompt, max_tokens=200, **GREEDY), model="llm") as responses:
+            await responses.__anext__()
+            assert model.cache_statistics().reserved_bytes > 0
+        for _ in range(200):  # the request leaves the batch at its next step
+            if model.cache_statistics().reserved_bytes == 0:
+                break
+            await trio.sleep(0.01)
+        stats = model.cache_statistics()
+        assert (
+            stats.reserved_bytes == 0
+            and stats.prefix_blocks >= len(model.tokenizer(prompt)["input_ids"]) // BLOCK
+        )
+        assert await text(engine, prompt, max_tokens=6, **GREEDY) == generate(folders["gpt2"], prompt, 6)
+        assert model.cache_statistics().reused_tokens > 0

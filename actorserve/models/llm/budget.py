@@ -140,9 +140,10 @@ class KVBudget:
                 others = sum(nbytes for who, nbytes in self._held(state) if who != owner)
                 if others:
                     self._refused += 1
+                    # says nothing of how much the others hold (no oracle of their use)
                     raise Overloaded(
-                        f"model {self.model!r}: kv_cache_budget_mb is held by other clients' sequences "
-                        f"and requests ({others // 2**10} KiB); this request needs {need // 2**10} KiB",
+                        f"model {self.model!r}: kv_cache_budget_mb is full; this request needs "
+                        f"{need // 2**10} KiB of KV cache: retry later",
                         retry_after=1,
                         bound="kv_cache_budget_mb",
                     )

@@ -75,7 +75,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context and "
                 "kv_cache_budget_mb >= 0"
             )
-        #: open sequences, least recently used first (event loop only)
+        #: open sequences, least recently used first (changed by the budget, under its lock)
         self.sequences: OrderedDict[str, LLMState] = OrderedDict()
         self.budget = KVBudget(self.name, self.kv_budget, self.sequences, reuse)
         self.model: Any = None
