@@ -31,7 +31,9 @@ def test_a_chain_is_found_block_by_block_and_joined_in_order() -> None:
     assert len(cache.match(None, longer, len(longer) - 1)) == 3
     assert len(cache.match(None, longer, 2 * BLOCK + 5)) == 2
     chain = cache.match(None, longer, len(longer))
-    assert torch.equal(joined(chain)[1][0], cache_of(ids[: 3 * BLOCK])[1][0])
+    whole = joined(chain, 64)
+    assert torch.equal(whole[1][0], cache_of(ids[: 3 * BLOCK])[1][0])
+    assert whole[1][0]._base is not None and whole[1][0]._base.shape[-2] == 64  # room to read on
     # a token differing in the second block: only the first block matches
     other = [*ids[:20], 0, *ids[21:]]
     assert len(cache.match(None, other, len(other))) == 1

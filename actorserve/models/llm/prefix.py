@@ -22,8 +22,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from .forward import KV
 
 #: tokens per block
@@ -135,15 +133,17 @@ class PrefixCache:
         return freed
 
 
-def joined(chain: list[Block]) -> KV:
-    """The keys and values of ``chain`` as one cache of their own."""
-    if len(chain) == 1:
-        return [(k.clone(), v.clone()) for k, v in chain[0].kv]
-    layers = len(chain[0].kv)
-    return [
-        (
-            torch.cat([b.kv[layer][0] for b in chain], dim=2),
-            torch.cat([b.kv[layer][1] for b in chain], dim=2),
-        )
-        for layer in range(layers)
-    ]
+def joined(chain: list[Block], capacity: int) -> KV:
+    """The keys and values of ``chain`` as one cache of their own, in buffers of
+    ``capacity`` positions (the prefill after it writes in place: :func:`.forward.with_room`)."""
+    out: KV = []
+    for layer in range(len(chain[0].kv)):
+        pair = []
+        for which in (0, 1):
+            first = chain[0].kv[layer][which]
+            buffer = first.new_empty((1, first.shape[1], max(capacity, len(chain) * BLOCK), first.shape[3]))
+            for i, block in enumerate(chain):
+                buffer[:, :, i * BLOCK : (i + 1) * BLOCK] = block.kv[layer][which]
+            pair.append(buffer[:, :, : len(chain) * BLOCK])
+        out.append((pair[0], pair[1]))
+    return out

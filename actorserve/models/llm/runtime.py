@@ -271,7 +271,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         groups: list[list[tuple[LLMWork, list[int]]]] = []
         for i, work in enumerate(batch):
             if work.prefix is not None:  # its first tokens' cache, from the prefix cache
-                work.kv, work.prefix = joined(work.prefix), None
+                work.kv, work.prefix = joined(work.prefix, len(work.feed)), None
             left = len(work.feed) - work.cached
             if work.max_tokens == 0:
                 outputs[i] = self._finish(work, "", "length")
