@@ -290,6 +290,13 @@ async def test_cache_budget_drops_the_least_recently_used_idle_cache_and_the_seq
         assert model.cache_statistics().prefilled_tokens - before > len(model.tokenizer(" me")["input_ids"])
         assert model.cache_bytes() <= 34 * 1024
         await text(engine, " me", sequence_id="b", **greedy)
+    # the same turns with room for every cache: the same answer
+    async with llm_engine(folders["gpt2"]) as (engine, model):
+        assert await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, **greedy) == first
+        await text(engine, "JULIET:\nAy", sequence_id="b", sequence_start=True, **greedy)
+        await text(engine, "First Citizen:\nBefore we", sequence_id="c", sequence_start=True, **greedy)
+        assert model.cache_statistics().dropped_caches == 0
+        assert await text(engine, " me", sequence_id="a", **greedy) == more
 
 
 async def test_cancelled_request_leaves_and_its_sequence_goes_on(folders: dict[str, Path]) -> None:
