@@ -262,13 +262,13 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
         assert model.sequences["a1"].kv is held and model.sequences["b2"].kv is None
         stats = model.cache_statistics()
         assert stats.refused == 1 and stats.dropped_caches == 2 and stats.reserved_bytes == 0
-        # alice's sequence kept its cache: it reads only what is new
+        # alice's sequence kept its cache: it reads only what is new (and ends)
         history = model.sequences["a1"].text
         before = model.cache_statistics().prefilled_tokens
-        await say("alice", "a1", " me", 2)
+        await say("alice", "a1", " me", 2, sequence_end=True)
         assert model.cache_statistics().prefilled_tokens - before < len(model.tokenizer(history)["input_ids"])
         # bob's sequences stay open and go on, reading their text again, and answer as
-        # the whole text sent alone (by bob: unbound, it could drop alice's cache)
+        # the whole text sent alone
         history = model.sequences["b1"].text
         more = await say("bob", "b1", " me", 2)
         assert more == await text(engine, history + " me", sequence_owner="bob", max_tokens=2, **GREEDY)
