@@ -7,7 +7,7 @@ numbers; not a test).
         [--width 512] [--layers 8] [--threads 1] [--device cpu|cuda] [--rounds 3]
 
 Builds a Llama checkpoint from a config in a temporary folder (width 512, 8 layers, a
-4096-token byte-level BPE vocabulary trained on ../shared/data/tinyshakespeare.txt:
+4096-token byte-level BPE vocabulary trained on tests/data/tinyshakespeare.txt:
 about 30 M parameters, the shape of issue 36's comparison with vLLM; nothing is
 downloaded), then runs the same chat three ways through an in-process engine:
 - ``resent, no reuse``: each turn sends the whole conversation, ``prefix_cache`` false;
