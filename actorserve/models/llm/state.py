@@ -7,17 +7,20 @@ from typing import Any
 
 import torch
 
-from ...types import InferenceRequest
+from ...texttokens import TokenLogprob
+from ...types import InferenceRequest, InferenceResponse
 from ..textlm.generation import Draws
 from .forward import KV, Batch, owned
 
 
 class LLMState:
     """One sequence: ``text`` (everything said so far: prompts and the answers sent),
-    ``ids`` (the tokens whose keys and values are in ``kv``). ``busy`` while a request of
-    the sequence is in the batch; ``evicted`` once the cache budget dropped it."""
+    ``ids`` (the tokens whose keys and values are in ``kv``); ``messages``: the
+    conversation so far when its turns come as chat messages (None: plain text). ``busy``
+    while a request of the sequence is in the batch; ``evicted`` once the cache budget
+    dropped it."""
 
-    __slots__ = ("busy", "evicted", "ids", "kv", "sequence_id", "text")
+    __slots__ = ("busy", "evicted", "ids", "kv", "messages", "sequence_id", "text")
 
     def __init__(self, sequence_id: str | None = None) -> None:
         self.sequence_id = sequence_id
@@ -26,6 +29,7 @@ class LLMState:
         self.kv: KV | None = None
         self.busy = False
         self.evicted = False
+        self.messages: list[dict[str, str]] | None = None
 
 
 class Detokenizer:
@@ -70,6 +74,7 @@ class LLMWork:
     then the tokens it generates."""
 
     __slots__ = (
+        "answer",
         "cached",
         "detok",
         "draws",
@@ -78,8 +83,13 @@ class LLMWork:
         "generated",
         "generator",
         "held",
+        "ignore_eos",
         "kv",
+        "logprobs",
         "max_tokens",
+        "messages",
+        "min_tokens",
+        "pending_logprobs",
         "prompt_tokens",
         "request",
         "sent",
@@ -90,6 +100,7 @@ class LLMWork:
         "text",
         "top_k",
         "top_p",
+        "usage",
     )
 
     def __init__(
@@ -107,6 +118,11 @@ class LLMWork:
         top_p: float,
         seed: int,
         stop: tuple[str, ...],
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        usage: bool = False,
+        messages: list[dict[str, str]] | None = None,
     ) -> None:
         self.request = request
         self.state = state
@@ -128,6 +144,13 @@ class LLMWork:
         self.held = ""  # generated text that may be the start of a stop string
         self.sent = ""  # the text sent so far
         self.draws = Draws(self.generator)
+        self.min_tokens = min_tokens  # EOS cannot be drawn (and stop strings wait) until then
+        self.ignore_eos = ignore_eos  # EOS is a token like any other
+        self.logprobs = logprobs  # alternatives per token (None: no logprobs)
+        self.pending_logprobs: list[TokenLogprob] = []  # for the next response
+        self.usage = usage  # every response carries the token counts so far
+        self.messages = messages  # the conversation this turn answers (chat history)
+        self.answer: InferenceResponse | None = None  # a tokenizer request's whole answer
 
     def next_draw(self) -> float:
         """The next uniform of this request's generator (drawn in blocks, as the ``text``
@@ -151,6 +174,59 @@ class LLMWork:
         state = self.state
         state.busy = False
         state.text = self.text + self.sent
+        if self.messages is not None:
+            state.messages = [*self.messages, {"role": "assistant", "content": self.sent}]
         state.ids = self.feed[: self.cached]
         state.kv = owned(self.cache() or None)
         self.slot = self.kv = None
+
+
+def raw_logprobs(logits: torch.Tensor, rows: list[LLMWork]) -> tuple[list[int], torch.Tensor] | None:
+    """The rows that asked for ``logprobs`` and their log-softmax, taken before
+    temperature, top-k/p and ``min_tokens`` change anything (vLLM's raw log-probabilities)."""
+    wanted = [j for j, w in enumerate(rows) if w.logprobs is not None]
+    if not wanted:
+        return None
+    return wanted, torch.log_softmax(logits[wanted].float(), dim=-1)
+
+
+def without_eos(logits: torch.Tensor, rows: list[LLMWork], eos: frozenset[int]) -> torch.Tensor:
+    """``logits`` where the rows short of their ``min_tokens`` cannot draw an EOS."""
+    masked = [j for j, w in enumerate(rows) if w.generated < w.min_tokens]
+    if not masked or not eos:
+        return logits
+    logits = logits.clone()
+    ids = torch.tensor(sorted(eos), device=logits.device)
+    logits[torch.tensor(masked, device=logits.device).unsqueeze(1), ids] = float("-inf")
+    return logits
+
+
+def token_logprobs(
+    tokenizer: Any,
+    eos: frozenset[int],
+    rows: list[LLMWork],
+    tokens: list[int],
+    raw: tuple[list[int], torch.Tensor],
+) -> None:
+    """Each row of ``raw`` (:func:`raw_logprobs`): its token with its log-probability
+    and its ``logprobs`` likeliest alternatives, kept for its next response; one transfer
+    back for the batch. The EOS that ends a text is no token of it."""
+    wanted, logprobs = raw
+    chosen_ids = [tokens[j] for j in wanted]
+    index = torch.tensor(chosen_ids, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, index).squeeze(1).tolist()
+    most = max(rows[j].logprobs or 0 for j in wanted)
+    values: list[list[float]] = [[] for _ in wanted]
+    ids: list[list[int]] = [[] for _ in wanted]
+    if most:
+        top = logprobs.topk(most, dim=-1)
+        values, ids = top.values.tolist(), top.indices.tolist()
+    for n, j in enumerate(wanted):
+        work, token = rows[j], tokens[j]
+        if token in eos and not work.ignore_eos and work.generated + 1 >= work.min_tokens:
+            continue
+        k = work.logprobs or 0
+        alternatives = tuple(
+            (str(tokenizer.decode([t])), v) for t, v in zip(ids[n][:k], values[n][:k], strict=True)
+        )
+        work.pending_logprobs.append(TokenLogprob(str(tokenizer.decode([token])), chosen[n], alternatives))
