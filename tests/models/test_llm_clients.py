@@ -169,9 +169,9 @@ async def test_vllm_bench_serve_completions_and_chat(http: httpx.AsyncClient, gr
 
 
 async def test_guidellm_completions_and_chat(http: httpx.AsyncClient, greedy: Greedy) -> None:
-    """GuideLLM (src/guidellm/backends/openai/request_handlers.py): ``stop: null``,
-    ``ignore_eos``, and ``continuous_usage_stats`` (every chunk carries the usage so
-    far; GuideLLM keeps the last)."""
+    """GuideLLM 0.8.1 (guidellm/backends/openai/request_handlers.py, the ``format`` of
+    its completions and chat handlers): ``stop: null``, ``ignore_eos``, and
+    ``continuous_usage_stats`` (every chunk carries the usage so far; it keeps the last)."""
     payload = {
         "model": "llm",
         "stream": True,
@@ -200,7 +200,6 @@ async def test_guidellm_completions_and_chat(http: httpx.AsyncClient, greedy: Gr
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "max_completion_tokens": 12,
-        "max_tokens": 12,
         "stop": None,
         "ignore_eos": True,
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Speak."}]}],
@@ -210,19 +209,30 @@ async def test_guidellm_completions_and_chat(http: httpx.AsyncClient, greedy: Gr
 
 
 async def test_aiperf_genai_perf_chat_with_min_tokens(http: httpx.AsyncClient, greedy: Greedy) -> None:
-    """AIPerf / genai-perf's chat endpoint: a ``name`` on the message and the
-    ``--extra-inputs`` a fixed output length is asked with (``min_tokens`` = ``max_tokens``,
-    ``ignore_eos``)."""
+    """AIPerf 0.13 (aiperf/endpoints/openai_chat.py and openai_completions.py,
+    ``format_payload``) with the ``--extra-inputs`` a fixed output length is asked with
+    (``min_tokens`` = ``max_tokens``, ``ignore_eos``), as genai-perf documents them."""
     payload = {
+        "messages": [{"role": "user", "content": "Hark"}],
         "model": "llm",
-        "messages": [{"role": "user", "name": "text", "content": "Hark"}],
         "stream": True,
-        "stream_options": {"include_usage": True},
         "max_completion_tokens": 10,
         "min_tokens": 10,
         "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     chunks = await sse(http, "/v1/chat/completions", payload)
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+    completion = {
+        "prompt": PROMPT,
+        "model": "llm",
+        "stream": True,
+        "max_tokens": 10,
+        "min_tokens": 10,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = await sse(http, "/v1/completions", completion)
     assert chunks[-1]["usage"]["completion_tokens"] == 10
     # min_tokens alone: EOS cannot come before it (greedy under the mask, as vLLM's)
     rendered = greedy.tok.apply_chat_template(
