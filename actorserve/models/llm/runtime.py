@@ -5,8 +5,8 @@ Each step: a chunk of the prompt of every request still reading one (chunked pre
 one forward per request), then one batched forward decoding a token for every request
 that is generating (see :mod:`.forward`). Requests join at the next step and leave at
 once; their caches go with them. Request parameters and the streaming contract are
-those of the built-in ``text`` model (:mod:`actorserve.models.text`); tokens are the
-model's own. See docs/llm.md for the settings.
+those of the built-in ``text`` model (:mod:`actorserve.models.text`) plus vLLM's
+(:mod:`.requests`); tokens are the model's own. See docs/llm.md for the settings.
 """
 
 from __future__ import annotations
