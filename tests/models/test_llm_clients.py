@@ -23,6 +23,7 @@ import trio
 from support.tiny_llm import build
 
 import actorserve
+from actorserve.limits import MAX_CHAT_MESSAGES
 from actorserve.modelsettings import model_settings_from_dict
 from actorserve.server import serve
 from actorserve.settings import Settings
@@ -528,3 +529,17 @@ async def test_stateful_chat_reads_the_tokens_of_the_whole_history(
         # a plain-text turn in a conversation is refused, not appended
         reply = await client.post("/v2/models/llm/generate", json={"text_input": "x", "parameters": sequence})
         assert reply.status_code == 400 and "conversation" in reply.json()["error"]
+        # the messages parameter (what the door sends) is checked like any client value
+        for messages, why in [
+            ("not json", "expected a JSON list of messages"),
+            ('[{"role": "user"}]', "each message is"),
+            ('[{"role": "user", "content": 3}]', "each message is"),
+            ("[]", "expected a JSON list of messages"),
+            (json.dumps([{"role": "user", "content": "x"}] * (MAX_CHAT_MESSAGES + 1)), "MAX_CHAT_MESSAGES"),
+        ]:
+            body = {"parameters": {"messages": messages, "max_tokens": 1}}
+            reply = await client.post("/v2/models/llm/generate", json=body)
+            assert reply.status_code == 400 and why in reply.json()["error"], reply.text
+        body = {"text_input": "x", "parameters": {"messages": '[{"role": "user", "content": "x"}]'}}
+        reply = await client.post("/v2/models/llm/generate", json=body)
+        assert reply.status_code == 400 and "a chat turn has no 'text_input'" in reply.json()["error"]

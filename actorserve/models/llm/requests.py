@@ -17,6 +17,7 @@ import numpy as np
 
 from ...api import bool_parameter
 from ...errors import BadInput
+from ...limits import MAX_CHAT_MESSAGES
 from ...model import float_parameter, int_parameter
 from ...textgen import MAX_TOP_LOGPROBS, MESSAGES_PARAMETER, SAMPLING_OPTIONS, TextGeneration
 from ...texttokens import TOKEN_IDS, TOKEN_STRS
@@ -141,6 +142,11 @@ def chat_turn(value: object, prompt: str, state: LLMState, model: str, template:
         turn = None
     if not isinstance(turn, list) or not turn:
         raise BadInput(f"parameter {MESSAGES_PARAMETER!r}: expected a JSON list of messages")
+    if len(turn) + len(state.messages or ()) > MAX_CHAT_MESSAGES:
+        raise BadInput(
+            f"parameter {MESSAGES_PARAMETER!r}: the conversation would hold more than {MAX_CHAT_MESSAGES} "
+            "messages (limit MAX_CHAT_MESSAGES; see docs/security.md#limits)"
+        )
     messages = []
     for message in turn:
         if (
