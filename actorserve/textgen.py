@@ -36,11 +36,27 @@ from .types import InferenceRequest, InferenceResponse, Tensor
 #: ``top_k`` (0: no limit), ``min_tokens`` (EOS and stop strings wait that many
 #: tokens), ``ignore_eos`` (only max_tokens and stop strings end the text) and
 #: ``logprobs`` (the log-probability of each token and of its ``logprobs`` most likely
-#: alternatives, see :class:`~actorserve.texttokens.TokenLogprob`)
-SAMPLING_OPTIONS: Final = ("temperature", "top_p", "seed", "top_k", "min_tokens", "ignore_eos", "logprobs")
+#: alternatives, see :class:`~actorserve.texttokens.TokenLogprob`) and ``echo`` (with
+#: ``logprobs``: the prompt's own tokens come first, with theirs)
+SAMPLING_OPTIONS: Final = (
+    "temperature",
+    "top_p",
+    "seed",
+    "top_k",
+    "min_tokens",
+    "ignore_eos",
+    "logprobs",
+    "echo",
+)
 #: an option at its value here asks for nothing, so it passes whether or not the model
 #: takes it (``top_p: 1`` is no limit)
-NEUTRAL_OPTIONS: Final[dict[str, object]] = {"top_p": 1.0, "top_k": 0, "min_tokens": 0, "ignore_eos": False}
+NEUTRAL_OPTIONS: Final[dict[str, object]] = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "echo": False,
+}
 #: the most alternatives per token ``logprobs`` may ask for (OpenAI's limit)
 MAX_TOP_LOGPROBS: Final = 20
 #: finish reasons: the model (or a stop string) ended the text, or max_tokens did
@@ -176,6 +192,7 @@ class TextOptions:
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     logprobs: int | None = None
+    echo: bool | None = None
     stop: tuple[str, ...] = ()
     sequence: Mapping[str, Any] = attrs.field(factory=dict)
 

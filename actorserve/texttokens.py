@@ -56,12 +56,12 @@ def detokenize_request(ids: Sequence[int]) -> InferenceRequest:
 
 @attrs.frozen(slots=True)
 class TokenLogprob:
-    """One generated token: its text, its log-probability under the model (before any
-    temperature or top-k/top-p), and the ``top`` most likely tokens with theirs (most
-    likely first)."""
+    """One token: its text, its log-probability under the model (before any temperature
+    or top-k/top-p; None for a prompt's first token, which nothing predicts), and the
+    ``top`` most likely tokens with theirs (most likely first)."""
 
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
 
 
@@ -77,7 +77,7 @@ def logprobs_from_parameter(value: object) -> list[TokenLogprob]:
         entries = []
         for token, logprob, top in plain:  # type: ignore[union-attr]
             pairs = tuple((str(t), _logprob(lp)) for t, lp in top)
-            entries.append(TokenLogprob(str(token), _logprob(logprob), pairs))
+            entries.append(TokenLogprob(str(token), None if logprob is None else _logprob(logprob), pairs))
         return entries
     except (TypeError, ValueError):
         raise BadInput("response parameter 'logprobs': not a list of [token, logprob, top]") from None

@@ -77,6 +77,9 @@ async def test_vllm_extensions_reach_the_model_or_pass_at_their_neutral_values(a
         assert top_1["choices"][0]["text"] == greedy["choices"][0]["text"]
         neutral = {"top_k": -1, "min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0, "min_p": 0}
         assert (await client.post("/v1/completions", json={**body, **neutral})).status_code == 200
+        # echo without logprobs is the door's own: the text starts with the prompt
+        echoed = (await client.post("/v1/completions", json={**body, "temperature": 0, "echo": True})).json()
+        assert echoed["choices"][0]["text"] == "ROMEO:" + greedy["choices"][0]["text"]
         for key, value in [("ignore_eos", True), ("min_tokens", 3), ("logprobs", 1)]:
             reply = await client.post("/v1/completions", json={**body, key: value})
             assert reply.status_code == 400, reply.text
@@ -231,7 +234,7 @@ async def test_chat_content_parts_and_roles(sync_client: openai.OpenAI) -> None:
     ("changes", "param", "code"),
     [
         ({"logprobs": 2}, "logprobs", "unsupported_parameter"),
-        ({"echo": True}, "echo", "unsupported_parameter"),
+        ({"suffix": "x"}, "suffix", "unsupported_parameter"),
         ({"best_of": 3}, "best_of", "unsupported_parameter"),
         ({"frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
         ({"temperature": 3}, "temperature", "invalid_value"),

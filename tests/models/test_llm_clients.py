@@ -258,9 +258,11 @@ async def test_aiperf_genai_perf_chat_with_min_tokens(http: httpx.AsyncClient, g
 
 
 async def test_lm_eval_local_completions(http: httpx.AsyncClient, greedy: Greedy) -> None:
-    """lm-eval's ``local-completions``: ``generate_until`` sends a list of prompts with
-    ``stop``, ``seed`` and ``temperature: 0``; ``loglikelihood`` sends ``echo: true``
-    with ``logprobs``, which this server refuses with a 400 naming ``echo``."""
+    """lm-eval's ``local-completions`` (lm_eval/models/openai_completions.py,
+    ``_create_payload``): ``generate_until`` sends a list of prompts with ``stop``,
+    ``seed`` and ``temperature: 0``; ``loglikelihood`` sends ``echo: true`` with
+    ``logprobs: 1`` and ``max_tokens: 1`` and reads ``token_logprobs`` / ``top_logprobs``
+    of the prompt's tokens (the first has none)."""
     reply = await http.post(
         "/v1/completions",
         json={
@@ -273,20 +275,36 @@ async def test_lm_eval_local_completions(http: httpx.AsyncClient, greedy: Greedy
         },
     )
     assert reply.status_code == 200 and len(reply.json()["choices"]) == 2
-    reply = await http.post(
-        "/v1/completions",
-        json={
-            "model": "llm",
-            "prompt": PROMPT,
-            "temperature": 0,
-            "max_tokens": 1,
-            "logprobs": 1,
-            "seed": 1234,
-            "echo": True,
-        },
-    )
+    loglikelihood = {
+        "model": "llm",
+        "prompt": PROMPT,
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
+    reply = await http.post("/v1/completions", json=loglikelihood)
+    choice = reply.json()["choices"][0]
+    ids = greedy.tok(PROMPT)["input_ids"]
+    with torch.inference_mode():
+        raw = torch.log_softmax(greedy.model(torch.tensor([ids])).logits[0].float(), -1)
+    ((token, last),) = greedy.run(PROMPT, 1, ignore_eos=True)
+    decode = greedy.tok.decode
+    logprobs = choice["logprobs"]
+    assert choice["text"] == PROMPT + greedy.text(PROMPT, [token])
+    assert logprobs["tokens"] == [decode([t]) for t in [*ids, token]]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    want = [float(raw[i, t]) for i, t in enumerate(ids[1:])] + [float(last[token])]
+    assert logprobs["token_logprobs"][1:] == pytest.approx(want, abs=1e-4)
+    # is_greedy: the likeliest alternative of each prompt token, as lm-eval reads it
+    for i, top in enumerate(logprobs["top_logprobs"][1:-1]):
+        best = int(raw[i].argmax())
+        assert top[decode([best])] == pytest.approx(float(raw[i, best]), abs=1e-4)
+    assert logprobs["text_offset"][0] == 0
+    # echo in a sequence is refused
+    reply = await http.post("/v1/completions", json={**loglikelihood, "sequence_start": True})
     assert reply.status_code == 400
-    assert reply.json()["error"]["param"] == "echo"
 
 
 async def test_neutral_extensions_pass_and_others_are_refused_by_name(http: httpx.AsyncClient) -> None:

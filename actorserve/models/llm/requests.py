@@ -10,12 +10,14 @@ Every value is checked for its type and range before it is used; every refusal i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 import numpy as np
 
 from ...api import bool_parameter
+from ...chattemplate import render_messages
 from ...errors import BadInput
 from ...limits import MAX_CHAT_MESSAGES
 from ...model import float_parameter, int_parameter
@@ -35,6 +37,7 @@ PARAMETERS: Final = GENERATION_PARAMETERS | {
     "min_tokens",
     "ignore_eos",
     "logprobs",
+    "echo",
     MESSAGES_PARAMETER,
     "tokenize",
     "detokenize",
@@ -125,6 +128,37 @@ def read_sampling(request: InferenceRequest, max_tokens_limit: int) -> Sampling:
         logprobs=logprobs,
         usage=bool_parameter(params.get("usage", False), "usage"),
     )
+
+
+def context_text(
+    params: Mapping[str, Any], prompt: str, state: LLMState, model: str, template: str
+) -> tuple[str, list[dict[str, str]] | None]:
+    """The text of a request's whole context and, for a chat turn (the ``messages``
+    parameter), the conversation it answers: the sequence's messages and the new ones,
+    rendered whole as a request without a sequence renders them. A sequence that is a
+    conversation takes only chat turns."""
+    if params.get(MESSAGES_PARAMETER) is not None:
+        messages = [
+            *(state.messages or []),
+            *chat_turn(params[MESSAGES_PARAMETER], prompt, state, model, template),
+        ]
+        return render_messages(template, messages), messages
+    if state.messages is not None:
+        raise BadInput(
+            f"sequence {state.sequence_id!r} is a conversation: its turns are chat messages (/v1/chat/completions)"
+        )
+    return state.text + prompt, None
+
+
+def echo_of(request: InferenceRequest, state: LLMState) -> bool:
+    """Whether a request asks for its prompt's log-probabilities (``echo`` with
+    ``logprobs``; a request without a sequence)."""
+    params = request.parameters
+    if not bool_parameter(params.get("echo", False), "echo"):
+        return False
+    if params.get("logprobs") is None or state.sequence_id is not None:
+        raise BadInput("parameter 'echo': needs 'logprobs', in a request without a sequence")
+    return True
 
 
 def chat_turn(value: object, prompt: str, state: LLMState, model: str, template: str) -> list[dict[str, str]]:

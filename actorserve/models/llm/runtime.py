@@ -20,22 +20,23 @@ import numpy as np
 import torch
 
 from ...api import bool_parameter
-from ...chattemplate import render_messages
 from ...declarations import text_generation_of
 from ...errors import BadInput, SequenceNotFound
 from ...model import BatchModel, StepOutput
 from ...modelsettings import ModelSettings
-from ...textgen import MESSAGES_PARAMETER, TextGeneration, longest_stop_prefix
+from ...textgen import TextGeneration, longest_stop_prefix
 from ...texttokens import LOGPROBS_PARAMETER, TOKEN_IDS, logprobs_to_parameter
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import sample_rows
 from .checkpoint import chat_template, source_of
+from .echo import prompt_logprobs
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .requests import (
     LLM_TEXT_GENERATION,
     NO_SAMPLING,
     PARAMETERS,
-    chat_turn,
+    context_text,
+    echo_of,
     read_sampling,
     request_prompt,
     text_bytes,
@@ -204,19 +205,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             if state.sequence_id is not None:  # it was busy then: the engine ends it now
                 self.evict_sequence(state.sequence_id, self._evicted_why)
             raise SequenceNotFound(f"sequence {state.sequence_id!r} was evicted ({self._evicted_why})")
-        messages: list[dict[str, str]] | None = None
-        if params.get(MESSAGES_PARAMETER) is not None:
-            turn = chat_turn(params[MESSAGES_PARAMETER], prompt, state, self.name, self.chat_template)
-            messages = [*(state.messages or []), *turn]
-            # the whole conversation, rendered as a request without a sequence renders it
-            text = render_messages(self.chat_template, messages)
-        elif state.messages is not None:
-            raise BadInput(
-                f"sequence {state.sequence_id!r} is a conversation: its turns are chat messages "
-                "(/v1/chat/completions)"
-            )
-        else:
-            text = state.text + prompt
+        echo = echo_of(request, state)
+        text, messages = context_text(params, prompt, state, self.name, self.chat_template)
         ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
         if len(ids) >= self.max_context:
             raise BadInput(
@@ -235,7 +225,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         if state.sequence_id is not None:
             self.sequences.move_to_end(state.sequence_id)
             self._keep_budget(state, len(ids) + sampling.max_tokens)
-        return LLMWork(
+        work = LLMWork(
             request,
             state,
             text,
@@ -245,6 +235,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             messages=messages,
             **attrs.asdict(sampling),
         )
+        work.echo = ids if echo else None
+        return work
 
     def _tokenizer_work(self, request: InferenceRequest, state: LLMState | None, prompt: str) -> LLMWork:
         """A tokenize or detokenize request (texttokens): answered at once, through the
@@ -290,6 +282,10 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         groups: list[list[tuple[LLMWork, list[int]]]] = []
         for i, work in enumerate(batch):
             left = len(work.feed) - work.cached
+            if work.echo is not None:  # the prompt's own log-probabilities come first
+                work.pending_logprobs[:0] = prompt_logprobs(
+                    self.model, self.tokenizer, work, self.prefill_chunk
+                )
             if work.answer is not None:
                 work.settle()
                 outputs[i] = StepOutput(work.answer, done=True)

@@ -78,6 +78,7 @@ class LLMWork:
         "cached",
         "detok",
         "draws",
+        "echo",
         "feed",
         "finished",
         "generated",
@@ -151,6 +152,7 @@ class LLMWork:
         self.usage = usage  # every response carries the token counts so far
         self.messages = messages  # the conversation this turn answers (chat history)
         self.answer: InferenceResponse | None = None  # a tokenizer request's whole answer
+        self.echo: list[int] | None = None  # prompt tokens whose log-probabilities are still to send
 
     def next_draw(self) -> float:
         """The next uniform of this request's generator (drawn in blocks, as the ``text``

@@ -39,6 +39,8 @@ class ChoiceRun:
     sequence_id: str | None = None
     #: the tokens' log-probabilities (None: not asked for)
     logprobs: list[TokenLogprob] | None = None
+    #: the text its answer starts with (``echo``: its prompt), passed on with the first piece
+    echo: str = ""
 
     def choice(self) -> Choice:
         logprobs = None if self.logprobs is None else tuple(self.logprobs)
@@ -52,6 +54,7 @@ def plan_choices(
     n: int,
     extra_stop: tuple[str, ...] = (),
     messages: tuple[Mapping[str, str], ...] | None = None,
+    echo: bool = False,
 ) -> list[ChoiceRun]:
     """``n`` runs per prompt, numbered as OpenAI numbers choices (prompt-major); with a
     ``seed``, choice j of a prompt uses ``seed + j``. ``messages`` instead of ``prompts``:
@@ -69,7 +72,9 @@ def plan_choices(
             choice_options = attrs.evolve(options, seed=seed, stop=stop)
             request = with_control(text_request(spec, prompt, choice_options))  # the door reads them once
             logprobs: list[TokenLogprob] | None = None if wanted is None else []
-            runs.append(ChoiceRun(p * n + j, p, request, stop, options.max_tokens, logprobs=logprobs))
+            run = ChoiceRun(p * n + j, p, request, stop, options.max_tokens, logprobs=logprobs)
+            run.echo = prompt if echo else ""
+            runs.append(run)
     return runs
 
 
@@ -95,9 +100,10 @@ async def run_choice(
             text = "".join([pieces.feed(response) for response in batch])
             logprobs = pieces.take_logprobs()
             run.prompt_tokens, run.completion_tokens = pieces.prompt_tokens, pieces.completion_tokens
+            text, run.echo = run.echo + text, ""
             if text or logprobs:
                 await on_text(run, text, logprobs)
-    tail = pieces.close()
+    tail, run.echo = run.echo + pieces.close(), ""
     if tail:
         await on_text(run, tail, [])
     run.finish_reason = pieces.finish_reason

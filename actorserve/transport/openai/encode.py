@@ -60,15 +60,17 @@ def completion_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dic
         offset += len(entry.token)
     return {
         "tokens": [e.token for e in entries],
-        "token_logprobs": [_finite(e.logprob) for e in entries],
+        "token_logprobs": [None if e.logprob is None else _finite(e.logprob) for e in entries],
         "top_logprobs": [_top(e) for e in entries],
         "text_offset": offsets,
     }
 
 
-def _top(entry: TokenLogprob) -> dict[str, float]:
+def _top(entry: TokenLogprob) -> dict[str, float] | None:
     """The token and its alternatives by text; two ids of the same text keep the
-    likelier's value."""
+    likelier's value (None: a prompt's first token, with ``echo``)."""
+    if entry.logprob is None:
+        return None
     top = {entry.token: _finite(entry.logprob)}
     for token, logprob in reversed(entry.top):
         top[token] = _finite(logprob)
@@ -78,8 +80,8 @@ def _top(entry: TokenLogprob) -> dict[str, float]:
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """A chat choice's ``logprobs``: ``content``, one entry per token."""
 
-    def one(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode())}
+    def one(token: str, logprob: float | None) -> dict[str, Any]:
+        return {"token": token, "logprob": _finite(logprob or 0.0), "bytes": list(token.encode())}
 
     return {
         "content": [

@@ -90,7 +90,7 @@ _COMMON: Final = frozenset(
         *("sequence_id", "sequence_start", "sequence_end"),
     }
 )
-_COMPLETION_KEYS: Final = _COMMON | {"prompt"}
+_COMPLETION_KEYS: Final = _COMMON | {"prompt", "echo"}
 _CHAT_KEYS: Final = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant"})
 
@@ -128,6 +128,9 @@ class TextCall:
     include_usage: bool = False
     #: every stream chunk carries the usage so far (vLLM's ``continuous_usage_stats``)
     continuous_usage: bool = False
+    #: completions: each choice's text starts with its prompt (and, with ``logprobs``, the
+    #: log-probabilities start with the prompt's tokens': ``options.echo``)
+    echo: bool = False
 
 
 def _number(obj: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
@@ -296,9 +299,12 @@ def parse_completion(obj: Any, headers: Mapping[str, str]) -> TextCall:
         raise _bad("'prompt' must be a string or a list of strings (token ids are not supported)", "prompt")
     # completions: ``logprobs`` is how many alternatives each token lists (0: only its own)
     logprobs = _integer(obj, "logprobs", 0, MAX_TOP_LOGPROBS)
-    call = _call(obj, headers, _integer(obj, "max_tokens", 0), logprobs, prompts=tuple(prompts))
-    if call.options.sequence and len(prompts) > 1:
-        raise _bad("a request in a sequence has one prompt", "prompt")
+    echo = _boolean(obj.get("echo") or False, "echo")
+    call = _call(obj, headers, _integer(obj, "max_tokens", 0), logprobs, prompts=tuple(prompts), echo=echo)
+    if echo and logprobs is not None:  # the model scores the prompt
+        call = attrs.evolve(call, options=attrs.evolve(call.options, echo=True))
+    if call.options.sequence and (len(prompts) > 1 or echo):
+        raise _bad("a request in a sequence has one prompt and no 'echo'", "prompt")
     if len(prompts) * call.n > MAX_CHOICES:
         raise _bad(f"at most {MAX_CHOICES} choices per request (prompts times 'n')", "n")
     return call

@@ -281,7 +281,7 @@ class OpenAIRoutes:
                 prompts = list(call.prompts)
             extra_stop = spec.chat_stop if chat else ()
             try:
-                runs = plan_choices(spec, prompts, call.options, call.n, extra_stop, turn)
+                runs = plan_choices(spec, prompts, call.options, call.n, extra_stop, turn, call.echo)
             except UnsupportedOption as exc:
                 raise OpenAIError(exc.message, param=exc.option, code="unsupported_parameter") from None
         except Exception as exc:
