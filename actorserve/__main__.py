@@ -25,15 +25,15 @@ import click
 import trio
 from click.core import ParameterSource
 
-from . import processes
-from .auth import take_token
-from .clitypes import Port, metavar_of
+from .engine.repository import ModelRepository
 from .errors import ModelFailed
-from .listeners import raise_open_file_limit
-from .logformat import configure_logging
 from .models import builtin_settings as builtin_models
-from .repository import ModelRepository
-from .server import Server, serve
+from .server import processes
+from .server.clitypes import Port, metavar_of
+from .server.composition import Server, serve
+from .server.listeners import raise_open_file_limit
+from .server.logformat import configure_logging
+from .server.tokens import take_token
 from .settings import (
     GRPC_STREAM_DIALECTS,
     HELP,
@@ -256,7 +256,7 @@ def _error(message: str) -> None:
 
 def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: Sequence[str]) -> int:
     """Run the server (one process, or the parent / a child of the multi-process server:
-    see :mod:`actorserve.processes`); the exit code, after a one-line message for a
+    see :mod:`actorserve.server.processes`); the exit code, after a one-line message for a
     startup error."""
     role = processes.role()
     raise_open_file_limit()  # a surge of connections can pass a soft limit of 1,024

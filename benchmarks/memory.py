@@ -24,7 +24,7 @@ Phases, one after the other on the same server:
     ``ModelStreamInfer`` (grpc.aio); sampled every ``--interval`` seconds, peak and mean;
 ``after``
     idle again, ``--settle`` seconds after the load (actorserve trims its heap once a busy
-    process goes idle, ``actorserve/heaptrim.py``), the mean of ``--idle`` seconds.
+    process goes idle, ``actorserve/server/heaptrim.py``), the mean of ``--idle`` seconds.
 
 ``--rounds N`` repeats the load phases and the idle reading after them N times on the same
 server, so memory that plateaus after the first load tells itself apart from a leak.

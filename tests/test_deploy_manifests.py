@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from actorserve.processes import KILL_AFTER
+from actorserve.server.processes import KILL_AFTER
 from actorserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

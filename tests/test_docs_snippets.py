@@ -56,7 +56,7 @@ SKIP: dict[tuple[str, str], str] = {
         "docs/getting-started.md",
         "async with actorserve.open_engine()",
     ): "a sketch of two lines, not a program",
-    ("docs/grpc.md", "from actorserve.doors import serve_grpc"): "a fragment of an async function",
+    ("docs/grpc.md", "from actorserve.server.doors import serve_grpc"): "a fragment of an async function",
     ("docs/rest.md", "import httpx, json"): "a fragment: url and inference_request are the reader's",
     (
         "docs/management.md",

@@ -1,6 +1,6 @@
 """Bearer-token auth, for every transport: which routes need a token, and the check.
 
-No I/O here (the token file is read by :func:`actorserve.auth.server_tokens`). Which
+No I/O here (the token file is read by :func:`actorserve.server.tokens.server_tokens`). Which
 scope a request is in is said by the door that owns its path or gRPC method (each door's
 ``auth_scope``, asked by the HTTP and gRPC hosts), for REST on the one canonical path
 (:mod:`actorserve.transport.httphost.target`) that also routes it, after the door's own

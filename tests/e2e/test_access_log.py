@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 from e2e.conftest import TIMEOUT, rest_settings
 from support.servers import start_server
 
-from actorserve.logformat import JsonFormatter
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.logformat import JsonFormatter
 from actorserve.transport.access import ACCESS_LOGGER, FIELDS, AccessHandler, AccessLog
 
 IDENTITY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.5]}]}

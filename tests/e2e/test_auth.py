@@ -23,14 +23,14 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 from tritonclient.utils import InferenceServerException
 
-from actorserve.auth import read_tokens
 from actorserve.proto.actorserve.v1 import (
     DescribeModelRequest,
     ManagementStub,
     SetDefaultVersionRequest,
     SetWorkersRequest,
 )
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.tokens import read_tokens
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
 from actorserve.transport.grpc import TritonGrpc
@@ -300,7 +300,7 @@ async def test_every_token_of_the_file_is_accepted(launch: Launch, tmp_path: Pat
 async def test_a_generated_token_is_in_a_private_file_that_goes_away(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "actorserve.auth")
+    caplog.set_level(logging.INFO, "actorserve.server.tokens")
     settings = rest_settings(no_auth=False)
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(partial(serve, settings))

@@ -21,7 +21,7 @@ from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.models.text import TextModel
 from actorserve.models.textlm.network import generate
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.transport.playground import FILES
 
 

@@ -16,7 +16,7 @@ import trio
 from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
 
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 MAX_TOKENS = 40
 

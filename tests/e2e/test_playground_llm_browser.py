@@ -15,7 +15,7 @@ from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 pytest.importorskip("transformers")
 

@@ -17,7 +17,7 @@ from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 from support.countdown import countdown_settings
 
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import trio
 from support.browser import CHROMIUM, FLAGS
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 

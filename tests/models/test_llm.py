@@ -30,7 +30,7 @@ from actorserve.engine import Engine
 from actorserve.models.llm import TransformersModel
 from actorserve.models.llm.state import Detokenizer
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import serve
+from actorserve.server.composition import serve
 from actorserve.settings import Settings
 
 pytest.importorskip("transformers")

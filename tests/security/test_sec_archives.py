@@ -17,9 +17,9 @@ import pytest
 import trio
 from support.servers import start_server
 
+from actorserve.engine.repository import ModelRepository
 from actorserve.models import builtin_settings
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings, SettingsError
 from actorserve.tempdirs import is_temp_folder
 from actorserve.torchserve.archive import ArchiveLimits, archive_name, archive_settings

@@ -25,11 +25,11 @@ from support.servers import start_server
 from tritonclient.utils import InferenceServerException
 
 import actorserve.models
+from actorserve.engine.repository import ModelRepository
 from actorserve.model import Model
 from actorserve.models import builtin_settings
 from actorserve.proto.torchserve.org.pytorch.serve.grpc import management as ts_management
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import ModelSettings, Settings
 from actorserve.types import InferenceRequest, InferenceResponse
 

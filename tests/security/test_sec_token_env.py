@@ -18,7 +18,7 @@ import httpx
 import pytest
 from support.servers import ServerProcess, start_server
 
-from actorserve.auth import TOKENS_FD_VAR, read_tokens, take_token, token_handoff
+from actorserve.server.tokens import TOKENS_FD_VAR, read_tokens, take_token, token_handoff
 from actorserve.settings import Settings
 
 STARTUP_TIMEOUT = 60.0

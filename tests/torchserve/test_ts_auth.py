@@ -12,7 +12,7 @@ import grpc
 import httpx
 import trio
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 TOKEN = "ts-token-for-tests"
 HEADERS: list[dict[str, str]] = [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {TOKEN}"}]

@@ -15,7 +15,7 @@ import trio
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 pytest.importorskip("transformers")

@@ -6,7 +6,8 @@ once (:mod:`.target`: anything but a canonical origin-form path is refused 400 b
 CORS, auth or routing, in the error shape of the door the path would belong to); CORS
 (a preflight is answered before auth: it has no token); the door that claims the path
 says which auth scope it is in, and the guard whether that scope needs a token (401
-with ``WWW-Authenticate: Bearer``); ``GET /metrics``; every request's
+with ``WWW-Authenticate: Bearer``); ``GET /metrics`` and the port's OpenAPI document
+(``GET /v2/docs/dataplane.json``, assembled from the doors' parts: :mod:`.openapi`); every request's
 :class:`~actorserve.transport.exchange.Exchange`, finished here whatever the door did,
 so every door's requests are in the metrics and the access log. The drain
 (:mod:`.drain`) wraps it and asks it whose error shape a path answers in.
@@ -26,6 +27,7 @@ from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..receive import body_deadline, too_large
 from .cors import Cors
 from .door import UNTIMED_RECEIVE_KEY, HttpDoor
+from .openapi import DOCUMENT_PATH, document, host_part
 from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
 from .target import refusal
 
@@ -35,8 +37,8 @@ _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE
 class HttpHost:
     """The ASGI application of one REST port: ``doors`` in the server's order (the last
     should claim every path), recorded by ``recorder``; ``guard`` decides which scopes
-    need a bearer token (None: none). ``metrics=False``: ``/metrics`` is left to the
-    doors (a port that serves one door alone)."""
+    need a bearer token (None: none). ``metrics=False``: ``/metrics`` and the OpenAPI
+    document are left to the doors (a port that serves one door alone)."""
 
     def __init__(
         self,
@@ -56,6 +58,9 @@ class HttpHost:
         self.serves_metrics = metrics
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.lifespan = next((d.lifespan for d in self.doors if d.lifespan is not None), None)
+        #: the port's OpenAPI document: the host's routes and every door's part
+        self.document = document([*(door.openapi() for door in self.doors), host_part(own_routes=metrics)])
+        self._document_reply = json_reply(self.document, 200)
 
     def door_for(self, path: str) -> HttpDoor:
         """The door that claims ``path`` (the last door when none does)."""
@@ -100,10 +105,12 @@ class HttpHost:
                     exchange.complete = True
             await send(message)
 
-        metrics = self.serves_metrics and path == METRICS_PATH
-        door = None if metrics else self.door_for(path)
+        own = self.serves_metrics and path in (METRICS_PATH, DOCUMENT_PATH)  # the host's own routes
+        door = None if own else self.door_for(path)
         try:
-            kind = Scope.METRICS if door is None else door.auth_scope(path)
+            kind = (
+                door.auth_scope(path) if door is not None else Scope.METRICS if path == METRICS_PATH else None
+            )
             if self.guard is not None and not self._authorized(scope, kind):
                 await send_reply(tracked, _UNAUTHORIZED_REPLY)
             elif door is not None:
@@ -112,8 +119,10 @@ class HttpHost:
                 limit = self.settings.max_body_bytes
                 message = f"the request body is larger than {limit} bytes (max_body_bytes)"
                 await send_reply(tracked, json_reply({"error": message}, 413))
-            else:
+            elif path == METRICS_PATH:
                 await self._metrics(scope, tracked)
+            else:
+                await self._document(scope, tracked)
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 
@@ -153,14 +162,25 @@ class HttpHost:
                 return self.guard.allows(value)
         return False
 
+    async def _document(self, scope: ASGIScope, send: ASGISend) -> None:
+        if await _only_get(scope, send):
+            await send_reply(send, self._document_reply)
+
     async def _metrics(self, scope: ASGIScope, send: ASGISend) -> None:
-        if scope["method"] not in ("GET", "HEAD"):
-            message = f"method {scope['method']} is not allowed on {scope['path']}"
-            await send_reply(send, json_reply({"error": message}, 405, [("Allow", "GET")]))
+        if not await _only_get(scope, send):
             return
         self.recorder.metrics.refresh()  # this process's live gauges, as of now
         body = await trio.to_thread.run_sync(self.recorder.metrics.expose)
         await send_reply(send, Reply(200, [("Content-Type", CONTENT_TYPE)], body))
+
+
+async def _only_get(scope: ASGIScope, send: ASGISend) -> bool:
+    """True for a GET or HEAD; anything else is answered 405 here."""
+    if scope["method"] in ("GET", "HEAD"):
+        return True
+    message = f"method {scope['method']} is not allowed on {scope['path']}"
+    await send_reply(send, json_reply({"error": message}, 405, [("Allow", "GET")]))
+    return False
 
 
 async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:

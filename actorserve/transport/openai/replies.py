@@ -5,7 +5,7 @@ read within ``max_body_bytes`` and parsed with its containers counted first."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -14,14 +14,13 @@ import trio
 from ...errors import BadInput
 from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
+from ..httphost.replies import ASGIReceive, ASGISend
 from ..receive import read_body
 from .encode import error_status_and_body
 from .parse import OpenAIError
 
 log = logging.getLogger(__name__.rpartition(".")[0] + ".routes")  # the door's logger, as before
 
-ASGIReceive = Callable[[], Awaitable[Any]]
-ASGISend = Callable[[Any], Awaitable[None]]
 
 _JSON: Final = [(b"content-type", b"application/json")]
 

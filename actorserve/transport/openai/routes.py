@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import orjson
 import trio
@@ -26,7 +26,8 @@ from ...texttokens import detokenize_request, tokenize_request
 from ...version import __version__
 from ..auth import Scope
 from ..exchange import Exchange
-from ..httphost.replies import ASGIApp
+from ..httphost.openapi import OpenApiPart
+from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
@@ -40,10 +41,9 @@ from .encode import (
     model_object,
     stream_error,
 )
+from .openapi import openapi_part
 from .parse import OpenAIError, TextCall, parse_chat, parse_completion
 from .replies import (
-    ASGIReceive,
-    ASGISend,
     loads_body,
     read_request_body,
     send_error,
@@ -54,7 +54,6 @@ from .tokenize import parse_detokenize, parse_tokenize, tokenize_payload
 
 log = logging.getLogger(__name__)
 
-ASGIScope = Mapping[str, Any]
 
 _EVENT_STREAM: Final = [
     (b"content-type", b"text/event-stream"),
@@ -90,6 +89,11 @@ class OpenAIRoutes:
     @staticmethod
     def claims(path: str) -> bool:
         return path.startswith("/v1/") or path in _TOKENIZER or path in _PROBES
+
+    @staticmethod
+    def openapi() -> OpenApiPart:
+        """The ``/v1`` paths (:mod:`.openapi`)."""
+        return openapi_part()
 
     @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
