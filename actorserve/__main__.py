@@ -42,6 +42,7 @@ from .settings import (
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
     BadSetting,
+    ModelSettings,
     Settings,
     SettingsError,
 )
@@ -232,8 +233,16 @@ def cli(
     configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
     repository = ModelRepository(folders, workers).with_archive_limits(settings)
+    role = processes.role()
+    #: this process loads the models (one process, or the engine of the multi-process server)
+    loads = role == "engine" or (role is None and settings.api_workers == 0)
     try:
-        if not folders:
+        if role == "front":
+            # a front serves what the engine holds and never reads the folders: a file
+            # broken by the time a front restarts must not stop the server, and a front
+            # has no use for an extracted archive
+            models: list[ModelSettings] = []
+        elif not folders:
             models = repository.apply_overrides(builtin_models())
         elif settings.poll_repository > 0:  # watched: a broken folder waits for its fix
             missing = [folder for folder in folders if not folder.is_dir()]
@@ -242,11 +251,14 @@ def cli(
             models, problems = repository.scan()
             for problem in problems.values():
                 log.warning("not loaded (loads once fixed): %s", problem)
-        else:
-            models = repository.discover()
+        else:  # the parent only checks the files (its engine extracts the archives, once)
+            models = repository.discover(archives=loads)
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)
+    if loads:
+        for folder in repository.empty_folders():
+            log.info("model folder %s is empty: no model is served until one is loaded or registered", folder)
     ctx.exit(_serve_until_signal(settings.with_models(models), repository, ctx.obj or sys.argv[1:]))
 
 

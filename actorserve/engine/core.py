@@ -407,7 +407,8 @@ async def open_engine(
             engine = Engine(nursery, settings, repository)
             try:
                 for model_settings in settings.models:
-                    await engine.load(model_settings)
+                    host = await engine.load(model_settings)
+                    host.loaded_at_startup = True
                 if settings.poll_repository > 0 and engine.repository.folders:
                     await nursery.start(poll_repository, engine, engine.repository, settings.poll_repository)
                 yield engine

@@ -66,17 +66,33 @@ class ModelRepository:
         limits = ArchiveLimits(settings.max_archive_bytes, settings.max_archive_members)
         return attrs.evolve(self, archive_limits=limits)
 
-    def discover(self) -> list[ModelSettings]:
-        """Every model in the folders; :class:`SettingsError` names a bad file."""
+    def discover(self, archives: bool = True) -> list[ModelSettings]:
+        """Every model in the folders; :class:`SettingsError` names a bad file. An empty
+        folder (no ``model-settings.json``, no archive: a TorchServe model store before
+        its first registration) holds no model (see :meth:`empty_folders`).
+        ``archives=False`` (the parent of the multi-process server, which only checks the
+        files before its engine loads them) leaves the ``.mar`` archives unextracted and
+        out of the list: only the process that loads the models extracts them."""
         models: list[ModelSettings] = []
         for folder in self.folders:
-            archives = [
-                archive_settings(path, limits=self.archive_limits) for path in find_archives(Path(folder))
-            ]
-            if not archives or any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
+            found = find_archives(Path(folder))
+            if not found and Path(folder).is_dir() and not any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
+                continue
+            if not found or any(Path(folder).rglob(MODEL_SETTINGS_FILE)):
                 models.extend(discover_models(folder))
-            models.extend(archives)
+            if archives:
+                models.extend(archive_settings(path, limits=self.archive_limits) for path in found)
         return self.apply_overrides(models)
+
+    def empty_folders(self) -> list[Path]:
+        """The model folders that hold no model yet (no ``model-settings.json``, no archive)."""
+        return [
+            Path(folder)
+            for folder in self.folders
+            if Path(folder).is_dir()
+            and not find_archives(Path(folder))
+            and not any(Path(folder).rglob(MODEL_SETTINGS_FILE))
+        ]
 
     def apply_overrides(self, models: Iterable[ModelSettings]) -> list[ModelSettings]:
         if self.workers is None:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import attrs
 import trio
+from prometheus_client.multiprocess import mark_process_dead
 
 from ..metrics import MULTIPROC_VAR
 from ..settings import Settings
@@ -161,6 +162,10 @@ class ProcessSupervisor:
         finally:
             os.close(ready_w)
         child = _Child(role, index, process, process.stdin)
+        if role == "engine":  # known before it is ready: a stop during its start-up stops it too
+            self.engine = child
+        else:
+            self.fronts[index] = child
         label = child.label
         async with trio.lowlevel.FdStream(ready_r) as ready:
             line = b""
@@ -182,9 +187,7 @@ class ProcessSupervisor:
         engine's death; stop everything in order. Returns the exit code."""
         try:
             try:
-                self.engine = await self._spawn("engine", 0)
-                for index in range(1, self.api_workers + 1):
-                    self.fronts[index] = await self._spawn("front", index)
+                started = await self._start_children()
             except ChildFailed as exc:
                 # the child said why on the shared stderr; exit with its code, no second line
                 log.info("%s", exc)
@@ -193,6 +196,8 @@ class ProcessSupervisor:
                 task_status.started()
                 return self.exit_code
             task_status.started()
+            if not started:  # a signal during start-up: stop what started, start nothing more
+                return self.exit_code
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_engine, nursery.cancel_scope)
                 for index in list(self.fronts):
@@ -204,6 +209,30 @@ class ProcessSupervisor:
             with trio.CancelScope(shield=True):
                 await self._stop_all()
         return self.exit_code
+
+    async def _start_children(self) -> bool:
+        """Start the engine, then the fronts, each once the one before is ready; False
+        when :meth:`shutdown` came first (a SIGTERM during a slow model load): the child
+        starting then is not waited for and no other is started (the ordered stop follows)."""
+        failed: ChildFailed | None = None
+        with trio.CancelScope() as starting:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_on_stop() -> None:
+                    await self.stopping.wait()
+                    starting.cancel()
+
+                nursery.start_soon(cancel_on_stop)
+                try:
+                    await self._spawn("engine", 0)
+                    for index in range(1, self.api_workers + 1):
+                        await self._spawn("front", index)
+                except ChildFailed as exc:  # raised as itself, not in the nursery's group
+                    failed = exc
+                nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return not starting.cancelled_caught
 
     async def _scale_in(self) -> None:
         """Before the ordered stop of a healthy server: the engine's drain (see the module
@@ -241,6 +270,7 @@ class ProcessSupervisor:
         while True:
             child = self.fronts[index]
             code = await child.process.wait()
+            self._forget_gauges(child)
             if self.stopping.is_set():
                 return
             now = trio.current_time()
@@ -259,12 +289,20 @@ class ProcessSupervisor:
                 "front %d (pid %d) exited with code %d: restarting it", index, child.process.pid, code
             )
             try:
-                self.fronts[index] = await self._spawn("front", index)
+                await self._spawn("front", index)
             except ChildFailed as exc:
                 log.error("%s", exc)
                 self.exit_code = 1
                 self.stopping.set()
                 return
+
+    def _forget_gauges(self, child: _Child) -> None:
+        """Drop a dead child's live gauges from the metrics folder: a front killed with
+        requests in flight would otherwise add its last count to every scrape for good
+        (its counters and histograms stay: what it served was served)."""
+        folder = self.env.get(MULTIPROC_VAR)
+        if folder:
+            mark_process_dead(child.process.pid, folder)  # type: ignore[no-untyped-call]
 
     async def _stop_all(self) -> None:
         """Fronts first (they drain their requests), then the engine."""

@@ -66,6 +66,7 @@ async def test_describe_workers_and_default_version_over_rest(launch: Launch) ->
                 {"index": 1, "waiting": 0, "running": 0, "sequences": 0},
             ],
             "requires_sequence": False,
+            "loaded_at_startup": True,
         }
         scaled = (
             await client.post("/v2/repository/models/counter/versions/1/workers", json={"workers": 3})
