@@ -21,24 +21,71 @@ and the prompt as none.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 import numpy as np
 
 from .errors import BadInput
+from .texttokens import LOGPROBS_PARAMETER, TokenLogprob, logprobs_from_parameter
 from .types import InferenceRequest, InferenceResponse, Tensor
 
-#: the sampling options a front door may pass (when the model declares them)
-SAMPLING_OPTIONS: Final = ("temperature", "top_p", "seed")
+#: the sampling options a front door may pass (when the model declares them):
+#: ``top_k`` (0: no limit), ``min_tokens`` (EOS and stop strings wait that many
+#: tokens), ``ignore_eos`` (only max_tokens and stop strings end the text) and
+#: ``logprobs`` (the log-probability of each token and of its ``logprobs`` most likely
+#: alternatives, see :class:`~actorserve.texttokens.TokenLogprob`) and ``echo`` (with
+#: ``logprobs``: the prompt's own tokens come first, with theirs)
+SAMPLING_OPTIONS: Final = (
+    "temperature",
+    "top_p",
+    "seed",
+    "top_k",
+    "min_tokens",
+    "ignore_eos",
+    "logprobs",
+    "echo",
+)
+#: an option at its value here asks for nothing, so it passes whether or not the model
+#: takes it (``top_p: 1`` is no limit)
+NEUTRAL_OPTIONS: Final[dict[str, object]] = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "echo": False,
+}
+#: the most alternatives per token ``logprobs`` may ask for (OpenAI's limit)
+MAX_TOP_LOGPROBS: Final = 20
 #: finish reasons: the model (or a stop string) ended the text, or max_tokens did
 FINISH_STOP: Final = "stop"
 FINISH_LENGTH: Final = "length"
 
 _KEYS: Final = frozenset(
-    {"input", "output", "max_tokens", "sampling", "stop", "usage", "chat_template", "chat_stop"}
+    {
+        "input",
+        "output",
+        "max_tokens",
+        "sampling",
+        "stop",
+        "usage",
+        "chat_template",
+        "chat_stop",
+        "tokenize",
+        "chat_history",
+    }
 )
+
+
+class UnsupportedOption(BadInput):
+    """A request asks for a sampling option (:data:`SAMPLING_OPTIONS`) its model does not
+    take; ``option`` names it."""
+
+    def __init__(self, option: str) -> None:
+        super().__init__(f"parameter {option!r} is not supported by this model")
+        self.option = option
 
 
 @attrs.frozen(slots=True)
@@ -51,7 +98,12 @@ class TextGeneration:
     ``stop`` strings itself (otherwise :class:`TextPieces` does); ``usage``: it reports
     token counts when asked; ``chat_template``: a Jinja2 template turning ``messages``
     into a prompt ("" = no chat); ``chat_stop``: stop strings every chat request gets
-    (the end of a turn in the template)."""
+    (the end of a turn in the template); ``tokenize``: it answers :func:`tokenize_request`
+    and :func:`detokenize_request`; ``chat_history``: in a sequence it keeps the
+    conversation's messages and renders all of them with its template each turn (a
+    chat request then sends only its new messages, as :data:`MESSAGES_PARAMETER`), so a
+    template that is not the concatenation of its turns (a BOS once, a closed assistant
+    turn) reads the same tokens as the whole history sent without a sequence."""
 
     input: str = "text_input"
     output: str = "text_output"
@@ -61,6 +113,8 @@ class TextGeneration:
     usage: bool = False
     chat_template: str = ""
     chat_stop: tuple[str, ...] = ()
+    tokenize: bool = False
+    chat_history: bool = False
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.sampling) - set(SAMPLING_OPTIONS)
@@ -80,7 +134,7 @@ class TextGeneration:
             )
         changes: dict[str, Any] = {}
         for key, value in block.items():
-            if key in ("stop", "usage"):
+            if key in ("stop", "usage", "tokenize", "chat_history"):
                 if not isinstance(value, bool):
                     raise BadInput(f"{where}.{key}: expected true or false")
             elif key in ("sampling", "chat_stop"):
@@ -103,11 +157,13 @@ class TextGeneration:
             self.usage,
             self.chat_template,
             list(self.chat_stop),
+            self.tokenize,
+            self.chat_history,
         ]
 
     @classmethod
     def from_plain(cls, plain: Any) -> TextGeneration:
-        name_in, name_out, max_tokens, sampling, stop, usage, template, chat_stop = plain
+        name_in, name_out, max_tokens, sampling, stop, usage, template, chat_stop, tokenize, history = plain
         return cls(
             str(name_in),
             str(name_out),
@@ -117,6 +173,8 @@ class TextGeneration:
             bool(usage),
             str(template),
             tuple(map(str, chat_stop)),
+            bool(tokenize),
+            bool(history),
         )
 
 
@@ -130,6 +188,11 @@ class TextOptions:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    top_k: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
     stop: tuple[str, ...] = ()
     sequence: Mapping[str, Any] = attrs.field(factory=dict)
 
@@ -145,23 +208,39 @@ def text_request(
     spec: TextGeneration, prompt: str, options: TextOptions, request_id: str | None = None
 ) -> InferenceRequest:
     """The engine request generating from ``prompt``. An option the model does not take
-    is :class:`BadInput` naming it (top_p=1 is no limit and always passes), so nothing a
-    client asked for is silently ignored."""
+    is :class:`BadInput` naming it (an option at its neutral value always passes:
+    :data:`NEUTRAL_OPTIONS`), so nothing a client asked for is silently ignored."""
     parameters: dict[str, Any] = dict(options.sequence)
     if options.max_tokens is not None:
         parameters[spec.max_tokens] = options.max_tokens
     for name in SAMPLING_OPTIONS:
         value = getattr(options, name)
-        if value is None or (name == "top_p" and value == 1.0 and name not in spec.sampling):
+        if value is None or (name not in spec.sampling and NEUTRAL_OPTIONS.get(name, ()) == value):
             continue
         if name not in spec.sampling:
-            raise BadInput(f"parameter {name!r} is not supported by this model")
+            raise UnsupportedOption(name)
         parameters[name] = value
     if options.stop and spec.stop:
         parameters["stop"] = list(options.stop)
     if spec.usage:
         parameters["usage"] = True
     return InferenceRequest(inputs=[text_tensor(spec.input, prompt)], id=request_id, parameters=parameters)
+
+
+#: the request parameter carrying a chat turn's new messages (a JSON list of
+#: ``{"role", "content"}``) to a model that keeps a sequence's conversation
+#: (``chat_history``); its ``text_input`` is then empty
+MESSAGES_PARAMETER: Final = "messages"
+
+
+def chat_turn_request(
+    spec: TextGeneration, messages: Sequence[Mapping[str, str]], options: TextOptions
+) -> InferenceRequest:
+    """A chat turn for a model with ``chat_history``: its new ``messages`` (the model
+    renders the sequence's whole conversation itself)."""
+    request = text_request(spec, "", options)
+    request.parameters[MESSAGES_PARAMETER] = json.dumps([dict(m) for m in messages])
+    return request
 
 
 def element_text(value: object) -> str:
@@ -189,6 +268,7 @@ class TextPieces:
 
     __slots__ = (
         "_held",
+        "_logprobs",
         "_max_tokens",
         "_reason",
         "_reported",
@@ -213,6 +293,13 @@ class TextPieces:
         self.finish_reason = FINISH_STOP
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self._logprobs: list[TokenLogprob] = []
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log-probabilities of the tokens read since the last call (a model that
+        reports them with ``logprobs``; empty otherwise)."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     def feed(self, response: InferenceResponse) -> str:
         """The text of one more response that may be passed on now."""
@@ -226,6 +313,8 @@ class TextPieces:
             self._reported = True
         elif text and not self._reported:
             self.completion_tokens += 1
+        if LOGPROBS_PARAMETER in params:
+            self._logprobs.extend(logprobs_from_parameter(params[LOGPROBS_PARAMETER]))
         reason = params.get("finish_reason")
         if reason in (FINISH_STOP, FINISH_LENGTH):
             self._reason = self.finish_reason = reason

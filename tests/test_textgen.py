@@ -11,6 +11,7 @@ import pytest
 from actorserve.errors import BadInput
 from actorserve.settings import SettingsError, model_settings_from_dict
 from actorserve.textgen import TextGeneration, TextOptions, TextPieces, text_request, text_tensor
+from actorserve.texttokens import TokenLogprob, logprobs_from_parameter, logprobs_to_parameter
 from actorserve.types import InferenceResponse
 
 
@@ -27,10 +28,12 @@ def test_settings_blocks_lay_over_the_class_declaration() -> None:
         "text_input", "text_output", "n", ("temperature",), True, False, "{{ messages }}", ("\n\n",)
     )
     assert TextGeneration.from_plain(changed.to_plain()) == changed
+    llm = changed.with_settings({"tokenize": True, "chat_history": True})
+    assert llm.tokenize and llm.chat_history and TextGeneration.from_plain(llm.to_plain()) == llm
     for block, words in [
         ({"chat": "x"}, "unknown key(s) chat"),
         ({"stop": "yes"}, "stop: expected true or false"),
-        ({"sampling": ["top_k"]}, "unknown option(s) ['top_k']"),
+        ({"sampling": ["beam_width"]}, "unknown option(s) ['beam_width']"),
         ({"chat_stop": "\n"}, "chat_stop: expected a list of strings"),
     ]:
         with pytest.raises(BadInput) as caught:
@@ -54,6 +57,27 @@ def test_the_request_carries_only_what_the_model_takes() -> None:
     assert caught.value.message == "parameter 'temperature' is not supported by this model"
     native = text_request(TextGeneration(stop=True), "x", TextOptions(stop=("a", "b")))
     assert native.parameters == {"stop": ["a", "b"]}
+    # vLLM's extensions at their neutral values pass any model; others need the model
+    neutral = TextOptions(top_p=1.0, top_k=0, min_tokens=0, ignore_eos=False)
+    assert text_request(TextGeneration(), "x", neutral).parameters == {}
+    for option, value in [("top_k", 5), ("min_tokens", 2), ("ignore_eos", True), ("logprobs", 0)]:
+        with pytest.raises(BadInput, match=f"parameter '{option}' is not supported by this model"):
+            text_request(TextGeneration(), "x", TextOptions(**{option: value}))
+        taken = text_request(TextGeneration(sampling=(option,)), "x", TextOptions(**{option: value}))
+        assert taken.parameters == {option: value}
+
+
+def test_logprobs_travel_as_a_parameter_and_are_taken_piece_by_piece() -> None:
+    entries = [TokenLogprob("a", -0.5, (("a", -0.5), ("b", -1.25))), TokenLogprob("c", float("-inf"))]
+    value = logprobs_to_parameter(entries)
+    assert isinstance(value, str) and logprobs_from_parameter(value) == entries
+    for bad in [3, "[1]", '[["a", "x", []]]', '[["a", true, []]]']:
+        with pytest.raises(BadInput, match="response parameter 'logprobs'"):
+            logprobs_from_parameter(bad)
+    pieces = TextPieces(TextGeneration(stop=True))
+    assert pieces.feed(piece("a", logprobs=logprobs_to_parameter(entries[:1]))) == "a"
+    assert pieces.feed(piece("", logprobs=logprobs_to_parameter(entries[1:]))) == ""
+    assert pieces.take_logprobs() == entries and pieces.take_logprobs() == []
 
 
 def test_pieces_hold_back_a_possible_stop_and_cut_at_it() -> None:

@@ -64,6 +64,33 @@ async def test_completion_seeds_reproduce_and_usage_counts_characters(sync_clien
     assert [c.text for c in wide.choices] != [c.text for c in first.choices]  # the nucleus changed the draws
 
 
+async def test_vllm_extensions_reach_the_model_or_pass_at_their_neutral_values(ai_server: Server) -> None:
+    """``top_k`` reaches ``text`` (1: the likeliest character, so any temperature is
+    greedy); vLLM's -1 is no limit; an extension the model does not take is a 400 naming it."""
+    assert ai_server.http_url is not None
+    body = {"model": "text", "prompt": "ROMEO:", "max_tokens": 12}
+    async with httpx.AsyncClient(base_url=ai_server.http_url) as client:
+        greedy = (await client.post("/v1/completions", json={**body, "temperature": 0})).json()
+        top_1 = (
+            await client.post("/v1/completions", json={**body, "temperature": 1.5, "top_k": 1, "seed": 3})
+        ).json()
+        assert top_1["choices"][0]["text"] == greedy["choices"][0]["text"]
+        neutral = {"top_k": -1, "min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0, "min_p": 0}
+        assert (await client.post("/v1/completions", json={**body, **neutral})).status_code == 200
+        # echo without logprobs is the door's own: the text starts with the prompt
+        echoed = (await client.post("/v1/completions", json={**body, "temperature": 0, "echo": True})).json()
+        assert echoed["choices"][0]["text"] == "ROMEO:" + greedy["choices"][0]["text"]
+        for key, value in [("ignore_eos", True), ("min_tokens", 3), ("logprobs", 1)]:
+            reply = await client.post("/v1/completions", json={**body, key: value})
+            assert reply.status_code == 400, reply.text
+            assert reply.json()["error"] == {
+                "message": f"parameter {key!r} is not supported by this model",
+                "type": "invalid_request_error",
+                "param": key,
+                "code": "unsupported_parameter",
+            }
+
+
 async def test_a_list_of_prompts_gets_n_choices_each(sync_client: openai.OpenAI) -> None:
     prompts = ["ROMEO:", "JULIET:\nO"]
     reply = await in_thread(
@@ -207,7 +234,7 @@ async def test_chat_content_parts_and_roles(sync_client: openai.OpenAI) -> None:
     ("changes", "param", "code"),
     [
         ({"logprobs": 2}, "logprobs", "unsupported_parameter"),
-        ({"echo": True}, "echo", "unsupported_parameter"),
+        ({"suffix": "x"}, "suffix", "unsupported_parameter"),
         ({"best_of": 3}, "best_of", "unsupported_parameter"),
         ({"frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
         ({"temperature": 3}, "temperature", "invalid_value"),

@@ -425,7 +425,9 @@ def test_one_command_with_fronts_and_an_engine_process(
     folders: dict[str, Path], oracles: dict[str, Oracle]
 ) -> None:
     """``python -m actorserve FOLDER`` (the model folder says ``"transformers"``) with a
-    front process: generate and chat answer as transformers does."""
+    front process: generate and chat answer as transformers does; what crosses the engine
+    link for vLLM's clients does too (tokenizer answers, logprobs, a chat turn of a
+    sequence, usage)."""
     server = start_server(
         "--http-port", "0", "--grpc-port", "off", "--api-workers", "1", str(folders["gpt2"])
     )
@@ -441,5 +443,19 @@ def test_one_command_with_fronts_and_an_engine_process(
             reply = client.post("/v1/chat/completions", json=chat)
             rendered = oracle.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             assert reply.json()["choices"][0]["message"]["content"] == oracle.text(rendered, 10), reply.text
+            ids = oracle.tok("ROMEO:\n")["input_ids"]
+            assert client.post("/tokenize", json={"prompt": "ROMEO:\n"}).json()["tokens"] == ids
+            assert client.post("/detokenize", json={"tokens": ids}).json() == {"prompt": "ROMEO:\n"}
+            body = {"model": "gpt2", "prompt": "ROMEO:\n", "max_tokens": 3, "logprobs": 2, "ignore_eos": True}
+            reply = client.post("/v1/completions", json=body).json()
+            assert (
+                len(reply["choices"][0]["logprobs"]["token_logprobs"])
+                == reply["usage"]["completion_tokens"]
+                == 3
+            )
+            turn = client.post("/v1/chat/completions", json={**chat, "sequence_start": True})
+            assert turn.json()["choices"][0]["message"]["content"] == oracle.text(rendered, 10), turn.text
+            usage = {"text_input": "a", "parameters": {"max_tokens": 2, "usage": True, "ignore_eos": True}}
+            assert client.post("/v2/models/gpt2/generate", json=usage).json()["completion_tokens"] == 2
     finally:
         server.stop()

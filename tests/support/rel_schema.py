@@ -49,6 +49,10 @@ class Tally:
         )
 
 
+#: vLLM's routes beside /v1, which the OpenAI door serves (its error shape)
+VLLM_ROUTES = ("/tokenize", "/detokenize", "/health", "/version")
+
+
 def error_problem(path: str, status: int, body: bytes) -> str | None:
     """What is wrong with a 4xx/5xx body for ``path``'s route family (None: nothing)."""
     try:
@@ -57,7 +61,7 @@ def error_problem(path: str, status: int, body: bytes) -> str | None:
         return f"not a JSON error body: {body[:80]!r}"
     if status == 401:  # the token check answers every family alike (docs/security.md)
         ok = isinstance(document, dict) and isinstance(document.get("error"), str)
-    elif path.startswith("/v1/"):
+    elif path.startswith("/v1/") or path in VLLM_ROUTES:  # the OpenAI door's shape
         ok = (
             isinstance(document, dict)
             and isinstance(document.get("error"), dict)

@@ -5,8 +5,8 @@ Each step: a chunk of the prompt of every request still reading one (chunked pre
 one forward per request), then one batched forward decoding a token for every request
 that is generating (see :mod:`.forward`). Requests join at the next step and leave at
 once; their caches go with them. Request parameters and the streaming contract are
-those of the built-in ``text`` model (:mod:`actorserve.models.text`); tokens are the
-model's own. See docs/llm.md for the settings.
+those of the built-in ``text`` model (:mod:`actorserve.models.text`) plus vLLM's
+(:mod:`.requests`); tokens are the model's own. See docs/llm.md for the settings.
 """
 
 from __future__ import annotations
@@ -20,40 +20,40 @@ import numpy as np
 import torch
 
 from ...api import bool_parameter
+from ...declarations import text_generation_of
 from ...errors import BadInput
-from ...model import BatchModel, StepOutput, float_parameter, int_parameter
+from ...model import BatchModel, StepOutput
 from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix
+from ...texttokens import LOGPROBS_PARAMETER, TOKEN_IDS, logprobs_to_parameter
 from ...types import InferenceRequest, InferenceResponse, Tensor
-from ..textlm.generation import (
-    DEFAULT_MAX_TOKENS,
-    GENERATION_PARAMETERS,
-    TEXT_GENERATION,
-    request_seed,
-    sample_rows,
-    stop_strings,
-)
+from ..textlm.generation import sample_rows
 from .budget import CacheStatistics, KVBudget
 from .checkpoint import chat_template, source_of
+from .echo import prompt_logprobs
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .prefix import BLOCK, joined
-from .state import LLMState, LLMWork
-from .torchserve import TS_BODY, from_torchserve
+from .requests import (
+    LLM_TEXT_GENERATION,
+    NO_SAMPLING,
+    PARAMETERS,
+    context_text,
+    echo_of,
+    read_sampling,
+    request_prompt,
+    text_bytes,
+    tokenizer_outputs,
+)
+from .state import LLMState, LLMWork, raw_logprobs, token_logprobs, without_eos
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
-
-
-def _bytes(text: str) -> np.ndarray[Any, np.dtype[Any]]:
-    data = np.empty(1, dtype=object)
-    data[0] = text.encode()
-    return data
 
 
 class TransformersModel(BatchModel[LLMState, LLMWork]):
     """A causal LM of ``transformers``; see the module docstring and docs/llm.md."""
 
-    request_parameters: ClassVar[frozenset[str] | None] = GENERATION_PARAMETERS
-    text_generation: ClassVar[TextGeneration | None] = TEXT_GENERATION
+    request_parameters: ClassVar[frozenset[str] | None] = PARAMETERS
+    text_generation: ClassVar[TextGeneration | None] = LLM_TEXT_GENERATION
     default_max_batch_size: ClassVar[int] = 32
     overridable_parameters: ClassVar[frozenset[str]] = frozenset(
         {"prefill_chunk", "max_tokens_limit", "max_context", "kv_cache_budget_mb", "threads", "prefix_cache"}
@@ -83,6 +83,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.eos: frozenset[int] = frozenset()
         self.start_token = 0
         self._batch: Batch[LLMWork] | None = None  # the cache of the last step's batched decode
+        self.chat_template = ""  # as the chat route renders (settings' text_generation over the tokenizer's)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -98,6 +99,14 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def source(self) -> str:
         return source_of(self.settings)
+
+    def metadata(self) -> dict[str, Any]:
+        """The settings' inputs and outputs, else the contract's: ``text_input`` and
+        ``text_output`` (BYTES [1]), as the built-in ``text`` model declares them."""
+        meta = super().metadata()
+        meta["inputs"] = meta["inputs"] or [{"name": "text_input", "datatype": "BYTES", "shape": [1]}]
+        meta["outputs"] = meta["outputs"] or [{"name": "text_output", "datatype": "BYTES", "shape": [1]}]
+        return meta
 
     async def load(self) -> None:
         import trio
@@ -133,6 +142,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = self.budget.token_bytes = kv_bytes(kv)
+        declared = text_generation_of(self.settings, type(self))
+        self.chat_template = declared.chat_template if declared is not None else ""
 
     def _dtype(self) -> torch.dtype:
         name = self.dtype_name
@@ -168,30 +179,11 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
     # -- requests -----------------------------------------------------------------------------
 
     def begin(self, request: InferenceRequest, state: LLMState | None) -> LLMWork:
-        tensor = request.input("text_input", required=False)
-        body = request.input(TS_BODY, required=False) if tensor is None else None
-        if body is not None:
-            request, tensor = from_torchserve(
-                request, body, self.name, self.request_parameters or frozenset()
-            )
-        prompt = ""
-        if tensor is not None:
-            if tensor.datatype != "BYTES" or tensor.data.size != 1:
-                raise BadInput(
-                    f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
-                    f"{list(tensor.shape)}"
-                )
-            value = tensor.data.reshape(-1)[0]
-            prompt = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-        max_tokens = int_parameter(
-            request, "max_tokens", DEFAULT_MAX_TOKENS, minimum=0, maximum=self.max_tokens_limit
-        )
-        temperature = float_parameter(request, "temperature", 1.0, minimum=0.0)
-        top_k = int_parameter(request, "top_k", 0, minimum=0)
-        top_p = float_parameter(request, "top_p", 1.0, minimum=0.0, maximum=1.0)
-        stop = stop_strings(request)
-        seed = request_seed(request)
-        bool_parameter(request.parameters.get("usage", False), "usage")
+        request, prompt = request_prompt(request, self.name, self.request_parameters or frozenset())
+        params = request.parameters
+        if any(bool_parameter(params[k], k) for k in ("tokenize", "detokenize") if k in params):
+            return self._tokenizer_work(request, state, prompt)
+        sampling = read_sampling(request, self.max_tokens_limit)
         # the fingerprint of the caller's token when sequences are bound to tokens: only
         # the cache budget reads it (whose idle caches a request may drop)
         owner = request.control.owner if request.control is not None else None
@@ -199,7 +191,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             state = LLMState(owner=owner)
         elif state.owner is None:
             state.owner = owner
-        text = state.text + prompt
+        echo = echo_of(request, state)
+        text, messages = context_text(params, prompt, state, self.name, self.chat_template)
         ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
         if len(ids) >= self.max_context:
             raise BadInput(
@@ -215,7 +208,9 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         own = cached  # the sequence's own history: not part of this request's prompt
         chain = self.budget.match(owner, ids, cached)
         # room for the context and what it may generate, up to the end of the context
-        need = self.budget.admit(state, owner, len(ids) + min(max_tokens, self.max_context - len(ids)))
+        need = self.budget.admit(
+            state, owner, len(ids) + min(sampling.max_tokens, self.max_context - len(ids))
+        )
         if chain:  # more of it in the prefix cache than in the sequence's own cache
             cached = len(chain) * BLOCK
             state.kv, state.ids = None, []
@@ -230,21 +225,33 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             ids,
             cached,
             tokenizer=self.tokenizer,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stop,
+            messages=messages,
             prefix=chain,
             settled=self.budget.settled,
+            **attrs.asdict(sampling),
         )
         work.prompt_tokens = len(ids) - own  # reused prefix blocks count, as in OpenAI's usage
         self.budget.reserve(work, owner, need, cached - own if chain else 0)
+        work.echo = ids if echo else None
+        return work
+
+    def _tokenizer_work(self, request: InferenceRequest, state: LLMState | None, prompt: str) -> LLMWork:
+        """A tokenize or detokenize request (texttokens): answered at once, through the
+        batch (the step hands the answer back)."""
+        if state is not None:
+            raise BadInput("a tokenize or detokenize request belongs to no sequence")
+        outputs = tokenizer_outputs(request, self.tokenizer, prompt)
+        work = LLMWork(
+            request, LLMState(), "", [self.start_token], 0, tokenizer=self.tokenizer, **NO_SAMPLING
+        )
+        work.answer = self.response(request, outputs, {"max_context": self.max_context})
         return work
 
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
-        """The whole generated text as one ``text_output`` BYTES [1]."""
+        """The whole generated text as one ``text_output`` BYTES [1] (a tokenizer
+        request's one answer as it is)."""
+        if len(responses) == 1 and responses[0].outputs and responses[0].outputs[0].name == TOKEN_IDS:
+            return responses[0]
         text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
         parameters = dict(responses[-1].parameters) if responses else {}
         data = np.empty(1, dtype=object)
@@ -264,6 +271,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def _step(self, batch: list[LLMWork]) -> list[StepOutput]:
         outputs: list[StepOutput | None] = [None] * len(batch)
+        raw: tuple[list[int], torch.Tensor] | None = None
         rows: list[LLMWork] = []
         logits: list[torch.Tensor] = []
         decoding: list[LLMWork] = []
@@ -273,7 +281,14 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             if work.prefix is not None:  # its first tokens' cache, from the prefix cache
                 work.kv, work.prefix = joined(work.prefix, len(work.feed)), None
             left = len(work.feed) - work.cached
-            if work.max_tokens == 0:
+            if work.echo is not None:  # the prompt's own log-probabilities come first
+                work.pending_logprobs[:0] = prompt_logprobs(
+                    self.model, self.tokenizer, work, self.prefill_chunk
+                )
+            if work.answer is not None:
+                work.settle()
+                outputs[i] = StepOutput(work.answer, done=True)
+            elif work.max_tokens == 0:
                 outputs[i] = self._finish(work, "", "length")
             elif left == 1 and work.has_cache():
                 decoding.append(work)
@@ -312,6 +327,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         tokens: list[int] = []
         if rows:
             both = logits[0] if len(logits) == 1 else torch.cat(logits)
+            raw = raw_logprobs(both, rows)
+            both = without_eos(both, rows, self.eos)
             top_ps = [w.top_p for w in rows]
             tokens = sample_rows(
                 both,  # on the device: one transfer back, of the chosen ids
@@ -320,6 +337,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 [w.next_draw() if w.temperature > 0.0 else 0.0 for w in rows],
                 top_ps if any(p < 1.0 for p in top_ps) else None,
             )
+        if raw is not None:
+            token_logprobs(self.tokenizer, self.eos, rows, tokens, raw)
         produced = dict(zip(map(id, rows), tokens, strict=True))
         for i, work in enumerate(batch):
             if outputs[i] is None:
@@ -329,21 +348,23 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def _generated(self, work: LLMWork, token: int) -> StepOutput:
         """One generated token: stream its text (held back while it may begin a stop
-        string); finish on EOS, a stop string, max_tokens or the end of the context."""
+        string); finish on EOS (unless ``ignore_eos``; never drawn before ``min_tokens``),
+        a stop string (looked for from ``min_tokens`` on), max_tokens or the end of the
+        context."""
         work.generated += 1
-        if token in self.eos:
+        if token in self.eos and not work.ignore_eos:
             return self._finish(work, work.held + work.detok.flush(), "stop")
         work.feed.append(token)
         text = work.held + work.detok.add(token)
-        if work.stop:
+        if work.stop and work.generated >= work.min_tokens:
             ats = [at for stop in work.stop if (at := text.find(stop)) >= 0]
             if ats:
                 return self._finish(work, text[: min(ats)], "stop")
         if work.generated >= work.max_tokens or len(work.feed) >= self.max_context:
             return self._finish(work, text + work.detok.flush(), "length")
-        keep = longest_stop_prefix(text, work.stop) if work.stop else 0
+        keep = longest_stop_prefix(text, work.stop) if work.stop and work.generated >= work.min_tokens else 0
         out, work.held = text[: len(text) - keep], text[len(text) - keep :]
-        if not out:
+        if not out and not (work.pending_logprobs and not work.held):
             return _NOTHING
         work.sent += out
         return StepOutput(self._text_response(work, out))
@@ -355,15 +376,21 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         work.settle()
         response = self._text_response(work, text)
         response.parameters["finish_reason"] = reason
-        if work.request.parameters.get("usage") and bool_parameter(work.request.parameters["usage"], "usage"):
-            response.parameters["prompt_tokens"] = work.prompt_tokens
-            response.parameters["completion_tokens"] = work.generated
         return StepOutput(response, done=True)
 
     def _text_response(self, work: LLMWork, text: str) -> InferenceResponse:
-        return InferenceResponse(
-            self.name, [Tensor("text_output", (1,), "BYTES", _bytes(text))], self.version, work.request.id
+        """A response with ``text``, the log-probabilities of the tokens since the last
+        one, and with ``usage`` the token counts so far (the last response's are final)."""
+        response = InferenceResponse(
+            self.name, [Tensor("text_output", (1,), "BYTES", text_bytes(text))], self.version, work.request.id
         )
+        if work.pending_logprobs:
+            response.parameters[LOGPROBS_PARAMETER] = logprobs_to_parameter(work.pending_logprobs)
+            work.pending_logprobs = []
+        if work.usage:
+            response.parameters["prompt_tokens"] = work.prompt_tokens
+            response.parameters["completion_tokens"] = work.generated
+        return response
 
 
 _NOTHING = StepOutput()

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ...types import InferenceRequest
+from ...texttokens import TokenLogprob
+from ...types import InferenceRequest, InferenceResponse
 from ..textlm.generation import Draws
 from .forward import KV, Batch, owned
 
@@ -16,11 +17,12 @@ from .forward import KV, Batch, owned
 class LLMState:
     """One sequence: ``text`` (everything said so far: prompts and the answers sent),
     ``ids`` (the tokens whose keys and values are in ``kv``; both empty once the cache
-    budget dropped its cache: its next request reads ``text`` again). ``busy`` while a
-    request of the sequence is in the batch; ``owner``: the token fingerprint of its
-    requests when sequences are bound to tokens (the cache budget's fairness)."""
+    budget dropped its cache: its next request reads ``text`` again); ``messages``: the
+    conversation so far when its turns come as chat messages (None: plain text). ``busy``
+    while a request of the sequence is in the batch; ``owner``: the token fingerprint of
+    its requests when sequences are bound to tokens (the cache budget's fairness)."""
 
-    __slots__ = ("busy", "ids", "kv", "owner", "sequence_id", "text")
+    __slots__ = ("busy", "ids", "kv", "messages", "owner", "sequence_id", "text")
 
     def __init__(self, sequence_id: str | None = None, owner: str | None = None) -> None:
         self.sequence_id = sequence_id
@@ -29,6 +31,7 @@ class LLMState:
         self.ids: list[int] = []
         self.kv: KV | None = None
         self.busy = False
+        self.messages: list[dict[str, str]] | None = None
 
 
 class Detokenizer:
@@ -76,16 +79,23 @@ class LLMWork:
 
     __slots__ = (
         "__weakref__",  # the runtime's reservations forget a request dropped unsettled
+        "answer",
         "cached",
         "detok",
         "draws",
+        "echo",
         "feed",
         "finished",
         "generated",
         "generator",
         "held",
+        "ignore_eos",
         "kv",
+        "logprobs",
         "max_tokens",
+        "messages",
+        "min_tokens",
+        "pending_logprobs",
         "prefix",
         "prompt_tokens",
         "request",
@@ -98,6 +108,7 @@ class LLMWork:
         "text",
         "top_k",
         "top_p",
+        "usage",
     )
 
     def __init__(
@@ -115,6 +126,11 @@ class LLMWork:
         top_p: float,
         seed: int,
         stop: tuple[str, ...],
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        usage: bool = False,
+        messages: list[dict[str, str]] | None = None,
         prefix: list[Any] | None = None,
         settled: Callable[[LLMWork], None] | None = None,
     ) -> None:
@@ -140,6 +156,14 @@ class LLMWork:
         self.held = ""  # generated text that may be the start of a stop string
         self.sent = ""  # the text sent so far
         self.draws = Draws(self.generator)
+        self.min_tokens = min_tokens  # EOS cannot be drawn (and stop strings wait) until then
+        self.ignore_eos = ignore_eos  # EOS is a token like any other
+        self.logprobs = logprobs  # alternatives per token (None: no logprobs)
+        self.pending_logprobs: list[TokenLogprob] = []  # for the next response
+        self.usage = usage  # every response carries the token counts so far
+        self.messages = messages  # the conversation this turn answers (chat history)
+        self.answer: InferenceResponse | None = None  # a tokenizer request's whole answer
+        self.echo: list[int] | None = None  # prompt tokens whose log-probabilities are still to send
 
     def next_draw(self) -> float:
         """The next uniform of this request's generator (drawn in blocks, as the ``text``
@@ -163,6 +187,8 @@ class LLMWork:
         state = self.state
         state.busy = False
         state.text = self.text + self.sent
+        if self.messages is not None:
+            state.messages = [*self.messages, {"role": "assistant", "content": self.sent}]
         kv = self.cache() or None if self.prefix is None else None
         cached = self.cached if self.prefix is None else 0
         state.ids = self.feed[:cached]
@@ -172,3 +198,54 @@ class LLMWork:
             self.settled(self)
         self.slot = self.kv = None
         self.prefix = None
+
+
+def raw_logprobs(logits: torch.Tensor, rows: list[LLMWork]) -> tuple[list[int], torch.Tensor] | None:
+    """The rows that asked for ``logprobs`` and their log-softmax, taken before
+    temperature, top-k/p and ``min_tokens`` change anything (vLLM's raw log-probabilities)."""
+    wanted = [j for j, w in enumerate(rows) if w.logprobs is not None]
+    if not wanted:
+        return None
+    return wanted, torch.log_softmax(logits[wanted].float(), dim=-1)
+
+
+def without_eos(logits: torch.Tensor, rows: list[LLMWork], eos: frozenset[int]) -> torch.Tensor:
+    """``logits`` where the rows short of their ``min_tokens`` cannot draw an EOS."""
+    masked = [j for j, w in enumerate(rows) if w.generated < w.min_tokens]
+    if not masked or not eos:
+        return logits
+    logits = logits.clone()
+    ids = torch.tensor(sorted(eos), device=logits.device)
+    logits[torch.tensor(masked, device=logits.device).unsqueeze(1), ids] = float("-inf")
+    return logits
+
+
+def token_logprobs(
+    tokenizer: Any,
+    eos: frozenset[int],
+    rows: list[LLMWork],
+    tokens: list[int],
+    raw: tuple[list[int], torch.Tensor],
+) -> None:
+    """Each row of ``raw`` (:func:`raw_logprobs`): its token with its log-probability
+    and its ``logprobs`` likeliest alternatives, kept for its next response; one transfer
+    back for the batch. The EOS that ends a text is no token of it."""
+    wanted, logprobs = raw
+    chosen_ids = [tokens[j] for j in wanted]
+    index = torch.tensor(chosen_ids, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, index).squeeze(1).tolist()
+    most = max(rows[j].logprobs or 0 for j in wanted)
+    values: list[list[float]] = [[] for _ in wanted]
+    ids: list[list[int]] = [[] for _ in wanted]
+    if most:
+        top = logprobs.topk(most, dim=-1)
+        values, ids = top.values.tolist(), top.indices.tolist()
+    for n, j in enumerate(wanted):
+        work, token = rows[j], tokens[j]
+        if token in eos and not work.ignore_eos and work.generated + 1 >= work.min_tokens:
+            continue
+        k = work.logprobs or 0
+        alternatives = tuple(
+            (str(tokenizer.decode([t])), v) for t, v in zip(ids[n][:k], values[n][:k], strict=True)
+        )
+        work.pending_logprobs.append(TokenLogprob(str(tokenizer.decode([token])), chosen[n], alternatives))

@@ -25,7 +25,7 @@ GENERATION_PARAMETERS: frozenset[str] = frozenset(
     {"max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "usage"}
 )
 #: what the generate extension and the OpenAI routes may map onto them
-TEXT_GENERATION = TextGeneration(sampling=("temperature", "top_p", "seed"), stop=True, usage=True)
+TEXT_GENERATION = TextGeneration(sampling=("temperature", "top_p", "seed", "top_k"), stop=True, usage=True)
 
 __all__ = [
     "GENERATION_PARAMETERS",

@@ -9,13 +9,14 @@ request in the engine, which drops it from its batch at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
 
 from ...api import EngineAPI, with_control
-from ...textgen import TextGeneration, TextOptions, TextPieces, text_request
+from ...textgen import TextGeneration, TextOptions, TextPieces, chat_turn_request, text_request
+from ...texttokens import TokenLogprob
 from ...types import InferenceRequest
 from .encode import Choice, Usage
 
@@ -36,30 +37,50 @@ class ChoiceRun:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     sequence_id: str | None = None
+    #: the tokens' log-probabilities (None: not asked for)
+    logprobs: list[TokenLogprob] | None = None
+    #: the text its answer starts with (``echo``: its prompt), passed on with the first piece
+    echo: str = ""
 
     def choice(self) -> Choice:
-        return Choice(self.index, "".join(self.text), self.finish_reason)
+        logprobs = None if self.logprobs is None else tuple(self.logprobs)
+        return Choice(self.index, "".join(self.text), self.finish_reason, logprobs)
 
 
 def plan_choices(
-    spec: TextGeneration, prompts: list[str], options: TextOptions, n: int, extra_stop: tuple[str, ...] = ()
+    spec: TextGeneration,
+    prompts: list[str],
+    options: TextOptions,
+    n: int,
+    extra_stop: tuple[str, ...] = (),
+    messages: tuple[Mapping[str, str], ...] | None = None,
+    echo: bool = False,
 ) -> list[ChoiceRun]:
     """``n`` runs per prompt, numbered as OpenAI numbers choices (prompt-major); with a
-    ``seed``, choice j of a prompt uses ``seed + j``. :class:`BadInput` for an option
-    the model does not take."""
+    ``seed``, choice j of a prompt uses ``seed + j``. ``messages`` instead of ``prompts``:
+    one chat turn for a model that renders its sequence's conversation itself
+    (``chat_history``). :class:`BadInput` for an option the model does not take."""
     stop = options.stop + tuple(s for s in extra_stop if s not in options.stop)
     runs = []
+    wanted: list[TokenLogprob] | None = None if options.logprobs is None else []
+    if messages is not None:
+        request = with_control(chat_turn_request(spec, messages, attrs.evolve(options, stop=stop)))
+        return [ChoiceRun(0, 0, request, stop, options.max_tokens, logprobs=wanted)]
     for p, prompt in enumerate(prompts):
         for j in range(n):
             seed = None if options.seed is None else options.seed + j
             choice_options = attrs.evolve(options, seed=seed, stop=stop)
             request = with_control(text_request(spec, prompt, choice_options))  # the door reads them once
-            runs.append(ChoiceRun(p * n + j, p, request, stop, options.max_tokens))
+            logprobs: list[TokenLogprob] | None = None if wanted is None else []
+            run = ChoiceRun(p * n + j, p, request, stop, options.max_tokens, logprobs=logprobs)
+            run.echo = prompt if echo else ""
+            runs.append(run)
     return runs
 
 
-#: ``on_text(run, text)``: a piece of a choice's text, as it is produced
-OnText = Callable[[ChoiceRun, str], Awaitable[None]]
+#: ``on_text(run, text, logprobs)``: a piece of a choice's text (and the log-probabilities
+#: of its tokens, when asked for), as it is produced
+OnText = Callable[[ChoiceRun, str, list[TokenLogprob]], Awaitable[None]]
 
 
 async def run_choice(
@@ -77,11 +98,14 @@ async def run_choice(
             if run.sequence_id is None and batch and "sequence_id" in batch[0].parameters:
                 run.sequence_id = str(batch[0].parameters["sequence_id"])
             text = "".join([pieces.feed(response) for response in batch])
-            if text:
-                await on_text(run, text)
-    tail = pieces.close()
+            logprobs = pieces.take_logprobs()
+            run.prompt_tokens, run.completion_tokens = pieces.prompt_tokens, pieces.completion_tokens
+            text, run.echo = run.echo + text, ""
+            if text or logprobs:
+                await on_text(run, text, logprobs)
+    tail, run.echo = run.echo + pieces.close(), ""
     if tail:
-        await on_text(run, tail)
+        await on_text(run, tail, [])
     run.finish_reason = pieces.finish_reason
     run.prompt_tokens = pieces.prompt_tokens
     run.completion_tokens = pieces.completion_tokens
@@ -98,8 +122,10 @@ def total_usage(runs: list[ChoiceRun]) -> Usage:
 async def run_all(engine: EngineAPI, spec: TextGeneration, model: str, runs: list[ChoiceRun]) -> None:
     """Every choice to its end, together; the first error cancels the others and is raised."""
 
-    async def collect(run: ChoiceRun, text: str) -> None:
+    async def collect(run: ChoiceRun, text: str, logprobs: list[TokenLogprob]) -> None:
         run.text.append(text)
+        if run.logprobs is not None:
+            run.logprobs.extend(logprobs)
 
     failures: list[Exception] = []
 
@@ -125,6 +151,7 @@ class Event:
     text: str = ""
     end: bool = False
     error: Exception | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 async def stream_choice(
@@ -133,8 +160,8 @@ async def stream_choice(
     """Run one choice, reporting :class:`Event` s on ``events`` (closed at the end); its
     error is reported, not raised."""
 
-    async def forward(run: ChoiceRun, text: str) -> None:
-        await events.send(Event(run, text))
+    async def forward(run: ChoiceRun, text: str, logprobs: list[TokenLogprob]) -> None:
+        await events.send(Event(run, text, logprobs=tuple(logprobs)))
 
     async with events:
         try:

@@ -23,6 +23,7 @@ from ...errors import (
     SequenceNotFound,
     SequenceNotHeld,
 )
+from ...texttokens import TokenLogprob
 from ..errors import client_message, http_status
 from .parse import OpenAIError
 
@@ -45,6 +46,54 @@ class Choice:
     index: int
     text: str
     finish_reason: str
+    #: the tokens' log-probabilities (None: not asked for)
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` (OpenAI's legacy shape): ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (the token itself and its alternatives) and
+    ``text_offset`` (each token's start in the completion's text, from ``offset``)."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [None if e.logprob is None else _finite(e.logprob) for e in entries],
+        "top_logprobs": [_top(e) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _top(entry: TokenLogprob) -> dict[str, float] | None:
+    """The token and its alternatives by text; two ids of the same text keep the
+    likelier's value (None: a prompt's first token, with ``echo``)."""
+    if entry.logprob is None:
+        return None
+    top = {entry.token: _finite(entry.logprob)}
+    for token, logprob in reversed(entry.top):
+        top[token] = _finite(logprob)
+    return top
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``content``, one entry per token."""
+
+    def one(token: str, logprob: float | None) -> dict[str, Any]:
+        return {"token": token, "logprob": _finite(logprob or 0.0), "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            {**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no -Infinity: a token the model rules out gets OpenAI's floor."""
+    return logprob if logprob > -9999.0 else -9999.0
 
 
 @attrs.frozen(slots=True)
@@ -110,7 +159,12 @@ def completion(
             "created": created,
             "model": model,
             "choices": [
-                {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs),
+                    "finish_reason": c.finish_reason,
+                }
                 for c in choices
             ],
             "usage": usage.to_json(),
@@ -133,7 +187,7 @@ def chat_completion(
                 {
                     "index": c.index,
                     "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
+                    "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                     "finish_reason": c.finish_reason,
                 }
                 for c in choices
@@ -212,18 +266,31 @@ class ChunkShape:
             (self._text_head, b"%d" % index, self._text_open, orjson.dumps(text), self._text_tail)
         )
 
-    def text_slow(self, index: int, text: str) -> bytes:
-        """:meth:`text` built as a document (what the template is tested against)."""
+    def text_slow(
+        self,
+        index: int,
+        text: str,
+        logprobs: Sequence[TokenLogprob] | None = None,
+        offset: int = 0,
+        usage: Usage | None = None,
+    ) -> bytes:
+        """:meth:`text` built as a document (what the template is tested against), with
+        the log-probabilities of its tokens and the usage so far when asked for
+        (``offset``: where this text starts in the choice's text)."""
+        if self.chat:
+            lp = None if logprobs is None else chat_logprobs(logprobs)
+            return self._chunk(
+                [{"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}], usage
+            )
+        lp = None if logprobs is None else completion_logprobs(logprobs, offset)
+        return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": None}], usage)
+
+    def finish(self, index: int, reason: str, usage: Usage | None = None) -> bytes:
         if self.chat:
             return self._chunk(
-                [{"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]
+                [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}], usage
             )
-        return self._chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": None}])
-
-    def finish(self, index: int, reason: str) -> bytes:
-        if self.chat:
-            return self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-        return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
+        return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}], usage)
 
     def usage(self, usage: Usage) -> bytes:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""

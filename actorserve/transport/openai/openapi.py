@@ -47,8 +47,30 @@ def openapi_part() -> OpenApiPart:
                 description=INFERENCE_AUTH,
             )
         },
+        # vLLM's own routes beside /v1 (docs/openai.md#vllms-tokenizer-routes)
+        "/tokenize": {
+            "post": op(
+                "vLLM's /tokenize: a prompt's (or chat messages') tokens, by the model's tokenizer",
+                ok(ref("Object")),
+                body=json_content(ref("Object")),
+                description=INFERENCE_AUTH,
+            )
+        },
+        "/detokenize": {
+            "post": op(
+                "vLLM's /detokenize: the text of token ids",
+                ok(ref("Object")),
+                body=json_content(ref("Object")),
+                description=INFERENCE_AUTH,
+            )
+        },
+        "/health": {"get": op("vLLM's /health: 200 with no body while the engine answers", _EMPTY)},
+        "/version": {"get": op("vLLM's /version: the server's version", ok(ref("Object")))},
     }
     return OpenApiPart(paths)
+
+
+_EMPTY: Json = {"200": {"description": "the engine answers"}, **ERRORS}
 
 
 __all__ = ["openapi_part"]

@@ -19,17 +19,35 @@ import attrs
 from ...api import bool_parameter, no_sequence_id, no_sequence_text
 from ...errors import BadInput
 from ...limits import MAX_CHAT_MESSAGES
-from ...textgen import TextOptions
+from ...textgen import MAX_TOP_LOGPROBS, TextOptions
 
 #: at most this many choices per request (``n`` times the prompts)
 MAX_CHOICES: Final = 64
 MAX_STOP: Final = 16
+#: the largest ``top_k`` (a vocabulary is smaller; past it the model takes every token)
+MAX_TOP_K: Final = 1 << 20
+_STREAM_OPTIONS: Final = frozenset({"include_usage", "continuous_usage_stats"})
 
-#: OpenAI parameters we do not implement, each with the values that mean "not used"
+#: OpenAI parameters (and vLLM's and TGI's sampling extensions, which benchmark clients
+#: send on every request) we do not implement, each with the values that mean "not used"
 _NEUTRAL: Final[dict[str, tuple[Any, ...]]] = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
+    "repetition_penalty": (None, 1, 1.0),
+    "length_penalty": (None, 1, 1.0),
+    "min_p": (None, 0, 0.0),
+    "typical_p": (None, 1, 1.0),
+    "use_beam_search": (None, False),
+    "skip_special_tokens": (None, True),
+    # with special tokens skipped there is nothing for it to change
+    "spaces_between_special_tokens": (None, True, False),
+    "include_stop_str_in_output": (None, False),
+    "stop_token_ids": (None, []),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "detokenize": (None, True),
+    "priority": (None, 0),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "logit_bias": (None, {}),
@@ -64,12 +82,16 @@ _COMMON: Final = frozenset(
             "user",
             "stream",
             "stream_options",
+            "top_k",
+            "min_tokens",
+            "ignore_eos",
+            "logprobs",
         ),
         *("sequence_id", "sequence_start", "sequence_end"),
     }
 )
-_COMPLETION_KEYS: Final = _COMMON | {"prompt"}
-_CHAT_KEYS: Final = _COMMON | {"messages", "max_completion_tokens"}
+_COMPLETION_KEYS: Final = _COMMON | {"prompt", "echo"}
+_CHAT_KEYS: Final = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant"})
 
 
@@ -104,6 +126,11 @@ class TextCall:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    #: every stream chunk carries the usage so far (vLLM's ``continuous_usage_stats``)
+    continuous_usage: bool = False
+    #: completions: each choice's text starts with its prompt (and, with ``logprobs``, the
+    #: log-probabilities start with the prompt's tokens': ``options.echo``)
+    echo: bool = False
 
 
 def _number(obj: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
@@ -186,6 +213,13 @@ def _sequence(obj: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, A
     return out
 
 
+def _boolean(value: Any, name: str) -> bool:
+    """A JSON ``true`` / ``false`` (no other spelling: a body is JSON, not a header)."""
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be true or false", name, "invalid_type")
+    return value
+
+
 def _flag(value: Any, name: str) -> bool:
     try:
         return bool_parameter(value, name)
@@ -194,7 +228,11 @@ def _flag(value: Any, name: str) -> bool:
 
 
 def _call(
-    obj: Mapping[str, Any], headers: Mapping[str, str], max_tokens: int | None, **fields: Any
+    obj: Mapping[str, Any],
+    headers: Mapping[str, str],
+    max_tokens: int | None,
+    logprobs: int | None,
+    **fields: Any,
 ) -> TextCall:
     model = obj.get("model")
     if not isinstance(model, str) or not model:
@@ -205,29 +243,49 @@ def _call(
     if user is not None and not isinstance(user, str):
         raise _bad("'user' must be a string", "user", "invalid_type")
     stream = _flag(obj.get("stream") or False, "stream")
-    include_usage = False
+    include_usage = continuous_usage = False
     stream_options = obj.get("stream_options")
     if stream_options is not None:
         if not stream:
             raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
-        if not isinstance(stream_options, Mapping) or set(stream_options) - {"include_usage"}:
+        if not isinstance(stream_options, Mapping) or set(stream_options) - _STREAM_OPTIONS:
             raise _bad(
-                "'stream_options' supports only 'include_usage'", "stream_options", "unsupported_parameter"
+                "'stream_options' supports only 'include_usage' and 'continuous_usage_stats'",
+                "stream_options",
+                "unsupported_parameter",
             )
-        include_usage = _flag(stream_options.get("include_usage", False), "stream_options.include_usage")
+        include_usage = _flag(stream_options.get("include_usage") or False, "stream_options.include_usage")
+        continuous_usage = _boolean(
+            stream_options.get("continuous_usage_stats") or False, "stream_options.continuous_usage_stats"
+        )
     n = _integer(obj, "n", 1, MAX_CHOICES) or 1
     sequence = _sequence(obj, headers)
     if sequence and n > 1:
         raise _bad("a request in a sequence has one choice ('n': 1)", "n")
+    top_k = _integer(obj, "top_k", -1, MAX_TOP_K)
+    ignore_eos = obj.get("ignore_eos")
     options = TextOptions(
         max_tokens=max_tokens,
         temperature=_number(obj, "temperature", 0.0, 2.0),
         top_p=_number(obj, "top_p", 0.0, 1.0),
         seed=_integer(obj, "seed", -(2**63), 2**64 - 1),
+        # vLLM's -1 (and 0) is no limit, as the contract's 0
+        top_k=None if top_k is None else max(top_k, 0),
+        min_tokens=_integer(obj, "min_tokens", 0, max_tokens),
+        ignore_eos=None if ignore_eos is None else _boolean(ignore_eos, "ignore_eos"),
+        logprobs=logprobs,
         stop=_stop(obj.get("stop")),
         sequence=sequence,
     )
-    return TextCall(model=model, options=options, n=n, stream=stream, include_usage=include_usage, **fields)
+    return TextCall(
+        model=model,
+        options=options,
+        n=n,
+        stream=stream,
+        include_usage=include_usage or continuous_usage,
+        continuous_usage=continuous_usage,
+        **fields,
+    )
 
 
 def parse_completion(obj: Any, headers: Mapping[str, str]) -> TextCall:
@@ -239,9 +297,14 @@ def parse_completion(obj: Any, headers: Mapping[str, str]) -> TextCall:
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise _bad("'prompt' must be a string or a list of strings (token ids are not supported)", "prompt")
-    call = _call(obj, headers, _integer(obj, "max_tokens", 0), prompts=tuple(prompts))
-    if call.options.sequence and len(prompts) > 1:
-        raise _bad("a request in a sequence has one prompt", "prompt")
+    # completions: ``logprobs`` is how many alternatives each token lists (0: only its own)
+    logprobs = _integer(obj, "logprobs", 0, MAX_TOP_LOGPROBS)
+    echo = _boolean(obj.get("echo") or False, "echo")
+    call = _call(obj, headers, _integer(obj, "max_tokens", 0), logprobs, prompts=tuple(prompts), echo=echo)
+    if echo and logprobs is not None:  # the model scores the prompt
+        call = attrs.evolve(call, options=attrs.evolve(call.options, echo=True))
+    if call.options.sequence and (len(prompts) > 1 or echo):
+        raise _bad("a request in a sequence has one prompt and no 'echo'", "prompt")
     if len(prompts) * call.n > MAX_CHOICES:
         raise _bad(f"at most {MAX_CHOICES} choices per request (prompts times 'n')", "n")
     return call
@@ -272,6 +335,20 @@ def parse_chat(obj: Any, headers: Mapping[str, str]) -> TextCall:
     if not isinstance(obj, Mapping):
         raise OpenAIError("the request body must be a JSON object")
     _check_keys(obj, _CHAT_KEYS)
+    messages = _messages(obj)
+    limit = _integer(obj, "max_completion_tokens", 0)
+    if limit is None:
+        limit = _integer(obj, "max_tokens", 0)
+    # chat: ``logprobs`` is a flag, ``top_logprobs`` how many alternatives each token lists
+    wanted = _boolean(obj.get("logprobs") or False, "logprobs")
+    top = _integer(obj, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return _call(obj, headers, limit, (top or 0) if wanted else None, messages=messages)
+
+
+def _messages(obj: Mapping[str, Any]) -> tuple[Mapping[str, str], ...]:
+    """``messages``, checked: each ``{"role", "content"}`` (text)."""
     raw = obj.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list", "messages", "missing_required_parameter")
@@ -295,7 +372,4 @@ def parse_chat(obj: Any, headers: Mapping[str, str]) -> TextCall:
                 f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}", f"messages[{i}].role"
             )
         messages.append({"role": str(role), "content": _content(message, i)})
-    limit = _integer(obj, "max_completion_tokens", 0)
-    if limit is None:
-        limit = _integer(obj, "max_tokens", 0)
-    return _call(obj, headers, limit, messages=tuple(messages))
+    return tuple(messages)

@@ -14,21 +14,20 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import orjson
 import trio
 
 from ...api import EngineAPI
-from ...errors import BadInput, ModelNotFound, ShuttingDown
-from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
-from ...textgen import TextGeneration
+from ...errors import ModelNotFound, ShuttingDown
+from ...textgen import TextGeneration, UnsupportedOption
+from ...version import __version__
 from ..auth import Scope
-from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
 from ..httphost.openapi import OpenApiPart
 from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
-from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
+from ..receive import Disconnected, cancel_on_disconnect, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
 from .encode import (
@@ -43,11 +42,19 @@ from .encode import (
 )
 from .openapi import openapi_part
 from .parse import OpenAIError, TextCall, parse_chat, parse_completion
+from .replies import (
+    loads_body,
+    note_missing,
+    read_request_body,
+    send_error,
+    send_json,
+    too_large_error,
+)
+from .vllm_routes import VllmRoutes
 
 log = logging.getLogger(__name__)
 
 
-_JSON: Final = [(b"content-type", b"application/json")]
 _EVENT_STREAM: Final = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
@@ -57,6 +64,10 @@ _EVENT_STREAM: Final = [
 _EVENTS_PER_CHOICE: Final = 16
 #: the routes that run a model (``/v1/models`` is metadata: open)
 _INFERENCE: Final = frozenset({"/v1/completions", "/v1/chat/completions"})
+#: vLLM's OpenAI server's own routes beside ``/v1`` (its clients and benchmarks use them):
+#: the tokenizer's (they run a model: inference) and the probes (open)
+_TOKENIZER: Final = frozenset({"/tokenize", "/detokenize"})
+_PROBES: Final = frozenset({"/health", "/version"})
 
 
 def _route(path: str) -> str:
@@ -74,10 +85,11 @@ class OpenAIRoutes:
     def __init__(self, engine: EngineAPI, limit: int) -> None:
         self.engine = engine
         self._limit = limit
+        self.vllm = VllmRoutes(engine, self._text_model)  # /health, /tokenize, /detokenize
 
     @staticmethod
     def claims(path: str) -> bool:
-        return path.startswith("/v1/")
+        return path.startswith("/v1/") or path in _TOKENIZER or path in _PROBES
 
     @staticmethod
     def openapi() -> OpenApiPart:
@@ -109,19 +121,20 @@ class OpenAIRoutes:
     @staticmethod
     def auth_scope(path: str) -> Scope | None:
         """The scope of a path under ``/v1/``, read as :meth:`__call__` routes it."""
-        return Scope.INFERENCE if _route(path) in _INFERENCE else None
+        route = _route(path)
+        return Scope.INFERENCE if route in _INFERENCE or route in _TOKENIZER else None
 
     async def __call__(
         self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend, exchange: Exchange | None = None
     ) -> None:
         path = _route(scope["path"])
         method: str = scope["method"]
-        if path == "/v1/models" or path.startswith("/v1/models/"):
+        if path == "/v1/models" or path.startswith("/v1/models/") or path in _PROBES:
             allowed = "GET"
-        elif path in _INFERENCE:
+        elif path in _INFERENCE or path in _TOKENIZER:
             allowed = "POST"
         else:
-            await _send_error(
+            await send_error(
                 send, OpenAIError(f"no such endpoint: {method} {path}", status=404, code="unknown_url")
             )
             return
@@ -129,26 +142,34 @@ class OpenAIRoutes:
             error = OpenAIError(
                 f"method {method} is not allowed on {path}", status=405, code="method_not_allowed"
             )
-            await _send_error(send, error, [(b"allow", allowed.encode())])
+            await send_error(send, error, [(b"allow", allowed.encode())])
             return
         if allowed == "GET":
             if too_large(scope, self._limit):  # a body nobody reads is still refused unread
-                await _send_error(send, _too_large(self._limit))
+                await send_error(send, too_large_error(self._limit))
                 return
-            await self._models(send, path.removeprefix("/v1/models").removeprefix("/"))
+            if path == "/health":
+                await self.vllm.health(send)
+            elif path == "/version":
+                await send_json(send, 200, orjson.dumps({"version": __version__}))
+            else:
+                await self._models(send, path.removeprefix("/v1/models").removeprefix("/"))
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            body = await _read_body(receive, headers, self._limit)
+            body = await read_request_body(receive, headers, self._limit)
         except Disconnected:
             return
         except OpenAIError as exc:
-            await _send_error(send, exc)
+            await send_error(send, exc)
             return
         disconnected = exchange.note_disconnect if exchange is not None else None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, disconnected)
-            await self._generate(send, body, headers, exchange, chat=path.endswith("/chat/completions"))
+            if path in _TOKENIZER:
+                await self.vllm.tokenizer(send, body, exchange, detokenize=path == "/detokenize")
+            else:
+                await self._generate(send, body, headers, exchange, chat=path.endswith("/chat/completions"))
             nursery.cancel_scope.cancel()
 
     async def _models(self, send: ASGISend, name: str) -> None:
@@ -157,13 +178,13 @@ class OpenAIRoutes:
             created = int(time.time())
             if not name:
                 unique = {m.name: m for m in models}
-                await _send_json(send, 200, model_list(list(unique.values()), created))
+                await send_json(send, 200, model_list(list(unique.values()), created))
             elif any(m.name == name for m in models):
-                await _send_json(send, 200, orjson.dumps(model_object(name, created)))
+                await send_json(send, 200, orjson.dumps(model_object(name, created)))
             else:
-                await _send_error(send, _no_model(name))
+                await send_error(send, _no_model(name))
         except Exception as exc:
-            await _send_error(send, exc)
+            await send_error(send, exc)
 
     async def _text_model(self, name: str) -> TextGeneration:
         try:
@@ -184,19 +205,28 @@ class OpenAIRoutes:
         chat: bool,
     ) -> None:
         try:
-            obj = await _loads(body)
+            obj = await loads_body(body)
             call = parse_chat(obj, headers) if chat else parse_completion(obj, headers)
             if exchange is not None:  # the model it names: the metrics' labels
                 exchange.model_request(call.model, None)
             spec = await self._text_model(call.model)
-            if chat:
+            turn = None
+            if chat and call.options.sequence and spec.chat_history:
+                # the model renders the sequence's whole conversation (textgen.TextGeneration)
+                render_chat(call.model, spec.chat_template, call.messages)  # its errors here, as 400
+                prompts, turn = [], call.messages
+            elif chat:
                 prompts = [render_chat(call.model, spec.chat_template, call.messages)]
             else:
                 prompts = list(call.prompts)
-            runs = plan_choices(spec, prompts, call.options, call.n, spec.chat_stop if chat else ())
+            extra_stop = spec.chat_stop if chat else ()
+            try:
+                runs = plan_choices(spec, prompts, call.options, call.n, extra_stop, turn, call.echo)
+            except UnsupportedOption as exc:
+                raise OpenAIError(exc.message, param=exc.option, code="unsupported_parameter") from None
         except Exception as exc:
-            _note_missing(exchange, exc)
-            await _send_error(send, exc)
+            note_missing(exchange, exc)
+            await send_error(send, exc)
             return
         call_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         if call.stream:
@@ -206,15 +236,15 @@ class OpenAIRoutes:
         try:
             await run_all(self.engine, spec, call.model, runs)
         except Exception as exc:
-            _note_missing(exchange, exc)
-            await _send_error(send, exc)
+            note_missing(exchange, exc)
+            await send_error(send, exc)
             return
         sequence_id = runs[0].sequence_id
         encode = chat_completion if chat else completion
         payload = encode(
             call_id, call.model, int(time.time()), [r.choice() for r in runs], total_usage(runs), sequence_id
         )
-        await _send_json(send, 200, payload, _sequence_header(sequence_id))
+        await send_json(send, 200, payload, _sequence_header(sequence_id))
 
     async def _stream(
         self, send: ASGISend, call: TextCall, spec: TextGeneration, runs: list[ChoiceRun], shape: ChunkShape
@@ -225,6 +255,9 @@ class OpenAIRoutes:
         send_events, receive_events = trio.open_memory_channel[Event](_EVENTS_PER_CHOICE * len(runs))
         opened: set[int] = set()
         started = False
+        # logprobs or the usage in every chunk: chunks built as documents (not the template)
+        slow = call.continuous_usage or call.options.logprobs is not None
+        offsets = [0] * len(runs)  # where each choice's next text starts (logprobs' text_offset)
 
         async def body(chunk: bytes, more: bool = True) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": more})
@@ -239,7 +272,7 @@ class OpenAIRoutes:
                 if not started:
                     failed = next((e.error for e in events if e.error is not None), None)
                     if failed is not None:
-                        await _send_error(send, failed)  # before cancelling: that would cancel the send
+                        await send_error(send, failed)  # before cancelling: that would cancel the send
                         nursery.cancel_scope.cancel()
                         return
                     sequence_id = events[0].run.sequence_id
@@ -260,10 +293,15 @@ class OpenAIRoutes:
                         failed = event.error
                         parts.append(stream_error(event.error))
                         break
-                    if event.text:
+                    usage = total_usage(runs) if call.continuous_usage else None
+                    if slow and (event.text or event.logprobs):
+                        logprobs = event.logprobs if call.options.logprobs is not None else None
+                        parts.append(shape.text_slow(index, event.text, logprobs, offsets[index], usage))
+                        offsets[index] += len(event.text)
+                    elif event.text:
                         parts.append(shape.text(index, event.text))
                     if event.end:
-                        parts.append(shape.finish(index, event.run.finish_reason))
+                        parts.append(shape.finish(index, event.run.finish_reason, usage))
                 await body(b"".join(parts))
                 if failed is not None:
                     nursery.cancel_scope.cancel()
@@ -271,16 +309,6 @@ class OpenAIRoutes:
             if failed is None and call.include_usage:
                 await body(shape.usage(total_usage(runs)))
         await body(DONE, more=False)
-
-
-def _note_missing(exchange: Exchange | None, error: BaseException) -> None:
-    """Tell the exchange (metrics) that the request named a model that does not exist
-    (its name came from the client: it is not a label)."""
-    missing = isinstance(error, ModelNotFound) or (
-        isinstance(error, OpenAIError) and error.code == "model_not_found"
-    )
-    if exchange is not None and missing:
-        exchange.not_found = True
 
 
 def _with_sequence(shape: ChunkShape, sequence_id: str) -> ChunkShape:
@@ -295,63 +323,3 @@ def _no_model(name: str, why: str = "") -> OpenAIError:
     return OpenAIError(
         f"The model {name!r} does not exist{why}", status=404, param="model", code="model_not_found"
     )
-
-
-async def _send_json(
-    send: ASGISend, status: int, body: bytes, headers: list[tuple[str, str]] | None = None
-) -> None:
-    raw = [
-        *_JSON,
-        *((k.encode(), v.encode()) for k, v in headers or ()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _send_error(
-    send: ASGISend, error: BaseException, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    status, body = error_status_and_body(error)
-    if status >= 500 and not isinstance(error, OpenAIError):
-        log.error("an OpenAI request failed", exc_info=error)
-    headers = [*_JSON, *(extra or ())]
-    if status in (429, 503):
-        retry_after = getattr(error, "retry_after", None) or RETRY_AFTER_SECONDS
-        headers.append((b"retry-after", str(retry_after).encode()))
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _loads(body: bytes) -> Any:
-    """The JSON body, its container count checked first; a large one parsed off the loop."""
-    try:
-        check_json_containers(body)
-    except BadInput as exc:
-        raise OpenAIError(exc.message) from None
-    try:
-        if len(body) < PARSE_IN_THREAD_BYTES:
-            return orjson.loads(body)
-        return await trio.to_thread.run_sync(orjson.loads, body)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(f"the request body is not valid JSON: {exc}") from None
-
-
-def _too_large(limit: int) -> OpenAIError:
-    return OpenAIError(f"the request body is larger than {limit} bytes (max_body_bytes)", status=413)
-
-
-async def _read_body(receive: ASGIReceive, headers: Mapping[str, str], limit: int) -> bytes:
-    """The whole request body; 413 as soon as it is known to be over ``limit``."""
-    encoding = headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise OpenAIError(f"Content-Encoding {encoding!r} is not supported here", status=415)
-    try:
-        return await read_body(receive, limit, headers.get("content-length"))
-    except BodyTooLarge:
-        raise _too_large(limit) from None
-    except BodyTimeout as exc:
-        raise OpenAIError(str(exc), status=408) from None
-    except BadInput as exc:
-        raise OpenAIError(exc.message) from None

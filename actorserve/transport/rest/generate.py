@@ -158,7 +158,20 @@ def generate_response_to_json(response: InferenceResponse) -> dict[str, Any]:
     out["model_version"] = response.model_version
     for tensor in response.outputs:
         out[tensor.name] = generate_value(tensor)
+    out.update(usage_fields(response.parameters))
     return out
+
+
+#: the response parameters a generate document shows when the request asked for
+#: ``usage`` (the model then reports its counts): the token counts and why it ended
+USAGE_KEYS: Final = ("prompt_tokens", "completion_tokens", "finish_reason")
+
+
+def usage_fields(parameters: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The usage of a response (:data:`USAGE_KEYS` it holds), when it reports counts."""
+    if "completion_tokens" not in parameters:
+        return []
+    return [(key, parameters[key]) for key in USAGE_KEYS if key in parameters]
 
 
 def generate_value(tensor: Tensor) -> Any:

@@ -20,7 +20,7 @@ No I/O: bytes in, bytes out. One template serves one stream, in one task.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -29,7 +29,7 @@ import orjson
 from ...rawevents import RAW_DTYPES, RawEvent, response_of
 from ...textgen import element_text
 from ...types import InferenceResponse, Tensor
-from .generate import encode_event_source, encode_generate, generate_value
+from .generate import encode_event_source, encode_generate, generate_value, usage_fields
 from .wire import encode_oip
 
 _NUMPY: Final = orjson.OPT_SERIALIZE_NUMPY
@@ -263,6 +263,8 @@ class GenerateEvents:
                     return self._slow(response)
                 return self(response)
             parts += (key, _generate_json(tensor))
+        if "completion_tokens" in response.parameters:
+            parts += _usage(response.parameters)
         if self._event_source and "sequence_id" in response.parameters:
             parts += (b',"sequence_id":', _dumps(response.parameters["sequence_id"]))
         parts.append(b"}")
@@ -299,10 +301,17 @@ class GenerateEvents:
         parts = [self._raw_head]
         for (key, data_json), raw in zip(self._raw_outputs, event.raws, strict=True):
             parts += (key, data_json(raw))
+        if "completion_tokens" in event.parameters:
+            parts += _usage(event.parameters)
         if self._event_source and "sequence_id" in event.parameters:
             parts += (b',"sequence_id":', _dumps(event.parameters["sequence_id"]))
         parts.append(b"}")
         return b"".join(parts)
+
+
+def _usage(parameters: Mapping[str, Any]) -> list[bytes]:
+    """The usage keys of a generate document (generate.usage_fields), as bytes."""
+    return [b"," + _dumps(key) + b":" + _dumps(value) for key, value in usage_fields(parameters)]
 
 
 def _spliceable(names: Sequence[str]) -> bool:
