@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import BadInput
-from .limits import MAX_INPUTS, check_count
+from .limits import MAX_INPUTS, BytesElements, check_count, check_parameters
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -95,6 +95,45 @@ def _bytes_element(name: str, value: object) -> bytes:
     raise BadInput(f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}")
 
 
+def _bytes_array(name: str, data: list[Any], expected: int, dims: tuple[int, ...]) -> npt.NDArray[Any]:
+    """The elements of nested lists ``data`` as an object array of ``bytes``, row-major:
+    each ``str`` is replaced by its bytes in its own list as it is read, so the ``str``
+    (50 bytes and more) is freed before the next element is made. Iterative and bounded
+    by :data:`MAX_DIMS` levels, like :func:`_flatten`."""
+    array = np.empty(expected, dtype=object)
+    count = 0
+    stack: list[tuple[list[Any], int]] = [(data, 0)]
+    while stack:
+        items, start = stack[-1]
+        for i in range(start, len(items)):
+            item = items[i]
+            if isinstance(item, list):
+                if len(stack) >= MAX_DIMS:
+                    raise BadInput(f"input {name!r}: data is nested more than {MAX_DIMS} lists deep")
+                stack[-1] = (items, i + 1)
+                stack.append((item, 0))
+                break
+            if count >= expected:
+                raise _count_mismatch(name, dims, expected, count + 1 + _leaves_after(stack, items, i))
+            items[i] = value = _bytes_element(name, item)
+            array[count] = value
+            count += 1
+        else:
+            stack.pop()
+    if count != expected:
+        raise _count_mismatch(name, dims, expected, count)
+    return array
+
+
+def _leaves_after(stack: list[tuple[list[Any], int]], items: list[Any], index: int) -> int:
+    """How many more leaves follow ``items[index]`` (for the mismatch message)."""
+    rest: list[object] = []
+    _flatten("", items[index + 1 :], rest)
+    for outer, start in stack[:-1]:
+        _flatten("", outer[start:], rest)
+    return len(rest)
+
+
 def _flatten(name: str, value: object, out: list[object]) -> None:
     """Append the leaves of nested lists to ``out``, row-major. Iterative and bounded by
     :data:`MAX_DIMS` levels: data nested deeper than any shape is refused, never a
@@ -120,21 +159,20 @@ def tensor_from_list(
     shape: Sequence[int],
     data: object,
     parameters: Mapping[str, Any] | None = None,
+    budget: BytesElements | None = None,
 ) -> Tensor:
-    """Build a tensor from JSON ``data`` (flat, or nested row-major) and check it."""
+    """Build a tensor from JSON ``data`` (flat, or nested row-major) and check it.
+    ``budget``: the request's BYTES element count, which a BYTES tensor's shape is added
+    to before any element is converted. BYTES ``data`` lists are converted in place (each
+    ``str`` replaced by its UTF-8 ``bytes``, so the parsed JSON never holds both)."""
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
     if not isinstance(data, list):
         raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
     expected = element_count(dims)
     if datatype == "BYTES":
-        flat: list[object] = []
-        _flatten(name, data, flat)
-        if len(flat) != expected:
-            raise _count_mismatch(name, dims, expected, len(flat))
-        array = np.empty(expected, dtype=object)
-        for i, value in enumerate(flat):
-            array[i] = _bytes_element(name, value)
+        (budget or BytesElements()).add(expected, name)
+        array = _bytes_array(name, data, expected, dims)
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     try:
         probe = np.array(data)
@@ -197,8 +235,9 @@ def _describe(probe: npt.NDArray[Any]) -> str:
     return "mixed or non-numeric values"
 
 
-def tensor_from_json(obj: object, *, what: str = "input") -> Tensor:
-    """Decode one OIP JSON tensor ``{"name", "shape", "datatype", "data", "parameters"?}``."""
+def tensor_from_json(obj: object, *, what: str = "input", budget: BytesElements | None = None) -> Tensor:
+    """Decode one OIP JSON tensor ``{"name", "shape", "datatype", "data", "parameters"?}``
+    (``budget``: see :func:`tensor_from_list`)."""
     if not isinstance(obj, dict):
         raise BadInput(f"each {what} must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -211,7 +250,7 @@ def tensor_from_json(obj: object, *, what: str = "input") -> Tensor:
     if "data" not in obj:
         raise BadInput(f"{what} {name!r}: missing 'data'")
     parameters = parameters_from_json(obj.get("parameters"), where=f"{what} {name!r}")
-    return tensor_from_list(name, obj["datatype"], obj["shape"], obj["data"], parameters)
+    return tensor_from_list(name, obj["datatype"], obj["shape"], obj["data"], parameters, budget)
 
 
 def _short(obj: object) -> str:
@@ -224,6 +263,7 @@ def parameters_from_json(value: object, *, where: str = "request") -> dict[str, 
         return {}
     if not isinstance(value, dict):
         raise BadInput(f"{where}: 'parameters' must be a JSON object")
+    check_parameters(value, where)
     return value
 
 
@@ -251,8 +291,9 @@ def _bytes_to_text(value: object) -> str:
     return str(value)
 
 
-def request_from_json(obj: object) -> InferenceRequest:
-    """Decode an OIP request body (already parsed JSON)."""
+def request_from_json(obj: object, budget: BytesElements | None = None) -> InferenceRequest:
+    """Decode an OIP request body (already parsed JSON); ``budget``: the BYTES elements
+    the request's other inputs (binary ones) hold already."""
     if not isinstance(obj, dict):
         raise BadInput(f"the request body must be a JSON object, got a JSON {_json_kind(obj)}")
     inputs = obj.get("inputs")
@@ -272,9 +313,11 @@ def request_from_json(obj: object) -> InferenceRequest:
     for out in outputs_obj:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise BadInput("each requested output must be an object with a string 'name'")
-        outputs.append(RequestedOutput(out["name"], parameters_from_json(out.get("parameters"))))
+        where = f"output {_short(out['name'])}"
+        outputs.append(RequestedOutput(out["name"], parameters_from_json(out.get("parameters"), where=where)))
+    budget = budget or BytesElements()
     return InferenceRequest(
-        inputs=[tensor_from_json(t) for t in inputs],
+        inputs=[tensor_from_json(t, budget=budget) for t in inputs],
         id=request_id,
         parameters=parameters_from_json(obj.get("parameters")),
         outputs=outputs,

@@ -13,6 +13,7 @@ import numpy as np
 
 from .codecs import check_shape, element_count
 from .errors import BadInput
+from .limits import BytesElements
 from .types import Tensor, numpy_dtype
 
 __all__ = ["tensor_from_raw", "tensor_to_raw"]
@@ -26,10 +27,13 @@ def tensor_from_raw(
     shape: Sequence[int],
     raw: bytes | bytearray | memoryview,
     parameters: Mapping[str, Any] | None = None,
+    budget: BytesElements | None = None,
 ) -> Tensor:
     """Decode raw little-endian tensor bytes (Triton's binary tensor / gRPC raw contents).
 
-    BYTES elements are each a 4-byte little-endian length followed by the bytes.
+    BYTES elements are each a 4-byte little-endian length followed by the bytes; their
+    count (the shape's) is added to ``budget``, the request's count of BYTES elements
+    (:data:`~actorserve.limits.MAX_BYTES_ELEMENTS`), before any is decoded.
     """
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
@@ -42,6 +46,7 @@ def tensor_from_raw(
                 f"input {name!r}: shape {list(dims)} needs {count} BYTES elements (at least "
                 f"{count * 4} bytes), the raw data has {len(raw)} bytes"
             )
+        (budget or BytesElements()).add(count, name)
         array = np.empty(count, dtype=object)
         view = memoryview(raw)
         pos = 0
@@ -69,12 +74,14 @@ def tensor_from_raw(
 def tensor_to_raw(tensor: Tensor) -> bytes:
     """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
     if tensor.datatype == "BYTES":
-        parts = []
+        # one growing buffer: a list of parts would hold a 4-byte ``bytes`` (40 bytes of
+        # memory) and two pointers per element until the join
+        out = bytearray()
         for value in tensor.data.reshape(-1):
             item = value if isinstance(value, bytes) else str(value).encode()
-            parts.append(_LEN.pack(len(item)))
-            parts.append(item)
-        return b"".join(parts)
+            out += _LEN.pack(len(item))
+            out += item
+        return bytes(out)
     data = tensor.data
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
