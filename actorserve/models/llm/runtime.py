@@ -35,8 +35,8 @@ from ..textlm.generation import (
 )
 from .checkpoint import chat_template, source_of
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
+from .prompt import Prompts
 from .state import LLMState, LLMWork
-from .torchserve import TS_BODY, from_torchserve
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
 
@@ -54,7 +54,14 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
     text_generation: ClassVar[TextGeneration | None] = TEXT_GENERATION
     default_max_batch_size: ClassVar[int] = 32
     overridable_parameters: ClassVar[frozenset[str]] = frozenset(
-        {"prefill_chunk", "max_tokens_limit", "max_context", "kv_cache_budget_mb", "threads"}
+        {
+            "prefill_chunk",
+            "max_tokens_limit",
+            "max_context",
+            "max_prompt_chars",
+            "kv_cache_budget_mb",
+            "threads",
+        }
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -65,12 +72,17 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.max_context: int = int(params.get("max_context", 0))  # 0: the model's own
         self.kv_budget = int(float(params.get("kv_cache_budget_mb", 1024)) * 2**20)
         self.threads = int(params.get("threads", 0))
+        self.max_prompt_chars = int(params.get("max_prompt_chars", 0))  # 0: from max_context
+        self.prompts = Prompts(self.name, self.request_parameters or frozenset())
         self.device_name: str | None = params.get("device")
         self.dtype_name: str | None = params.get("dtype")
-        if self.prefill_chunk < 1 or self.max_tokens_limit < 0 or self.max_context < 0 or self.kv_budget < 0:
+        if (
+            self.prefill_chunk < 1
+            or min(self.max_tokens_limit, self.max_context, self.max_prompt_chars, self.kv_budget) < 0
+        ):
             raise ValueError(
-                f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context and "
-                "kv_cache_budget_mb >= 0"
+                f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context, "
+                "max_prompt_chars and kv_cache_budget_mb >= 0"
             )
         #: open sequences, least recently used first (event loop only)
         self.sequences: OrderedDict[str, LLMState] = OrderedDict()
@@ -126,6 +138,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         start = self.tokenizer.bos_token_id
         self.start_token = int(start if start is not None else min(self.eos, default=0))
+        self.prompts.set_tokenizer(self.tokenizer, self.start_token, self.max_context, self.max_prompt_chars)
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = kv_bytes(kv)
@@ -182,22 +195,12 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     # -- requests -----------------------------------------------------------------------------
 
+    async def prepare(self, request: InferenceRequest, state: LLMState | None) -> None:
+        """The prompt read, bounded and tokenized in a worker thread (see :mod:`.prompt`)."""
+        await self.prompts.prepare(request, "" if state is None else state.text)
+
     def begin(self, request: InferenceRequest, state: LLMState | None) -> LLMWork:
-        tensor = request.input("text_input", required=False)
-        body = request.input(TS_BODY, required=False) if tensor is None else None
-        if body is not None:
-            request, tensor = from_torchserve(
-                request, body, self.name, self.request_parameters or frozenset()
-            )
-        prompt = ""
-        if tensor is not None:
-            if tensor.datatype != "BYTES" or tensor.data.size != 1:
-                raise BadInput(
-                    f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
-                    f"{list(tensor.shape)}"
-                )
-            value = tensor.data.reshape(-1)[0]
-            prompt = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+        request, text, ids = self.prompts.take(request, "" if state is None else state.text)
         max_tokens = int_parameter(
             request, "max_tokens", DEFAULT_MAX_TOKENS, minimum=0, maximum=self.max_tokens_limit
         )
@@ -213,8 +216,6 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             if state.sequence_id is not None:  # it was busy then: the engine ends it now
                 self.evict_sequence(state.sequence_id, self._evicted_why)
             raise SequenceNotFound(f"sequence {state.sequence_id!r} was evicted ({self._evicted_why})")
-        text = state.text + prompt
-        ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
         if len(ids) >= self.max_context:
             raise BadInput(
                 f"input 'text_input': {len(ids)} tokens (with the sequence's history), the model's "
