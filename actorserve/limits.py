@@ -28,6 +28,7 @@ __all__ = [
     "MAX_JSON_VALUES",
     "MAX_PARAMETERS",
     "MAX_PARAMETER_DEPTH",
+    "CODE_IN_THREAD_ELEMENTS",
     "PARSE_IN_THREAD_BYTES",
     "BytesElements",
     "check_count",
@@ -64,6 +65,9 @@ MAX_PARAMETER_DEPTH: Final = 8
 #: request bodies at least this large are parsed in a worker thread, off the event loop
 #: (orjson takes about a millisecond per 500 KB).
 PARSE_IN_THREAD_BYTES: Final = 512 * 1024
+#: answers (and engine replies) holding at least this many tensor elements are encoded or
+#: decoded in a worker thread: a BYTES element is a step of Python each.
+CODE_IN_THREAD_ELEMENTS: Final = 65_536
 
 
 def check_json_containers(body: bytes | bytearray | memoryview, what: str = "the request body") -> None:

@@ -58,7 +58,9 @@ async def test_a_prompt_past_max_prompt_chars_is_refused_untokenized_and_tokeniz
         recording = Recording(model.prompts.tokenizer)
         model.prompts.tokenizer = recording
         assert await text(engine, "ROMEO:\n", temperature=0, max_tokens=2) is not None
-        with pytest.raises(BadInput, match=rf"{bound + 1} characters .* more than {bound} \(max_prompt_chars"):
+        with pytest.raises(
+            BadInput, match=rf"{bound + 1} characters .* more than {bound} \(max_prompt_chars"
+        ):
             await text(engine, "a" * (bound + 1))
         with pytest.raises(BadInput, match="max_prompt_chars"):  # TorchServe's body, same bound
             await engine.infer(_body({"text_input": "a" * (bound + 1), "max_tokens": 1}), model="llm")
