@@ -6,7 +6,7 @@ gRPC, tensors on the engine link): little-endian element bytes; BYTES elements e
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,20 +47,13 @@ def tensor_from_raw(
                 f"{count * 4} bytes), the raw data has {len(raw)} bytes"
             )
         (budget or BytesElements()).add(count, name)
-        array = np.empty(count, dtype=object)
-        view = memoryview(raw)
-        pos = 0
-        for i in range(count):
-            if pos + 4 > len(view):
-                raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
-            (length,) = _LEN.unpack_from(view, pos)
-            pos += 4
-            if pos + length > len(view):
-                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
-            array[i] = bytes(view[pos : pos + length])
-            pos += length
-        if pos != len(view):
-            raise BadInput(f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements")
+        data = raw if isinstance(raw, bytes) else bytes(raw)
+        end = [0]  # where the elements ended (the generator's last position)
+        array = np.fromiter(_elements(name, data, count, end), dtype=object, count=count)
+        if end[0] != len(data):
+            raise BadInput(
+                f"input {name!r}: {len(data) - end[0]} bytes left over after {count} BYTES elements"
+            )
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -69,6 +62,24 @@ def tensor_from_raw(
         )
     array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
     return Tensor(name, dims, datatype, array, dict(parameters or {}))
+
+
+def _elements(name: str, data: bytes, count: int, end: list[int]) -> Iterator[bytes]:
+    """The ``count`` BYTES elements of ``data``, each sliced once (numpy's ``fromiter``
+    fills the array from this: no list beside it); ``end[0]`` is set to where they end."""
+    unpack = _LEN.unpack_from
+    size = len(data)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > size:
+            raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
+        (length,) = unpack(data, pos)
+        pos += 4
+        stop = pos + length
+        if stop > size:
+            raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
+        end[0] = pos = stop  # fromiter stops pulling at the last element: set it first
+        yield data[stop - length : stop]
 
 
 def tensor_to_raw(tensor: Tensor) -> bytes:
