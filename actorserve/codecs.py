@@ -10,7 +10,7 @@ per-element Python loops: JSON lists are converted by numpy in C, raw bytes with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -18,7 +18,8 @@ import numpy.typing as npt
 import orjson
 
 from .errors import BadInput
-from .limits import MAX_INPUTS, BytesElements, check_count, check_parameters
+from .jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_array, bytes_element, bytes_json, bytes_to_text
+from .limits import MAX_DIMS, MAX_INPUTS, BytesElements, check_count, check_parameters
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -33,10 +34,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "BYTES_FRAGMENT_ELEMENTS",
     "MAX_DIMS",
     "MAX_EXTENT",
-    "bytes_json",
     "check_shape",
     "element_count",
     "parameters_from_json",
@@ -56,8 +55,6 @@ __all__ = [
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf", "O": ""}
 
 
-#: Most dimensions a tensor may have (numpy's own limit: more is a ValueError there).
-MAX_DIMS: Final = 64
 #: Largest product of a shape's non-zero dimensions. numpy refuses a shape whose extent
 #: times the item size overflows, even with a zero dimension (``[0, 2**62]``); this bound
 #: keeps every datatype far below that, and far above any tensor a body can carry.
@@ -88,53 +85,6 @@ def check_shape(name: str, shape: object) -> tuple[int, ...]:
 
 def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
-
-
-def _bytes_element(name: str, value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    raise BadInput(f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}")
-
-
-def _bytes_array(name: str, data: list[Any], expected: int, dims: tuple[int, ...]) -> npt.NDArray[Any]:
-    """The elements of nested lists ``data`` as an object array of ``bytes``, row-major:
-    each ``str`` is replaced by its bytes in its own list as it is read, so the ``str``
-    (50 bytes and more) is freed before the next element is made. Iterative and bounded
-    by :data:`MAX_DIMS` levels, like :func:`_flatten`."""
-    array = np.empty(expected, dtype=object)
-    count = 0
-    stack: list[tuple[list[Any], int]] = [(data, 0)]
-    while stack:
-        items, start = stack[-1]
-        for i in range(start, len(items)):
-            item = items[i]
-            if isinstance(item, list):
-                if len(stack) >= MAX_DIMS:
-                    raise BadInput(f"input {name!r}: data is nested more than {MAX_DIMS} lists deep")
-                stack[-1] = (items, i + 1)
-                stack.append((item, 0))
-                break
-            if count >= expected:
-                raise _count_mismatch(name, dims, expected, count + 1 + _leaves_after(stack, items, i))
-            items[i] = value = _bytes_element(name, item)
-            array[count] = value
-            count += 1
-        else:
-            stack.pop()
-    if count != expected:
-        raise _count_mismatch(name, dims, expected, count)
-    return array
-
-
-def _leaves_after(stack: list[tuple[list[Any], int]], items: list[Any], index: int) -> int:
-    """How many more leaves follow ``items[index]`` (for the mismatch message)."""
-    rest: list[object] = []
-    _flatten("", items[index + 1 :], rest)
-    for outer, start in stack[:-1]:
-        _flatten("", outer[start:], rest)
-    return len(rest)
 
 
 def _flatten(name: str, value: object, out: list[object]) -> None:
@@ -175,7 +125,9 @@ def tensor_from_list(
     expected = element_count(dims)
     if datatype == "BYTES":
         (budget or BytesElements()).add(expected, name)
-        array = _bytes_array(name, data, expected, dims)
+        array, count = bytes_array(name, data, expected)
+        if count != expected:
+            raise _count_mismatch(name, dims, expected, count)
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     try:
         probe = np.array(data)
@@ -270,26 +222,6 @@ def parameters_from_json(value: object, *, where: str = "request") -> dict[str, 
     return value
 
 
-#: BYTES tensors of more elements are written as JSON text at once (an orjson Fragment)
-BYTES_FRAGMENT_ELEMENTS: Final = 1024
-
-
-def bytes_json(values: Iterable[object]) -> bytes:
-    """BYTES elements as a JSON array of strings (UTF-8, undecodable bytes replaced),
-    written into one buffer: a list of ``str`` first would hold 50 bytes and more per
-    element, where the answer has as few as three."""
-    out = bytearray(b"[")
-    dumps = orjson.dumps
-    for value in values:
-        out += dumps(_bytes_to_text(value))
-        out += b","
-    if len(out) > 1:
-        out[-1] = ord("]")
-    else:
-        out += b"]"
-    return bytes(out)
-
-
 def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     """Encode a tensor as OIP JSON. Numeric data stays a numpy array (orjson writes it);
     BYTES data of more than :data:`BYTES_FRAGMENT_ELEMENTS` elements is already JSON
@@ -298,7 +230,7 @@ def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     if tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
         data = orjson.Fragment(bytes_json(tensor.data.reshape(-1)))
     elif tensor.datatype == "BYTES":
-        data = [_bytes_to_text(v) for v in tensor.data.reshape(-1)]
+        data = [bytes_to_text(v) for v in tensor.data.reshape(-1)]
     else:
         data = np.ascontiguousarray(tensor.data).reshape(-1)
     out: dict[str, Any] = {
@@ -310,12 +242,6 @@ def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     if tensor.parameters:
         out["parameters"] = tensor.parameters
     return out
-
-
-def _bytes_to_text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
 
 
 def request_from_json(obj: object, budget: BytesElements | None = None) -> InferenceRequest:
@@ -415,7 +341,7 @@ def tensor_from_numpy(
     dt = datatype or datatype_of(arr)
     if dt == "BYTES":
         if arr.dtype != object or any(not isinstance(v, bytes) for v in arr.reshape(-1)):
-            flat = [_bytes_element(name, v) for v in arr.reshape(-1).tolist()]
+            flat = [bytes_element(name, v) for v in arr.reshape(-1).tolist()]
             out = np.empty(len(flat), dtype=object)
             out[:] = flat
             arr = out.reshape(arr.shape)

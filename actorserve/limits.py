@@ -5,8 +5,8 @@ many Python objects: ``[],`` is one list in three bytes (60 KiB of gzip inflated
 lists and 2.3 GB), ``{}`` one input, ``a=&`` one form field. Each limit here is far above
 what a legitimate request sends and is refused with a :class:`BadInput` naming it. They
 are fixed, like numpy's 64 dimensions or orjson's 1,024 nesting levels: the amount of
-real data stays bounded by ``max_body_bytes``. The shape limits (``MAX_DIMS``,
-``MAX_EXTENT``) live with the shape check in :mod:`actorserve.codecs`.
+real data stays bounded by ``max_body_bytes``. The shape limit ``MAX_EXTENT`` lives
+with the shape check in :mod:`actorserve.codecs`.
 
 No I/O; every check is a count done in C (``bytes.count``) or on an already-built list.
 """
@@ -21,6 +21,7 @@ from .errors import BadInput
 __all__ = [
     "MAX_BYTES_ELEMENTS",
     "MAX_CHAT_MESSAGES",
+    "MAX_DIMS",
     "MAX_FORM_FIELDS",
     "MAX_INPUTS",
     "MAX_JSON_CONTAINERS",
@@ -36,6 +37,9 @@ __all__ = [
     "check_parameters",
 ]
 
+#: Most dimensions a tensor may have (numpy's own limit: more is a ValueError there), and
+#: most lists a tensor's JSON ``data`` may be nested in.
+MAX_DIMS: Final = 64
 #: inputs, and requested outputs, of one inference request (REST, gRPC, the engine link).
 MAX_INPUTS: Final = 1024
 #: JSON arrays and objects (``[`` and ``{``) in one request body.

@@ -118,7 +118,9 @@ def measure(served: Served, size: int, send: Callable[[], Any]) -> Any:
     with Peaks(served.process.process.pid) as peaks:
         result = send()
     bound = COST_MULTIPLE * size + SLACK
-    assert max(peaks.growth.values()) <= bound, {pid: f"{g / size:.1f} x S" for pid, g in peaks.growth.items()}
+    assert max(peaks.growth.values()) <= bound, {
+        pid: f"{g / size:.1f} x S" for pid, g in peaks.growth.items()
+    }
     return result
 
 

@@ -26,7 +26,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from ...codecs import BYTES_FRAGMENT_ELEMENTS, bytes_json
+from ...jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_json
 from ...rawevents import RAW_DTYPES, RawEvent, response_of
 from ...textgen import element_text
 from ...types import InferenceResponse, Tensor
