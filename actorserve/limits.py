@@ -25,6 +25,7 @@ __all__ = [
     "MAX_FORM_FIELDS",
     "MAX_INPUTS",
     "MAX_JSON_CONTAINERS",
+    "MAX_JSON_KEYS",
     "MAX_JSON_STRINGS",
     "MAX_JSON_VALUES",
     "MAX_PARAMETERS",
@@ -56,6 +57,10 @@ MAX_BYTES_ELEMENTS: Final = 1_000_000
 #: JSON strings (values and keys) of one request body, counted as half its ``"`` bytes
 #: before parsing: each is a Python ``str`` of 50 bytes and more once parsed.
 MAX_JSON_STRINGS: Final = MAX_BYTES_ELEMENTS + 65_536
+#: JSON object keys of one request body, counted as its ``:`` bytes before parsing: a
+#: request has few (parameters are capped at MAX_PARAMETERS per object), and orjson
+#: holds the GIL while it builds a dict, so 600,000 keys held every other request 0.7 s.
+MAX_JSON_KEYS: Final = 65_536
 #: JSON values of one request body (numbers, strings, ...), counted as its ``,`` bytes
 #: before parsing: ``0,`` is two bytes on the wire and a pointer (8 bytes) in a list, then
 #: 8 more in an array, once parsed.
@@ -76,20 +81,25 @@ CODE_IN_THREAD_ELEMENTS: Final = 65_536
 
 def check_json_containers(body: bytes | bytearray | memoryview, what: str = "the request body") -> None:
     """:class:`BadInput` if ``body`` may hold more than :data:`MAX_JSON_CONTAINERS` JSON
-    arrays and objects, :data:`MAX_JSON_STRINGS` strings or :data:`MAX_JSON_VALUES`
-    values. Upper bounds (a ``[``, ``"`` or ``,`` inside a string counts too), taken only
-    for bodies long enough to exceed them, in C, before orjson builds anything: a body
-    this refuses holds at least a megabyte of such bytes."""
-    if len(body) <= MAX_JSON_CONTAINERS:
+    arrays and objects, :data:`MAX_JSON_KEYS` keys, :data:`MAX_JSON_STRINGS` strings or
+    :data:`MAX_JSON_VALUES` values. Upper bounds (a ``[``, ``:``, ``"`` or ``,`` inside a
+    string counts too), taken only for bodies long enough to exceed them, in C, before
+    orjson builds anything."""
+    if len(body) <= MAX_JSON_KEYS:
         return
     data = body if isinstance(body, (bytes, bytearray)) else bytes(body)
-    count = data.count(b"[")
-    if count <= MAX_JSON_CONTAINERS:
+    count = data.count(b"[") if len(data) > MAX_JSON_CONTAINERS else 0
+    if count <= MAX_JSON_CONTAINERS and len(data) > MAX_JSON_CONTAINERS:
         count += data.count(b"{")
     if count > MAX_JSON_CONTAINERS:
         raise BadInput(
             f"{what} holds more than {MAX_JSON_CONTAINERS} JSON arrays and objects "
             "(limit MAX_JSON_CONTAINERS; see docs/security.md#limits)"
+        )
+    if len(data) > MAX_JSON_KEYS and data.count(b":") > MAX_JSON_KEYS:
+        raise BadInput(
+            f"{what} may hold more than {MAX_JSON_KEYS} JSON object keys (counted as its ':' "
+            "characters; limit MAX_JSON_KEYS; see docs/security.md#limits)"
         )
     if len(data) > 2 * MAX_JSON_STRINGS and data.count(b'"') > 2 * MAX_JSON_STRINGS:
         raise BadInput(

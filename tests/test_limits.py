@@ -14,6 +14,7 @@ from actorserve import limits
 from actorserve.codecs import request_from_json
 from actorserve.errors import MAX_MESSAGE_CHARS, BadInput
 from actorserve.limits import (
+    MAX_JSON_KEYS,
     MAX_JSON_STRINGS,
     MAX_JSON_VALUES,
     MAX_PARAMETER_DEPTH,
@@ -48,6 +49,9 @@ def test_json_strings_and_values_are_counted_before_parsing() -> None:
     check_json_containers(b'"",' * MAX_JSON_STRINGS)  # an empty string is two quotes
     with pytest.raises(BadInput, match="MAX_JSON_STRINGS"):
         check_json_containers(b'"",' * (MAX_JSON_STRINGS + 1))
+    check_json_containers(b'{"k":0},' * MAX_JSON_KEYS)
+    with pytest.raises(BadInput, match="MAX_JSON_KEYS"):
+        check_json_containers(b'{"k":0},' * (MAX_JSON_KEYS + 1))
     check_json_containers(b"0," * MAX_JSON_VALUES)
     with pytest.raises(BadInput, match="MAX_JSON_VALUES"):
         check_json_containers(b"0," * (MAX_JSON_VALUES + 1))
