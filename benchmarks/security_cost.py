@@ -93,12 +93,23 @@ class Server:
                 pass
 
 
+def _role(process: psutil.Process) -> str:
+    try:
+        return process.environ().get("_ACTORSERVE_ROLE", "") or "parent"
+    except psutil.Error:
+        return "?"
+
+
 class Watch:
     """Each process's peak RSS growth and the slowest health probe, in threads."""
 
     def __init__(self, server: Server) -> None:
         root = psutil.Process(server.process.pid)
         self.processes = [root, *root.children(recursive=True)]
+        #: pid -> role (the parent names each child's in its environment)
+        self.roles = {p.pid: _role(p) for p in self.processes}
+        if len(self.processes) == 1:
+            self.roles[root.pid] = "one process"
         self.before = {p.pid: p.memory_info().rss for p in self.processes}
         self.growth = dict.fromkeys(self.before, 0)
         self.slowest = 0.0
@@ -227,7 +238,9 @@ def run(workers: int, limit: int, llm: bool, folder: Path, print_row: Callable[[
                 started = time.monotonic()
                 status = send(server, route, wire, headers)
                 seconds = time.monotonic() - started
-            multiples = " ".join(f"{g / size:5.1f}" for g in watch.growth.values())
+            multiples = ", ".join(
+                f"{watch.roles[pid]} {g / size:.1f}" for pid, g in watch.growth.items() if g > 0
+            )
             mib = size / 2**20
             print_row(
                 f"| {workers} | {kind} | {mib:.1f} | {status} | {seconds / mib * 1000:.0f} | "
