@@ -29,6 +29,7 @@ from actorserve.proto.counts import check_request_counts
 from actorserve.proto.upb import decode_request
 from actorserve.raw import tensor_from_raw
 from actorserve.settings import ModelSettings
+from actorserve.transport.rest.generate import generate_request_from_json
 from actorserve.transport.rest.wire import RequestHeaders, decode_infer_request
 from actorserve.types import InferenceRequest
 from actorserve.validation import RequestContract
@@ -152,3 +153,11 @@ def test_error_text_that_repeats_input_is_cut() -> None:
         rule.check(InferenceRequest([], parameters=parameters))
     assert len(str(caught.value)) < 2048
     assert f"and {MAX_PARAMETERS - 20} more" in str(caught.value)
+
+
+def test_a_generate_request_is_counted_as_infer_is(few_bytes_elements: int) -> None:
+    generate_request_from_json({"a": ["x"] * 5, "b": ["x"] * 5}, {})
+    with pytest.raises(BadInput, match="MAX_BYTES_ELEMENTS"):
+        generate_request_from_json({"a": ["x"] * 5, "b": ["x"] * 6}, {})
+    with pytest.raises(BadInput, match="MAX_PARAMETER_DEPTH"):
+        generate_request_from_json({"text_input": "hi", "parameters": {"p": _nested(9)}}, {})
