@@ -61,6 +61,6 @@ async def serve(settings: Settings | None = None, **kwargs: Any) -> None:
 
     Use ``await nursery.start(actorserve.serve, settings)``: it returns the bound
     addresses once every model is loaded and every listener is up."""
-    from .server import serve as _serve
+    from .server.composition import serve as _serve
 
     await _serve(settings, **kwargs)

@@ -25,15 +25,15 @@ import click
 import trio
 from click.core import ParameterSource
 
-from . import processes
-from .auth import take_token
-from .clitypes import Port, metavar_of
+from .engine.repository import ModelRepository
 from .errors import ModelFailed
-from .listeners import raise_open_file_limit
-from .logformat import configure_logging
 from .models import builtin_settings as builtin_models
-from .repository import ModelRepository
-from .server import Server, serve
+from .server import processes
+from .server.clitypes import Port, metavar_of
+from .server.composition import Server, serve
+from .server.listeners import raise_open_file_limit
+from .server.logformat import configure_logging
+from .server.tokens import take_tokens
 from .settings import (
     GRPC_STREAM_DIALECTS,
     HELP,
@@ -42,6 +42,7 @@ from .settings import (
     LOG_LEVELS,
     MODEL_SETTINGS_FILE,
     BadSetting,
+    ModelSettings,
     Settings,
     SettingsError,
 )
@@ -54,7 +55,7 @@ ENV_PREFIX = "ACTORSERVE"
 #: the bearer token, from the environment only (a flag would show in ``ps``)
 TOKEN_VARIABLE = f"{ENV_PREFIX}_TOKEN"
 #: Settings fields without an option of their own
-_NO_OPTION = ("models", "token")
+_NO_OPTION = ("models", "token", "inference_token")
 MODEL_FOLDERS_VARIABLE = f"{ENV_PREFIX}_MODEL_FOLDERS"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -225,15 +226,26 @@ def cli(
 ) -> None:
     """Check the settings, then serve until a signal; exits with the code documented above."""
     try:
-        settings = Settings(**values, token=take_token(TOKEN_VARIABLE, f"{TOKEN_VARIABLE}_FILE"))
+        token, inference_token = take_tokens(
+            TOKEN_VARIABLE, f"{ENV_PREFIX}_INFERENCE_TOKEN", f"{TOKEN_VARIABLE}_FILE"
+        )
+        settings = Settings(**values, token=token, inference_token=inference_token)
     except BadSetting as exc:
         param = next((p for p in ctx.command.params if p.name == exc.field), None)
         raise click.BadParameter(exc.reason, ctx=ctx, param=param) from None
     configure_logging(settings.log_level, settings.log_format)
     folders = tuple(Path(folder) for folder in (*model_repository, *models_dirs) if folder)
     repository = ModelRepository(folders, workers).with_archive_limits(settings)
+    role = processes.role()
+    #: this process loads the models (one process, or the engine of the multi-process server)
+    loads = role == "engine" or (role is None and settings.api_workers == 0)
     try:
-        if not folders:
+        if role == "front":
+            # a front serves what the engine holds and never reads the folders: a file
+            # broken by the time a front restarts must not stop the server, and a front
+            # has no use for an extracted archive
+            models: list[ModelSettings] = []
+        elif not folders:
             models = repository.apply_overrides(builtin_models())
         elif settings.poll_repository > 0:  # watched: a broken folder waits for its fix
             missing = [folder for folder in folders if not folder.is_dir()]
@@ -242,11 +254,14 @@ def cli(
             models, problems = repository.scan()
             for problem in problems.values():
                 log.warning("not loaded (loads once fixed): %s", problem)
-        else:
-            models = repository.discover()
+        else:  # the parent only checks the files (its engine extracts the archives, once)
+            models = repository.discover(archives=loads)
     except SettingsError as exc:
         _error(str(exc))
         ctx.exit(2)
+    if loads:
+        for folder in repository.empty_folders():
+            log.info("model folder %s is empty: no model is served until one is loaded or registered", folder)
     ctx.exit(_serve_until_signal(settings.with_models(models), repository, ctx.obj or sys.argv[1:]))
 
 
@@ -256,7 +271,7 @@ def _error(message: str) -> None:
 
 def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: Sequence[str]) -> int:
     """Run the server (one process, or the parent / a child of the multi-process server:
-    see :mod:`actorserve.processes`); the exit code, after a one-line message for a
+    see :mod:`actorserve.server.processes`); the exit code, after a one-line message for a
     startup error."""
     role = processes.role()
     raise_open_file_limit()  # a surge of connections can pass a soft limit of 1,024

@@ -15,9 +15,9 @@ A request's controls (sequence, owner, priority, timeout) are one
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -41,6 +41,9 @@ from .descriptions import (
 )
 from .textgen import TextGeneration
 from .types import SEQUENCE_PARAMETERS, InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from .rawevents import RawEvent
 
 T = TypeVar("T")
 
@@ -187,8 +190,16 @@ class ResponseIterator(Protocol):
 
     async def next_batch(self) -> list[InferenceResponse]: ...
 
+    async def next_raw_batch(self) -> Sequence[RawEvent | InferenceResponse]:
+        """:meth:`next_batch`, with the responses a front's engine client received in
+        the link's raw layout left raw (:mod:`actorserve.rawevents`), for a door that
+        writes them without building a response per event. By default (every iterator
+        but the engine client's, which subclass this protocol to inherit it) the
+        responses themselves."""
+        return await self.next_batch()
 
-class OneByOne:
+
+class OneByOne(ResponseIterator):
     """A :class:`ResponseIterator` over any async iterator (batches of one)."""
 
     __slots__ = ("_responses",)

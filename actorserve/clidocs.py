@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from .__main__ import ENV_PREFIX, cli
-from .clitypes import Port
+from .server.clitypes import Port
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 BEGIN = "<!-- the option table: made by python -m actorserve.clidocs from the CLI; do not edit by hand -->"

@@ -51,6 +51,8 @@ class ModelDescription:
     replicas: tuple[ReplicaDescription, ...] = ()
     #: every request must belong to a sequence (the model keeps per-sequence state)
     requires_sequence: bool = False
+    #: loaded as the server started (its settings or model store), not by a load request
+    loaded_at_startup: bool = False
 
 
 @attrs.frozen(slots=True)

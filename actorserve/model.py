@@ -75,7 +75,7 @@ class Model:
     text_generation: ClassVar[TextGeneration | None] = None
     #: The ``parameters`` keys a load request's ``parameters.config`` may set for this
     #: model: only those that name no code, file, URL or environment variable (see
-    #: :mod:`actorserve.overrides`). Any other is refused unless the operator allows it.
+    #: :mod:`actorserve.engine.overrides`). Any other is refused unless the operator allows it.
     overridable_parameters: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: ModelSettings) -> None:

@@ -17,6 +17,7 @@ import attrs
 
 from .controls import MAX_SEQUENCE_ID_LENGTH
 from .errors import BadInput
+from .jsonvalues import json_number, json_object, kind, whole_number
 from .textgen import TextGeneration
 from .types import DATATYPES
 
@@ -227,6 +228,22 @@ def _request_parameters(value: Any, where: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def _sequence(block: Mapping[str, Any], where: str) -> SequenceSettings:
+    """The ``sequence`` block, each field checked for its type (all integers, but the
+    boolean ``evict_idle``)."""
+    fields = attrs.fields_dict(SequenceSettings)
+    unknown = set(block) - set(fields)
+    if unknown:
+        raise SettingsError(f"{where}: bad 'sequence' block: unknown field(s) {', '.join(sorted(unknown))}")
+    for key, value in block.items():
+        if fields[key].type in (bool, "bool"):
+            if not isinstance(value, bool):
+                raise SettingsError(f"{where}: 'sequence.{key}' must be true or false, not {kind(value)}")
+        else:
+            whole_number(value, f"{where}: 'sequence.{key}'", SettingsError)
+    return SequenceSettings(**block)
+
+
 def model_settings_from_dict(
     data: Mapping[str, Any], *, folder: Path | None = None, where: str = "settings"
 ) -> ModelSettings:
@@ -261,16 +278,41 @@ def model_settings_from_dict(
     implementation = data.get("implementation")
     if not implementation:
         raise SettingsError(f"{where}: missing 'implementation'")
-    parameters = dict(data.get("parameters") or {})
-    try:
-        sequence = SequenceSettings(**(data.get("sequence") or {}))
-    except TypeError as exc:
-        raise SettingsError(f"{where}: bad 'sequence' block: {exc}") from None
+    if not isinstance(implementation, (str, type)):
+        raise SettingsError(f"{where}: 'implementation' must be a string naming a class")
+    # Each value is checked for its type, never converted: a list of pairs where an object
+    # belongs would become one through dict() and slip past every check made on objects.
+    parameters = dict(json_object(data.get("parameters"), f"{where}: 'parameters'", SettingsError))
+    sequence = _sequence(json_object(data.get("sequence"), f"{where}: 'sequence'", SettingsError), where)
+    versions = data.get("versions") or []
+    if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+        raise SettingsError(f"{where}: 'versions' must be a list of version names")
+    version = parameters.get("version") or "1"
+    if not isinstance(version, (str, int)) or isinstance(version, bool):
+        raise SettingsError(f"{where}: 'parameters.version' must be a string (or an integer)")
+    platform = data.get("platform", "")
+    if not isinstance(platform, str):
+        raise SettingsError(f"{where}: 'platform' must be a string")
+    counts = {
+        key: whole_number(data.get(key, default), f"{where}: {key!r}", SettingsError)
+        for key, default in (
+            ("max_batch_size", 0),
+            ("workers", 1),
+            ("reply_buffer", 64),
+            ("max_pending", 1024),
+            ("max_requests_per_replica", 0),
+        )
+    }
+    max_batch_time = json_number(data.get("max_batch_time", 0.0), f"{where}: 'max_batch_time'", SettingsError)
+    step_timeout = json_number(
+        data.get("step_timeout", DEFAULT_STEP_TIMEOUT), f"{where}: 'step_timeout'", SettingsError
+    )
     inputs = _specs(data.get("inputs"), f"{where}: inputs")
     outputs = _specs(data.get("outputs"), f"{where}: outputs")
     request_parameters = _request_parameters(data.get("request"), where)
     text_generation = data.get("text_generation")
     if text_generation is not None:
+        json_object(text_generation, f"{where}: 'text_generation'", SettingsError)
         try:
             TextGeneration().with_settings(text_generation)
         except BadInput as exc:
@@ -279,23 +321,19 @@ def model_settings_from_dict(
         return ModelSettings(
             name=str(name),
             implementation=implementation,
-            version=str(parameters.get("version") or "1"),
+            version=str(version),
             parameters=parameters,
-            max_batch_size=int(data.get("max_batch_size", 0)),
-            max_batch_time=float(data.get("max_batch_time", 0.0)),
-            workers=int(data.get("workers", 1)),
+            max_batch_time=max_batch_time,
             sequence=sequence,
-            reply_buffer=int(data.get("reply_buffer", 64)),
-            max_pending=int(data.get("max_pending", 1024)),
-            platform=str(data.get("platform", "")),
+            platform=platform,
             inputs=inputs,
             outputs=outputs,
-            versions=tuple(data.get("versions") or ()),
+            versions=tuple(versions),
             folder=folder,
             request_parameters=request_parameters,
             text_generation=text_generation,
-            step_timeout=float(data.get("step_timeout", DEFAULT_STEP_TIMEOUT)),
-            max_requests_per_replica=int(data.get("max_requests_per_replica", 0)),
+            step_timeout=step_timeout,
+            **counts,
         )
     except SettingsError as exc:
         raise SettingsError(f"{where}: {exc}") from None

@@ -422,10 +422,12 @@ class Settings:
         default=None,
         validator=_optional_text,
         metadata=_help(
-            "file of bearer tokens, one a line ('#' comments allowed); or one token in ACTORSERVE_TOKEN "
-            "(a variable only, so it never shows in ps; the server removes both variables from its "
-            "environment once read, see docs/security.md#the-token-in-the-processes). With neither and "
-            "auth on, a token is generated into '$XDG_RUNTIME_DIR/actorserve/<port>/token' (mode 0600; the "
+            "file of bearer tokens, '<token> [management|inference]' a line (management when no scope "
+            "is given; '#' comments allowed); or one management token in ACTORSERVE_TOKEN and inference "
+            "tokens in ACTORSERVE_INFERENCE_TOKEN (variables only, so they never show in ps; the server "
+            "removes these variables from its environment once read, see "
+            "docs/security.md#the-token-in-the-processes). An inference token may infer, never load, "
+            "unload or scale (403). With no management token given and auth on, one is generated into '$XDG_RUNTIME_DIR/actorserve/<port>/token' (mode 0600; the "
             "same path at every start, see docs/security.md#where-tokens-come-from) whose path is logged"
         ),
     )
@@ -468,8 +470,18 @@ class Settings:
         repr=False,
         validator=_optional_text,
         metadata=_help(
-            "a bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only, never a "
-            "flag, and removes that variable from its environment)"
+            "a management bearer token, or several one a line (the CLI reads it from ACTORSERVE_TOKEN only, "
+            "never a flag, and removes that variable from its environment)"
+        ),
+    )
+    inference_token: str | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=_optional_text,
+        metadata=_help(
+            "an inference-only bearer token, or several one a line: it may infer (and read /metrics), "
+            "never manage models (the CLI reads it from ACTORSERVE_INFERENCE_TOKEN only, and removes that "
+            "variable from its environment)"
         ),
     )
 

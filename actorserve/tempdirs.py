@@ -1,9 +1,9 @@
 """The temporary folders a server makes, named so that a later start can tell which ones a
 killed server left behind.
 
-A server makes a few: the generated management token's (:mod:`actorserve.auth`), the
+A server makes a few: the generated management token's (:mod:`actorserve.server.tokens`), the
 engine socket's and the metrics files' of the multi-process server
-(:mod:`actorserve.processes`), one per extracted ``.mar`` archive
+(:mod:`actorserve.server.processes`), one per extracted ``.mar`` archive
 (:mod:`actorserve.torchserve.archive`). Each is ``<tmp>/actorserve-<pid>-<purpose>-<random>``
 (mode 0700), ``pid`` being the process that made it. A clean stop removes them; a process
 that is killed (SIGKILL, or a child killed by a second Ctrl-C) cannot. :func:`remove_stale`

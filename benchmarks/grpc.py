@@ -209,8 +209,8 @@ def serve() -> None:
     import trio
 
     import actorserve
-    from actorserve.doors import serve_grpc
     from actorserve.models import builtin_settings as builtin_models
+    from actorserve.server.doors import serve_grpc
     from actorserve.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

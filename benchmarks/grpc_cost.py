@@ -219,8 +219,8 @@ def serve_profiled(path: str) -> None:
     import trio
 
     import actorserve
-    from actorserve.doors import serve_grpc
     from actorserve.models import builtin_settings
+    from actorserve.server.doors import serve_grpc
     from actorserve.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

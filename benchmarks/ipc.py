@@ -7,7 +7,7 @@ For each model (``streamer``: no compute, all overhead; ``stepper``: a batched
 [B,1024] chain, benchmarks/models/stepper) and N in 1, 16, 64 it prints the best of
 ``--rounds`` runs: in process (``open_engine`` in this trio run), over the link to an
 engine in this same process (the link's cost on one core), and over the link to
-``python -m actorserve.ipc.engine_main`` in a child process (the real shape: the front's
+``python -m actorserve.server.engine_main`` in a child process (the real shape: the front's
 loop and the engine's loop on two cores).
 """
 
@@ -34,8 +34,9 @@ import actorserve
 from actorserve import InferenceRequest
 from actorserve.api import EngineAPI
 from actorserve.codecs import tensor_from_numpy
-from actorserve.ipc import open_engine_client, open_unix_listener, serve_fronts
-from actorserve.ipc.engine_main import READY_LINE
+from actorserve.ipc import open_engine_client
+from actorserve.ipc.engine_side import open_unix_listener, serve_fronts
+from actorserve.server.engine_main import READY_LINE
 from actorserve.settings import discover_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,11 +72,11 @@ async def run_streams(engine: EngineAPI, model: str, streams: int, tokens: int) 
 
 @asynccontextmanager
 async def child_engine(socket_path: str) -> AsyncIterator[None]:
-    """``python -m actorserve.ipc.engine_main`` with the built-in models and the stepper."""
+    """``python -m actorserve.server.engine_main`` with the built-in models and the stepper."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     )
-    command = [sys.executable, "-m", "actorserve.ipc.engine_main", socket_path, str(STEPPER)]
+    command = [sys.executable, "-m", "actorserve.server.engine_main", socket_path, str(STEPPER)]
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, env=env)
     try:
         assert process.stdout is not None

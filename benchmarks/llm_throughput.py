@@ -6,7 +6,7 @@ cache memory per sequence (prints numbers; not a test).
         [--width 384] [--layers 6] [--threads 1] [--device cpu|cuda] [--rounds 2]
 
 Builds a GPT-2 checkpoint of realistic shape for a CPU (width 384, 6 layers, a 4096-token
-byte-level BPE vocabulary trained on ../shared/data/tinyshakespeare.txt: ~18 M
+byte-level BPE vocabulary trained on tests/data/tinyshakespeare.txt: ~18 M
 parameters) in a temporary folder, then for each N:
 - the runtime: N requests (``--prompt`` tokens of Shakespeare each, a different offset
   per stream, ``--tokens`` generated, sampled with a seed) through an in-process engine,
@@ -33,7 +33,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.tiny_llm import DATA, build
+from support.tiny_llm import build, training_text
 
 import actorserve
 from actorserve.codecs import tensor_from_numpy
@@ -45,7 +45,7 @@ TIMEOUT = 1800.0
 
 
 def prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
-    ids: list[int] = tokenizer(DATA.read_text()[:200_000])["input_ids"]  # type: ignore[operator]
+    ids: list[int] = tokenizer(training_text())["input_ids"]  # type: ignore[operator]
     step = max(1, (len(ids) - length) // max(1, count))
     return [ids[i * step : i * step + length] for i in range(count)]
 

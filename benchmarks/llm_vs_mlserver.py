@@ -21,7 +21,7 @@ different offset per client; ``--tokens`` generated, greedy):
   ``min_new_tokens`` = ``--tokens``, ``do_sample`` false, ``return_full_text``
   false); tokens = ``--tokens`` per request; it does not stream, so its TTFT is the
   time to the whole answer.
-MLServer's venv (``/tmp/bench/mlserver``, see ../shared/bench) needs, besides
+MLServer's venv (``/tmp/bench/mlserver``, made by the side by side harness) needs, besides
 ``pip install mlserver-huggingface==1.7.1``, the versions that runtime still imports:
 ``pip install torch==2.8.0 transformers==4.41.2 optimum==1.20.0`` (1.7.1 imports
 ``transformers.pipelines.Conversation``, gone in 4.42, and optimum's ONNX exporters,
@@ -53,7 +53,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.tiny_llm import DATA, build
+from support.tiny_llm import build, training_text
 
 READY_TIMEOUT = 300.0
 ROUND_TIMEOUT = 1800.0
@@ -71,7 +71,7 @@ def prompts(folder: Path, count: int, length: int) -> list[str]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    ids: list[int] = tokenizer(DATA.read_text()[:200_000])["input_ids"]
+    ids: list[int] = tokenizer(training_text())["input_ids"]
     step = max(1, (len(ids) - length) // max(1, count))
     return [tokenizer.decode(ids[i * step : i * step + length]) for i in range(count)]
 

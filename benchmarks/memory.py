@@ -24,13 +24,14 @@ Phases, one after the other on the same server:
     ``ModelStreamInfer`` (grpc.aio); sampled every ``--interval`` seconds, peak and mean;
 ``after``
     idle again, ``--settle`` seconds after the load (actorserve trims its heap once a busy
-    process goes idle, ``actorserve/heaptrim.py``), the mean of ``--idle`` seconds.
+    process goes idle, ``actorserve/server/heaptrim.py``), the mean of ``--idle`` seconds.
 
 ``--rounds N`` repeats the load phases and the idle reading after them N times on the same
 server, so memory that plateaus after the first load tells itself apart from a leak.
 
 ``--mlserver`` also measures MLServer 1.7.1 (its venv ``--mlserver-venv``) as the side by
-side harness starts it (``--mlserver-peer``: its peer.json env, the ``main`` profile, i.e.
+side harness starts it (``--mlserver-peer``, required with ``--mlserver``: the harness's
+``peers/mlserver`` folder, with its peer.json env, the ``main`` profile, i.e.
 ``parallel_workers`` 0, and its model repository), on free loopback ports: the repository
 is copied to a temporary folder whose ``settings.json`` names them (MLServer takes its
 ports from that file before its environment). Its whole tree is one role.
@@ -75,8 +76,6 @@ PROMPT = "hello"
 STREAM_TIMEOUT = 60.0
 #: seconds past ``--seconds`` that the streams running at the deadline may take to end
 TAIL = STREAM_TIMEOUT + 10.0
-#: the side by side harness sits at ``../shared/bench`` next to the checkouts
-MLSERVER_PEER = event_cost.ROOT.parent / "shared" / "bench" / "peers" / "mlserver"
 MLSERVER_VENV = Path("/tmp/bench/mlserver")
 MLSERVER_READY_TIMEOUT = 120.0
 
@@ -418,7 +417,11 @@ def main() -> None:
     )
     parser.add_argument("--checkout", type=Path, default=event_cost.ROOT, help="the actorserve tree to run")
     parser.add_argument("--mlserver", action="store_true", help="also MLServer 1.7.1 (profile main)")
-    parser.add_argument("--mlserver-peer", type=Path, default=MLSERVER_PEER)
+    parser.add_argument(
+        "--mlserver-peer",
+        type=Path,
+        help="the side by side harness's peers/mlserver folder (with --mlserver)",
+    )
     parser.add_argument("--mlserver-venv", type=Path, default=MLSERVER_VENV)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
@@ -431,6 +434,9 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=1.0, help="seconds of samples per idle reading")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds left idle before idle readings")
     args = parser.parse_args()
+    if args.mlserver and (args.mlserver_peer is None or not (args.mlserver_peer / "peer.json").is_file()):
+        # nothing is read outside this tree unless named: the harness is not part of the repository
+        parser.error("--mlserver needs --mlserver-peer FOLDER holding the harness's peer.json and models/")
     print(
         f"W6: {args.streams} x {MODEL} streams of {args.tokens} tokens, closed loop, {args.seconds:g} s per "
         f"transport; MiB: RSS / PSS / USS per role (summed over its processes), every {args.interval:g} s",

@@ -121,7 +121,7 @@ def serve_forever(fast_path: bool) -> None:
 
     import actorserve
     from actorserve.models import builtin_settings as builtin_models
-    from actorserve.server import serve
+    from actorserve.server.composition import serve
 
     async def main() -> None:
         settings = actorserve.Settings(

@@ -9,9 +9,10 @@ reloads ``identity`` and shows it in the index meanwhile. Leaves the server as i
 it; exits 0 when every answer is as expected.
 
 The management routes need the server's bearer token (docs/security.md): put it in
-``ACTORSERVE_TOKEN`` (``export ACTORSERVE_TOKEN=$(cat "$XDG_RUNTIME_DIR/actorserve/8080/token")``,
-the file the server's log names). Without it the example stops at the first refused
-request and says so.
+``ACTORSERVE_TOKEN``: the file the server's log names, ``$XDG_RUNTIME_DIR/actorserve/8080/token``
+(without ``XDG_RUNTIME_DIR``, as in most containers: ``/tmp/actorserve-<uid>/8080/token``;
+the README's ``export`` line reads either). Without it the example stops at the first
+refused request and says so.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from support.browser import require_chromium
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,3 +27,11 @@ def _temporary_folders_in_basetemp(tmp_path_factory: pytest.TempPathFactory) -> 
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = before[1]
+
+
+@pytest.fixture
+def chromium() -> None:
+    """Skips (fails in CI) a browser test where Debian's chromium is missing. A fixture, so
+    it runs before the test's trio loop and before the fixtures that start servers: a skip
+    raised inside a trio test loses its reason."""
+    require_chromium()

@@ -53,7 +53,7 @@ def variables(text: str) -> set[str]:
 def test_help_has_one_option_and_one_variable_per_setting() -> None:
     text = help_text()
     for field in attrs.fields(Settings):
-        if field.name not in ("models", "token"):  # the token: a variable only, never a flag
+        if field.name not in ("models", "token", "inference_token"):  # tokens: variables only, never flags
             assert "--" + field.name.replace("_", "-") + " " in text
         if field.name != "models":
             assert "ACTORSERVE_" + field.name.upper() in text
@@ -64,8 +64,8 @@ def test_help_has_one_option_and_one_variable_per_setting() -> None:
         in " ".join(text.split())
     )
     # every option but --version/--help has exactly one variable
-    # + MODEL_FOLDERS and TOKEN
-    assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 2
+    # + MODEL_FOLDERS, TOKEN and INFERENCE_TOKEN
+    assert len(variables(text)) == len(options(text) - {"--version", "--help"}) + 3
 
 
 def test_docs_list_every_option_and_variable_of_help_and_nothing_else() -> None:

@@ -10,7 +10,7 @@ deploy/nginx (HAProxy's ``-c``: tests/e2e/test_deploy_haproxy.py)."""
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,9 @@ import attrs
 import jsonschema
 import pytest
 import yaml
+from support.programs import require_program
 
-from actorserve.processes import KILL_AFTER
+from actorserve.server.processes import KILL_AFTER
 from actorserve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,10 @@ def test_the_deployment_probes_drains_and_names_its_replicas() -> None:
     stop = shape_stops * (float(env["ACTORSERVE_GRACE_PERIOD"]) + KILL_AFTER)
     needed = pause + float(env["ACTORSERVE_DRAIN_TIMEOUT"]) + stop
     assert pod["terminationGracePeriodSeconds"] > needed  # else the kubelet kills a draining pod
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/mnt/models"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/mnt/models",
+        "/var/run/secrets/actorserve",
+    }
     assert container["args"] == ["/mnt/models"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8081}
 
@@ -221,9 +225,7 @@ def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
 
 
 def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-    if binary is None:
-        pytest.fail("nginx is not installed (apt-get install nginx-light; .ci/run does)")
+    binary = require_program("nginx", "nginx -t checks deploy/nginx's configuration")
     checked = subprocess.run(
         [
             binary,
@@ -246,3 +248,78 @@ def test_the_images_install_the_package_and_serve_the_model_mount() -> None:
         text = (DEPLOY / "image" / name).read_text()
         assert "pip install --no-cache-dir ." in text and 'CMD ["/mnt/models"]' in text
         assert "ACTORSERVE_API_WORKERS" not in text  # the default shape: the drain works in both
+
+
+#: where the manifests mount the token Secret, and the file ACTORSERVE_TOKEN_FILE names
+TOKENS_MOUNT = "/var/run/secrets/actorserve"
+
+
+def every_manifest() -> list[tuple[Path, dict[str, Any]]]:
+    return [(path, doc) for path in sorted(DEPLOY.rglob("*.yaml")) for doc in load(path)]
+
+
+def containers_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec)
+    return list(pod.get("containers", []))
+
+
+def test_no_manifest_turns_auth_off() -> None:
+    """Issue 30, finding 15: every actorserve container of deploy/ keeps auth on and
+    reads its tokens from the Secret mounted at :data:`TOKENS_MOUNT`; nothing in
+    deploy/ (manifests, image) says NO_AUTH."""
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
+        assert "NO_AUTH" not in path.read_text().upper().replace("-", "_"), path
+    seen = 0
+    for path, doc in every_manifest():
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec)
+        for container in containers_of(doc):
+            if not str(container.get("image", "")).startswith("actorserve"):
+                continue
+            seen += 1
+            env = env_of(container)
+            assert env.get("ACTORSERVE_NO_AUTH") in (None, "false"), path
+            assert env["ACTORSERVE_TOKEN_FILE"] == f"{TOKENS_MOUNT}/tokens", path
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == TOKENS_MOUNT]
+            assert mount["readOnly"] is True
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert volume["secret"]["secretName"] == "actorserve-tokens", path
+            assert volume["secret"]["defaultMode"] & 0o022 == 0, path  # nobody but readers
+    assert seen == 2  # the Kustomize base's Deployment and the KServe runtime
+
+
+def pip_installs(dockerfile: str) -> list[str]:
+    """Each ``pip install`` of a Dockerfile's RUN lines (continuations joined, split at
+    ``&&``), in order."""
+    text = (DEPLOY / "image" / dockerfile).read_text().replace("\\\n", " ")
+    commands = [
+        c.strip() for line in text.splitlines() if line.startswith("RUN ") for c in line[4:].split("&&")
+    ]
+    return [" ".join(c.split()) for c in commands if c.startswith("pip install")]
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "index"),
+    [("Dockerfile", "https://download.pytorch.org/whl/cpu"), ("Dockerfile.cuda", "https://pypi.org/simple")],
+)
+def test_each_image_installs_the_pinned_torch_build_it_names_once(dockerfile: str, index: str) -> None:
+    """Docker cannot run here, so the Dockerfiles are read: torch is installed once, the
+    pyproject's pinned version, from the index that has the build the image says (the CPU
+    image from PyTorch's CPU index: PyPI's Linux torch is the CUDA build), before the
+    package, whose pin it then satisfies (no second torch)."""
+    pin = re.search(r'"torch==([^"]+)"', (DEPLOY.parent / "pyproject.toml").read_text())
+    assert pin is not None
+    installs = pip_installs(dockerfile)
+    torch = [c for c in installs if re.search(r"\btorch\b", c)]
+    assert torch == [f"pip install --no-cache-dir torch=={pin[1]} --index-url {index}"]
+    assert installs == [*torch, "pip install --no-cache-dir ."]
+
+
+def test_the_docs_say_what_the_images_run() -> None:
+    deploy = " ".join((DEPLOY.parent / "docs" / "deploy.md").read_text().split())
+    row = re.search(r"\| `image/Dockerfile`, `image/Dockerfile.cuda` \|([^|]*)\|", deploy)
+    assert row is not None
+    assert "one process" not in row[1]  # the images set no --api-workers: the default shape
+    assert "the default shape" in row[1]
+    assert "CPU index" in row[1] and "CUDA build" in row[1]

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles, the actors never import a transport, and
+"""The package's shape: no import cycles, one table of which layer may reach which, doors
+that never reach each other (read from the server's list of doors), and
 module size as a review signal: a module past :data:`MAX_LINES` is listed in
 :data:`LONG_MODULES` with the reason it may be long (it is one thing) or the seam it will
 be split along, so growth past the line is a decision someone wrote down, never packing.
@@ -19,8 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "actorserve"
 
-TRANSPORT = "actorserve.transport"
-ACTORS = "actorserve.actors"
 #: the review line: past it a module needs an entry in LONG_MODULES
 MAX_LINES = 400
 
@@ -37,14 +36,14 @@ GENERATED = (
 
 #: modules allowed past MAX_LINES, each with why (reviewed: an entry is a decision)
 LONG_MODULES: dict[str, str] = {
-    "actorserve/engine.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary ones to it by record)",
-    "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link; issue 20's per-step link replaces its per-response half",
+    "actorserve/server/processes.py": "the parent's supervision of its children (start in order, watch, restart, the ordered stop); seam when it grows: run_parent and its signals to a module of their own",
+    "actorserve/engine/core.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary ones to it by record)",
+    "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link: the link's reader and writer tasks, the unary calls by record, the streams and their cancellation",
     "actorserve/ipc/frames.py": "one thing, the link's messages and their codec: a class and an encode/decode pair per message, and the frame around them",
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",
     "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",
     "actorserve/transport/grpc/streams.py": "one thing, ModelStreamInfer: per-sequence ordering of a call's requests and its responses",
-    "actorserve/transport/rest/openapi.py": "one thing, the OpenAPI 3.1 document of the REST surface, mostly data",
     "actorserve/transport/rest/wire.py": "one thing, the OIP REST wire (parse, validate, encode), no I/O",
 }
 
@@ -124,10 +123,6 @@ def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def in_transport(name: str) -> bool:
-    return name == TRANSPORT or name.startswith(TRANSPORT + ".")
-
-
 def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -137,115 +132,206 @@ def test_no_import_cycles() -> None:
     assert [sorted(c) for c in cycles(graph())] == []
 
 
-def test_transports_import_nothing_from_the_actors() -> None:
-    """The front doors know the engine only through actorserve.api (EngineAPI)."""
-    wrong = {
-        f"{name} -> {target}"
-        for name, targets in graph().items()
-        if in_transport(name)
-        for target in targets
-        if target == ACTORS or target.startswith(ACTORS + ".") or target == "actorserve.engine"
-    }
-    assert wrong == set()
-
-
-def test_actors_import_no_transport() -> None:
-    edges = graph()
-    wrong = {
-        f"{name} -> {target}"
-        for name, targets in edges.items()
-        if name.startswith("actorserve.actors")
-        for target in targets
-        if in_transport(target)
-    }
-    assert wrong == set()
-
-
-#: the doors: each one package under transport/ (issue 21); the server lists them (doors.py)
-DOORS = {
-    "actorserve.transport.rest": "the OIP's REST API",
-    "actorserve.transport.grpc": "Triton's gRPC services (and actorserve.v1.Management)",
-    "actorserve.transport.openai": "the OpenAI API",
-    "actorserve.transport.torchserve": "TorchServe's REST APIs and gRPC services",
-    "actorserve.transport.playground": "the browser playground",
+#: Which layer may import which: the one table of the package's shape (docs/architecture.md
+#: shows it). A layer is a folder; ``ground`` is the root's plain modules (``api``,
+#: ``types``, ``settings``, ...), ``entry`` the command line (``__main__``, ``clidocs``).
+#: Checked on what a module *reaches* (every module it imports, and theirs, and the packages
+#: they live in), so a door that reaches the engine through a shared module fails as surely
+#: as one that imports it.
+LAYERS: dict[str, frozenset[str]] = {
+    "ground": frozenset(),
+    "actors": frozenset({"ground"}),  # never a transport: the actors know no wire
+    "torchserve": frozenset({"ground"}),  # TorchServe's handlers and archives, run by the engine
+    "models": frozenset({"ground", "torchserve"}),
+    "engine": frozenset({"ground", "actors", "models", "torchserve"}),
+    "ipc": frozenset({"ground"}),  # the link's wire and the front's end (EngineClient)
+    "ipc.engine_side": frozenset({"ground", "ipc", "engine", "actors", "models", "torchserve"}),
+    "proto": frozenset({"ground"}),
+    "transport": frozenset({"ground", "proto"}),  # the doors know the engine as EngineAPI only
+    "server": frozenset(
+        {"ground", "actors", "torchserve", "models", "engine", "ipc", "ipc.engine_side", "proto", "transport"}
+    ),
+    "entry": frozenset(
+        {
+            "ground",
+            "actors",
+            "torchserve",
+            "models",
+            "engine",
+            "ipc",
+            "ipc.engine_side",
+            "proto",
+            "transport",
+            "server",
+        }
+    ),
 }
+ENTRY_POINTS = ("actorserve.__main__", "actorserve.clidocs")
+
+
+def layer_of(name: str) -> str:
+    """The layer of the module ``name`` (the package's face, ``actorserve`` itself, has none)."""
+    if name in ENTRY_POINTS:
+        return "entry"
+    parts = name.split(".")
+    assert len(parts) > 1, name
+    if parts[1:3] == ["ipc", "engine_side"]:
+        return "ipc.engine_side"
+    if len(parts) == 2 and not (PACKAGE / parts[1]).is_dir():
+        return "ground"
+    assert parts[1] in LAYERS, f"{name}: a folder with no row in LAYERS"
+    return parts[1]
+
+
+def parents(name: str) -> list[str]:
+    """The packages ``name`` lives in, below the face (``a.b.c`` -> ``a.b``)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
+def with_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` plus, for every import, the packages the imported module lives in (Python
+    runs their ``__init__`` first)."""
+    return {
+        name: targets | {parent for target in targets for parent in parents(target) if parent in edges}
+        for name, targets in edges.items()
+    }
+
+
+def reach(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Every module each module reaches (the face ``actorserve`` is not followed)."""
+    found: dict[str, set[str]] = {}
+    for start in edges:
+        seen: set[str] = set()
+        todo = [target for target in edges[start] if target != "actorserve"]
+        while todo:
+            node = todo.pop()
+            if node in seen or node == start:
+                continue
+            seen.add(node)
+            todo.extend(target for target in edges.get(node, ()) if target != "actorserve")
+        found[start] = seen
+    return found
+
+
+def test_every_module_reaches_only_the_layers_its_row_allows() -> None:
+    reached = reach(with_packages(graph()))
+    wrong = sorted(
+        f"{name} ({layer_of(name)}) reaches {target} ({layer_of(target)})"
+        for name, targets in reached.items()
+        if name != "actorserve"
+        for target in targets
+        if layer_of(target) != layer_of(name) and layer_of(target) not in LAYERS[layer_of(name)]
+    )
+    assert wrong == []
+
+
+def test_the_layer_check_sees_a_reach_through_a_shared_module() -> None:
+    edges = {
+        "actorserve.transport.x": {"actorserve.transport.y"},
+        "actorserve.transport.y": {"actorserve.engine.core"},
+        "actorserve.engine.core": set(),
+        "actorserve.engine": {"actorserve.engine.core"},
+    }
+    assert {"actorserve.engine.core", "actorserve.engine"} <= reach(with_packages(edges))[
+        "actorserve.transport.x"
+    ]
+    assert layer_of("actorserve.ipc.engine_side") == "ipc.engine_side"
+    assert layer_of("actorserve.ipc.client") == "ipc"
+    assert layer_of("actorserve.api") == "ground"
+    assert layer_of("actorserve.engine") == "engine"
+    assert layer_of("actorserve.clidocs") == "entry"
+
+
+def test_every_folder_has_a_row() -> None:
+    folders = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    assert folders <= set(LAYERS), folders - set(LAYERS)
+
+
+DOORS_MODULE = PACKAGE / "server" / "doors.py"
+TRANSPORT = "actorserve.transport"
 #: the hosts: what every request of every door shares; they import no door
 HOSTS = ("actorserve.transport.httphost", "actorserve.transport.grpchost")
 
 
-def door_of(name: str) -> str | None:
-    return next((door for door in DOORS if name == door or name.startswith(door + ".")), None)
+def doors() -> set[str]:
+    """The doors, as the server lists them: every package under ``transport/`` that
+    ``server/doors.py`` imports, other than the hosts."""
+    found = set()
+    for target in imported("actorserve.server.doors", DOORS_MODULE, modules()):
+        parts = target.split(".")
+        if target.startswith(TRANSPORT + ".") and (PACKAGE / "transport" / parts[2]).is_dir():
+            package = ".".join(parts[:3])
+            if package not in HOSTS:
+                found.add(package)
+    return found
 
 
-def host_of(name: str) -> str | None:
-    return next((host for host in HOSTS if name == host or name.startswith(host + ".")), None)
+def door_of(name: str, listed: set[str]) -> str | None:
+    return next((door for door in listed if name == door or name.startswith(door + ".")), None)
 
 
-def test_no_door_imports_another_door() -> None:
-    """A door is one package: it uses the hosts, the transport's shared modules
-    (errors, auth scopes, records) and the engine API, never another door."""
-    wrong = {
+def test_no_door_reaches_another_door() -> None:
+    """A door is one package: it uses the hosts, the transport's shared modules (errors,
+    auth scopes, records) and the engine API, never another door, not even through a
+    shared module."""
+    listed = doors()
+    wrong = sorted(
         f"{name} -> {target}"
-        for name, targets in graph().items()
-        if (door := door_of(name)) is not None
+        for name, targets in reach(with_packages(graph())).items()
+        if (door := door_of(name, listed)) is not None
         for target in targets
-        if door_of(target) not in (None, door)
-    }
-    assert wrong == set()
+        if door_of(target, listed) not in (None, door)
+    )
+    assert wrong == []
 
 
-def test_the_hosts_import_no_door() -> None:
-    """The hosts are handed their doors (by actorserve.doors); they never name one."""
-    edges = graph()
-    wrong = {
+def test_the_hosts_and_shared_modules_reach_no_door() -> None:
+    """The hosts are handed their doors (by actorserve.server.doors); neither they nor the
+    transport's shared modules reach one."""
+    listed = doors()
+    wrong = sorted(
         f"{name} -> {target}"
-        for name, targets in edges.items()
-        if host_of(name) is not None
+        for name, targets in reach(with_packages(graph())).items()
+        if name.startswith(TRANSPORT) and door_of(name, listed) is None
         for target in targets
-        if door_of(target) is not None
+        if door_of(target, listed) is not None
+    )
+    assert wrong == []
+
+
+def test_the_doors_are_read_from_the_servers_list() -> None:
+    listed = doors()
+    assert listed == {
+        "actorserve.transport.rest",
+        "actorserve.transport.grpc",
+        "actorserve.transport.openai",
+        "actorserve.transport.torchserve",
+        "actorserve.transport.playground",
     }
-    assert wrong == set()
-    assert (
-        "actorserve.transport.httphost.protocols" in edges["actorserve.transport.httphost.serve"]
-    )  # the graph sees the hosts
+    assert door_of("actorserve.transport.openai.routes", listed) == "actorserve.transport.openai"
+    assert door_of("actorserve.transport.httphost.protocols", listed) is None
+    assert door_of("actorserve.transport.exchange", listed) is None
 
 
 def test_torchserve_and_its_door_meet_only_through_the_engine_api() -> None:
     """The engine-side ``torchserve/`` (handlers, archives) and TorchServe's door share
     only the engine API (``torchserve_envelope`` is part of it)."""
-    engine_side = "actorserve.torchserve"
-    door = "actorserve.transport.torchserve"
-    wrong = {
+    wrong = sorted(
         f"{name} -> {target}"
-        for name, targets in graph().items()
+        for name, targets in reach(with_packages(graph())).items()
+        if name.startswith("actorserve.transport.torchserve")
         for target in targets
-        if (name.startswith(door) and (target == engine_side or target.startswith(engine_side + ".")))
-        or (name.startswith(engine_side + ".") and in_transport(target))
-    }
-    assert wrong == set()
-
-
-def test_the_door_checks_see_a_door_importing_another() -> None:
-    assert door_of("actorserve.transport.openai.routes") == "actorserve.transport.openai"
-    assert door_of("actorserve.transport.httphost.protocols") is None
-    assert door_of("actorserve.transport.grpchost.h2") is None
-    assert door_of("actorserve.transport.exchange") is None
-    assert host_of("actorserve.transport.grpchost.h2") == "actorserve.transport.grpchost"
-    assert all(name in modules() for name in [*DOORS, *HOSTS])
-
-
-def test_the_fronts_engine_client_does_not_import_the_engine() -> None:
-    """The front's end of the engine link (ipc/client.py) implements EngineAPI over the
-    link; a helper it shares with the engine lives beside both (exceptiongroups.py)."""
-    edges = graph()
-    for name in ("actorserve.ipc.client", "actorserve.ipc.call_ends"):
-        assert "actorserve.engine" not in edges[name], name
+        if target == "actorserve.torchserve" or target.startswith("actorserve.torchserve.")
+    )
+    assert wrong == []
 
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     edges = graph()
-    assert "actorserve.actors.host" in edges["actorserve.engine"]
-    assert "actorserve.models" in edges["actorserve.engine"]  # imported inside open_engine()
+    assert "actorserve.actors.host" in edges["actorserve.engine.core"]
+    assert "actorserve.models" in edges["actorserve.engine.core"]  # imported inside open_engine()
+    assert "actorserve.server.composition" in edges["actorserve.server"]  # under TYPE_CHECKING
 
 
 def checked_for_size() -> list[Path]:

@@ -38,7 +38,7 @@ def least_loaded(batchers: list[ContinuousBatcher]) -> ContinuousBatcher:
     return min(batchers, key=lambda b: b.load)
 
 
-class ItemResponses:
+class ItemResponses(ResponseIterator):
     """The responses of one :class:`WorkItem` (a :class:`ResponseIterator`), each
     stamped with the request's id and sequence id."""
 

@@ -169,7 +169,8 @@ class ContinuousBatcher:
     # -- the event loop's side of a round ---------------------------------------------
 
     def _on_report(self, report: StepReport) -> None:
-        """One round of the step loop (trio thread, via ``run_sync_soon``)."""
+        """One round of the step loop, on the batcher's trio task (the step loop's
+        :class:`~actorserve.actors.steploop.Doorbell` woke it, or it ran the round inline)."""
         self._account(report)
         if report.outputs is not None:
             self._deliver(report.batch, report.outputs)

@@ -64,6 +64,8 @@ class ModelHost:
         self.counters = RequestCounters()
         #: why the model is not READY (set by whoever stops it), else ""
         self.reason = ""
+        #: loaded by the engine's start, not by a load request (set by the engine)
+        self.loaded_at_startup = False
 
     @property
     def settings(self) -> ModelSettings:

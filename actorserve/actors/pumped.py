@@ -16,6 +16,7 @@ from typing import Final
 
 import trio
 
+from ..api import ResponseIterator
 from ..types import InferenceResponse
 
 #: seconds a response may wait in the buffer while its producer keeps making more
@@ -25,7 +26,7 @@ from ..types import InferenceResponse
 GATHER: Final = 0.0005
 
 
-class Pumped:
+class Pumped(ResponseIterator):
     """A :class:`~actorserve.api.ResponseIterator` fed by a producer task: responses
     in order, then the end (:meth:`close`) or the producer's error (:meth:`fail`),
     raised after the responses before it."""

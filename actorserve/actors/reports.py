@@ -104,6 +104,7 @@ def describe(host: ModelHost, *, default_version: str, versions: tuple[str, ...]
         queued=sequences.queued if sequences is not None else 0,
         replicas=tuple(replicas),
         requires_sequence=bool(getattr(host.model_class, "requires_sequence", False)),
+        loaded_at_startup=host.loaded_at_startup,
     )
 
 

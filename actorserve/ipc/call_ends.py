@@ -12,6 +12,7 @@ from typing import Protocol, TypeVar
 import attrs
 import trio
 
+from ..api import ResponseIterator
 from ..rawevents import RawEvent
 from ..types import InferenceRequest, InferenceResponse
 from .deltas import DeltaDecoder
@@ -70,7 +71,7 @@ class _ClientCall:
         return self.inbox.popleft()
 
 
-class RemoteResponses:
+class RemoteResponses(ResponseIterator):
     """The :class:`~actorserve.api.ResponseIterator` of a remote stream."""
 
     __slots__ = ("_buffer", "_call", "_client", "_deltas", "_done", "_local_error")

@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from ..api import EngineAPI, ResponseIterator
-from ..catalog import Watchers
+from ..engine.catalog import Watchers
 from ..errors import ActorServeError, BadInput, ModelFailed
 from ..types import InferenceRequest, InferenceResponse
 from .call_ends import RequestFeed

@@ -180,7 +180,7 @@ def read_model_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str,
     """``model-config.yaml`` (the manifest's ``configFile``, else that name if present)."""
     model = manifest.get("model") or {}
     name = model.get("configFile") if isinstance(model, Mapping) else None
-    path = model_dir / str(name or "model-config.yaml")
+    path = inside(model_dir, str(name or "model-config.yaml"), "configFile")
     if not path.is_file():
         if name:
             raise SettingsError(f"{model_dir}: the manifest names config file {name!r}, which is missing")
@@ -195,6 +195,29 @@ def read_model_config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str,
     if not isinstance(config, dict):
         raise SettingsError(f"{path}: expected a mapping of settings")
     return config
+
+
+def inside(model_dir: Path, name: str, field: str, value: str | None = None) -> Path:
+    """``model_dir / name``, refused (:class:`SettingsError` naming ``field``) unless it
+    stays inside the model's folder once resolved: a manifest is the archive's own word,
+    and ``../../../proc/self/environ`` must not make the server read (and answer with
+    pieces of) a file of its own. ``value``: the field's whole value, when ``name`` is
+    a part of it."""
+    shown = name if value is None else value
+    if "\x00" in name:
+        raise SettingsError(f"{model_dir}: the manifest's {field} {shown!r} is not a file name")
+    path = model_dir / name
+    if not path.resolve().is_relative_to(model_dir.resolve()):
+        raise SettingsError(f"{model_dir}: the manifest's {field} {shown!r} points outside the archive")
+    return path
+
+
+def check_handler(model_dir: Path, handler: str) -> None:
+    """A handler (``module[.py][:function]``) names a module of the archive or one of
+    TorchServe's default handlers by name: as a path it must stay inside the archive."""
+    module = handler.partition(":")[0]
+    if "/" in module or "\\" in module or module.startswith("."):
+        inside(model_dir, module, "handler", handler)
 
 
 def _int(config: Mapping[str, Any], key: str, default: int, where: Path) -> int:
@@ -244,6 +267,7 @@ def archive_settings(
     handler = overrides.handler or model.get("handler")
     if not handler:
         raise SettingsError(f"{path}: no handler: the manifest names none and none was given")
+    check_handler(model_dir, str(handler))
     batch_size = overrides.batch_size or _int(config, "batchSize", 1, where)
     delay_ms = overrides.max_batch_delay_ms
     if delay_ms is None:

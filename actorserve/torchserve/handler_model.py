@@ -33,15 +33,18 @@ import attrs
 import trio
 
 from ..controls import control_of
-from ..errors import ModelFailed
+from ..errors import ActorServeError, BadInput, ModelFailed
 from ..model import BatchModel, StepOutput
 from ..torchserve_envelope import (
     BODY,
     HEADERS,
+    MESSAGE,
     PLATFORM,
+    STATUS,
     STREAM_NEXT,
     HeaderNames,
     make_response,
+    ok_status,
     request_headers,
     request_inputs,
 )
@@ -285,23 +288,42 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             self._running = None
             for work in running.works:
                 response, streams_on, ends = event.responses[work.request_id]
-                work.backlog.append(StepOutput(response, done=not streams_on, end_sequence=ends))
+                error = self._error_of(work, response)
+                if error is not None:
+                    streams_on = False
+                work.backlog.append(StepOutput(response, done=not streams_on, end_sequence=ends, error=error))
                 work.completed = not streams_on
             return
         for work in running.works:
             part = event.responses.get(work.request_id)
-            if part is not None:
+            if part is not None and not work.completed:
                 body, content_type, status, phrase, headers = part
                 headers.pop(STREAM_NEXT, None)
-                work.backlog.append(
-                    StepOutput(self._response(work, body, content_type, headers, status, phrase))
-                )
+                response = self._response(work, body, content_type, headers, status, phrase)
+                error = self._error_of(work, response)
+                work.completed = error is not None  # a failed request takes no more output
+                work.backlog.append(StepOutput(response, done=error is not None, error=error))
+
+    def _error_of(self, work: TsWork, response: InferenceResponse) -> ActorServeError | None:
+        """The domain error of a response whose status is not 2xx, for a request of
+        another door than TorchServe's (which answers the status as the handler set it):
+        an OIP or OpenAI client reads the failure in its own status, never a 200 with
+        ``ts_status`` in the parameters. A 4xx is the client's (400), the rest the model's
+        (500)."""
+        if HEADERS in work.request.parameters:  # TorchServe's door: its envelope says it all
+            return None
+        status = response.parameters.get(STATUS, 200)
+        if not isinstance(status, int) or ok_status(status):
+            return None
+        message = str(response.parameters.get(MESSAGE) or "") or f"status {status}"
+        what = f"model {self.name!r}: the handler answered {status}: {message}"
+        return BadInput(what) if 400 <= status < 500 else ModelFailed(what)
 
     def _response(
         self, work: TsWork, body: bytes, content_type: str, headers: dict[str, str], status: int, phrase: str
     ) -> InferenceResponse:
         content_type = headers.pop("content-type", content_type) or content_type
-        return make_response(
+        response = make_response(
             work.request,
             self.name,
             self.version,
@@ -311,6 +333,11 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             status=status,
             message=phrase,
         )
+        if HEADERS not in work.request.parameters:
+            # another door than TorchServe's: a parameter every door can carry (gRPC's
+            # InferParameter has no map, and a dict there failed every OIP gRPC infer)
+            response.parameters[HEADERS] = json.dumps(headers)
+        return response
 
     # -- the handler's thread ----------------------------------------------------------
 

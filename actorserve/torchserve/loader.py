@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -48,6 +49,42 @@ def model_folder_importable(model_dir: Path) -> Iterator[None]:
                     del sys.modules[name]
 
 
+class _Demote(logging.Filter):
+    """Logs ``messages`` (WARNINGs of a ``ts`` logger) at ``level`` instead."""
+
+    def __init__(self, level: int, messages: tuple[str, ...]) -> None:
+        super().__init__()
+        self.level = level
+        self.messages = messages
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or not any(m in str(record.msg) for m in self.messages):
+            return True
+        record.levelno, record.levelname = self.level, logging.getLevelName(self.level)
+        return logging.getLogger(record.name).isEnabledFor(self.level)
+
+
+#: TorchServe's WARNINGs that are no problem here, at the level they deserve: importing
+#: BaseHandler says which optional accelerators are not installed (DEBUG: a handler that
+#: uses one fails on its own terms), and one without a label file says so (INFO). At
+#: ``--log-level warning`` they were the whole log of a healthy start.
+_TS_NOTICES: dict[str, _Demote] = {
+    "ts.torch_handler.base_handler": _Demote(
+        logging.DEBUG,
+        ("OpenVINO is not enabled", "proceeding without onnxruntime", "Torch TensorRT not enabled"),
+    ),
+    "ts.utils.util": _Demote(logging.INFO, ("Inference output will not include class name",)),
+}
+
+
+def quiet_ts_notices() -> None:
+    """Put :data:`_TS_NOTICES`' filters on their loggers (once; before ``ts`` is imported)."""
+    for name, notice in _TS_NOTICES.items():
+        logger = logging.getLogger(name)
+        if notice not in logger.filters:
+            logger.addFilter(notice)
+
+
 def _module(handler: str, model: str) -> tuple[ModuleType, str | None]:
     module_name, _, function = handler.partition(":")
     module_name = module_name.removesuffix(".py").split("/")[-1]
@@ -68,6 +105,7 @@ def _module(handler: str, model: str) -> tuple[ModuleType, str | None]:
 def load_entry_point(handler: str, model: str, context: Any) -> tuple[EntryPoint, Any]:
     """Import the handler and initialize it with ``context`` (call with the model
     folder importable); returns (entry point, the handler object or module)."""
+    quiet_ts_notices()
     module, function = _module(handler, model)
     function = function or "handle"
     if hasattr(module, function):

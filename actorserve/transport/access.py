@@ -9,12 +9,20 @@ applies. The command line installs :class:`AccessHandler` on that logger instead
 formats a whole batch itself (text, or JSON with ``--log-format json``) and writes it in
 one write: a record per line costs ~18 us of the logging module, a line here ~3 us.
 A line that finds the deque full is dropped and counted; the next flush says how many.
+
+A sequence id is a bearer secret (docs/security.md), so no line holds one: the field
+``sequence`` is a short keyed hash of it (:func:`sequence_hash`, BLAKE2b under a random key
+each :class:`AccessLog` makes), the same for every line of one sequence in one process, so
+lines can be told apart and correlated, but no id can be read back or tested against a
+guess from the log. Lines leave an :class:`AccessLog` only through its flush, which hashes.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
+import secrets
 import time
 from collections import deque
 from typing import Final, TextIO
@@ -35,8 +43,11 @@ FIELDS: Final = (
     "duration_ms",
     "model",
     "version",
-    "sequence_id",
+    "sequence",
 )
+
+#: hex digits of :func:`sequence_hash` (64 bits: enough to tell a process's sequences apart)
+SEQUENCE_HASH_DIGITS: Final = 16
 
 #: seconds between two flushes (a line appears at most this late)
 FLUSH_SECONDS: Final = 0.1
@@ -47,6 +58,13 @@ MAX_WAITING: Final = 65536
 Line = tuple[float, str, str, str, int | str, int | None, float, str | None, str | None, str | None]
 
 log = logging.getLogger(ACCESS_LOGGER)
+
+
+def sequence_hash(sequence_id: str, key: bytes) -> str:
+    """The access log's name for ``sequence_id``: :data:`SEQUENCE_HASH_DIGITS` hex digits
+    of BLAKE2b keyed with ``key`` (so a guessed id cannot be checked against the log)."""
+    digest = hashlib.blake2b(sequence_id.encode("utf-8", "surrogatepass"), key=key, digest_size=8)
+    return digest.hexdigest()
 
 
 def fields_of(line: Line) -> dict[str, object]:
@@ -80,7 +98,7 @@ def text_of(line: Line) -> str:
     return (
         f"{transport} {escape(method)} {escape(route)} status={status} bytes={'-' if size is None else size} "
         f"duration_ms={duration:.3f} model={escape(model or '-')} version={escape(version or '-')} "
-        f"sequence_id={escape(sequence or '-')}"
+        f"sequence={escape(sequence or '-')}"
     )
 
 
@@ -92,6 +110,8 @@ class AccessLog:
         self._lines: deque[Line] = deque()
         self._max = max_waiting
         self.dropped = 0
+        #: the key of this log's :func:`sequence_hash` (never written anywhere)
+        self._key = secrets.token_bytes(32)
 
     def add(self, line: Line) -> None:
         """Queue one line (never blocks, never raises)."""
@@ -116,6 +136,9 @@ class AccessLog:
     def _take(self) -> tuple[list[Line], int]:
         lines = self._lines
         batch = [lines.popleft() for _ in range(len(lines))]
+        for i, line in enumerate(batch):  # the one way out: no id leaves unhashed
+            if line[-1] is not None:
+                batch[i] = (*line[:-1], sequence_hash(line[-1], self._key))
         dropped, self.dropped = self.dropped, 0
         return batch, dropped
 
@@ -145,7 +168,18 @@ def _emit(batch: list[Line], dropped: int) -> None:
         log.warning("access log: %d line(s) dropped (more than %d waited for a flush)", dropped, MAX_WAITING)
 
 
-__all__ = ["ACCESS_LOGGER", "FIELDS", "AccessHandler", "AccessLog", "Line", "escape", "fields_of", "text_of"]
+__all__ = [
+    "ACCESS_LOGGER",
+    "FIELDS",
+    "SEQUENCE_HASH_DIGITS",
+    "AccessHandler",
+    "AccessLog",
+    "Line",
+    "escape",
+    "fields_of",
+    "sequence_hash",
+    "text_of",
+]
 
 
 class AccessHandler(logging.StreamHandler[TextIO]):

@@ -30,7 +30,7 @@ import attrs
 from ..api import OWNER_PARAMETER, EngineAPI, ResponseStream
 from ..types import InferenceRequest, InferenceResponse
 from .auth import Guard
-from .rest.asgi import ASGIReceive, ASGIScope, ASGISend
+from .httphost.replies import ASGIReceive, ASGIScope, ASGISend
 
 #: The fingerprint of the token of the request this task serves (None: no valid token).
 OWNER: Final = contextvars.ContextVar[str | None]("actorserve_sequence_owner", default=None)

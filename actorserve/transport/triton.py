@@ -40,6 +40,17 @@ DATA_TYPES: Final = {
 #: what ``backend`` says: the models are Python objects run by actorserve
 BACKEND: Final = "actorserve"
 
+#: The protocol extensions this server really implements: what REST's ``GET /v2`` and
+#: gRPC's ServerMetadata both report.
+EXTENSIONS: Final = (
+    "binary_tensor_data",
+    "generate",
+    "model_repository",
+    "parameters",
+    "sequence",
+    "streaming",
+)
+
 
 def _tensors(specs: tuple[TensorMetadata, ...]) -> list[dict[str, Any]]:
     return [

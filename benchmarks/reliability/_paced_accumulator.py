@@ -1,7 +1,7 @@
 """``accumulator`` with each step held ``step_delay`` seconds (a model parameter), so that
 its capacity is ``max_batch_size / step_delay`` calls a second whatever the CPU: the
 overload soak's ``--paced`` mode copies this file into the model's folder (a model
-folder's own module, see ``actorserve/repository.py``)."""
+folder's own module, see ``actorserve/engine/repository.py``)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.model import int_parameter
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import SequenceSettings, Settings
 
 #: Bound on every wait in these tests: a hang fails the test instead of freezing the run.

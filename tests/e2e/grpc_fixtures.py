@@ -25,9 +25,9 @@ import actorserve
 from actorserve import BatchModel, InferenceRequest, InferenceResponse, Model, ModelSettings, StepOutput
 from actorserve.api import ModelStatistics
 from actorserve.codecs import tensor_from_numpy
-from actorserve.doors import serve_grpc
 from actorserve.model import int_parameter
 from actorserve.models import builtin_settings as builtin_models
+from actorserve.server.doors import serve_grpc
 from actorserve.settings import SequenceSettings, Settings
 
 T = TypeVar("T")

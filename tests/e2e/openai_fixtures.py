@@ -14,7 +14,7 @@ import trio
 from conftest import TIMEOUT, Launch
 
 from actorserve.models import builtin_settings
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 T = TypeVar("T")
 

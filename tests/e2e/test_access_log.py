@@ -8,6 +8,7 @@ import datetime
 import io
 import json
 import logging
+import re
 import time
 from functools import partial
 from typing import Any
@@ -16,12 +17,13 @@ import httpx
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import tritonclient.grpc as grpcclient
 from e2e.conftest import TIMEOUT, rest_settings
 from support.servers import start_server
 
-from actorserve.logformat import JsonFormatter
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.logformat import JsonFormatter
 from actorserve.transport.access import ACCESS_LOGGER, FIELDS, AccessHandler, AccessLog
 
 IDENTITY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.5]}]}
@@ -64,7 +66,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
     assert all(list(line) == list(FIELDS) for line in lines)
     assert all(isinstance(line["duration_ms"], float) and line["duration_ms"] >= 0 for line in lines)
     brief = [
-        {k: line[k] for k in ("transport", "method", "route", "status", "model", "version", "sequence_id")}
+        {k: line[k] for k in ("transport", "method", "route", "status", "model", "version", "sequence")}
         for line in lines
     ]
     assert brief == [
@@ -75,7 +77,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": 200,
             "model": "identity",
             "version": "1",
-            "sequence_id": None,
+            "sequence": None,
         },
         {
             "transport": "rest",
@@ -84,7 +86,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": 200,
             "model": "accumulator",
             "version": "1",
-            "sequence_id": "s1",
+            "sequence": lines[1]["sequence"],  # a hash, checked below
         },
         {
             "transport": "rest",
@@ -93,7 +95,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": 200,
             "model": "streamer",
             "version": "1",
-            "sequence_id": None,
+            "sequence": None,
         },
         {
             "transport": "rest",
@@ -102,7 +104,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": 404,
             "model": "nope",
             "version": None,
-            "sequence_id": None,
+            "sequence": None,
         },
         {
             "transport": "rest",
@@ -111,7 +113,7 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": 200,
             "model": None,
             "version": None,
-            "sequence_id": None,
+            "sequence": None,
         },
         {
             "transport": "grpc",
@@ -120,9 +122,11 @@ async def test_one_line_per_request_with_its_fields(caplog: pytest.LogCaptureFix
             "status": "OK",
             "model": "identity",
             "version": "1",
-            "sequence_id": None,
+            "sequence": None,
         },
     ]
+    # issue 30, finding 11: the id is a bearer secret; the line has a keyed hash of it
+    assert re.fullmatch(r"[0-9a-f]{16}", lines[1]["sequence"]) and "s1" not in caplog.text
     assert (lines[0]["bytes"], lines[2]["bytes"]) == (len(first.content), len(stream.content))
     assert lines[-1]["bytes"] is None  # gRPC: not counted
 
@@ -173,7 +177,7 @@ def test_the_command_line_handler_writes_a_batch_like_the_other_lines() -> None:
         "time": datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat(timespec="milliseconds"),
         "level": "INFO",
         "logger": ACCESS_LOGGER,
-        "message": "rest GET /v2 status=200 bytes=10 duration_ms=0.500 model=- version=- sequence_id=-",
+        "message": "rest GET /v2 status=200 bytes=10 duration_ms=0.500 model=- version=- sequence=-",
         "transport": "rest",
         "method": "GET",
         "route": "/v2",
@@ -182,7 +186,7 @@ def test_the_command_line_handler_writes_a_batch_like_the_other_lines() -> None:
         "duration_ms": 0.5,
         "model": None,
         "version": None,
-        "sequence_id": None,
+        "sequence": None,
     }
     text = io.StringIO()
     AccessHandler(text, "text").write_batch([line])
@@ -218,3 +222,38 @@ def test_the_command_line_logs_json() -> None:
         200,
         "identity",
     )
+
+
+async def test_a_sequence_keeps_one_hash_and_no_line_holds_its_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 30, finding 11: lines of one sequence share its hash (they can be correlated),
+    two sequences differ, another log (process) hashes under another key, and no id is
+    written, whatever characters it holds."""
+    secret = "client-chosen secret id"
+    stream = io.StringIO()
+    handler = AccessHandler(stream, "json")
+    logger = logging.getLogger(ACCESS_LOGGER)
+    logger.addHandler(handler)
+    saved = logger.propagate, logger.level
+    logger.propagate, logger.level = False, logging.INFO
+    hashes: list[list[str | None]] = []
+    try:
+        for _ in range(2):  # two processes
+            log = AccessLog()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(log.run)
+                for sequence in (secret, secret, "other", None):
+                    log.add((1.0, "rest", "POST", "/v2/models/m/infer", 200, 1, 0.1, "m", "1", sequence))
+                await trio.sleep(1)
+                nursery.cancel_scope.cancel()
+            lines = [json.loads(text) for text in stream.getvalue().splitlines()]
+            hashes.append([line["sequence"] for line in lines[-4:]])
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate, logger.level = saved
+    for first, again, other, none in hashes:
+        assert first == again and first != other and none is None
+        assert first is not None and re.fullmatch(r"[0-9a-f]{16}", first)
+    assert hashes[0][0] != hashes[1][0]
+    assert secret not in stream.getvalue() and "other" not in stream.getvalue()

@@ -23,14 +23,14 @@ from grpclib.client import Channel
 from grpclib.exceptions import GRPCError
 from tritonclient.utils import InferenceServerException
 
-from actorserve.auth import read_tokens
 from actorserve.proto.actorserve.v1 import (
     DescribeModelRequest,
     ManagementStub,
     SetDefaultVersionRequest,
     SetWorkersRequest,
 )
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.tokens import read_tokens
 from actorserve.settings import Settings, SettingsError
 from actorserve.transport.auth import Guard, Scope
 from actorserve.transport.grpc import TritonGrpc
@@ -269,12 +269,19 @@ def test_the_guard_covers_management_services_by_name() -> None:
 
 def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
-    path.write_text("# the operators\nfirst-token\n\n  second-token  \n")
+    path.write_text("# the operators\nfirst-token\n\n  second-token  \nreader inference\nboss management\n")
     assert read_tokens(Settings(token_file=str(path), token="from-env")) == (
-        "from-env",
-        "first-token",
-        "second-token",
+        ("from-env", Scope.MANAGEMENT),
+        ("first-token", Scope.MANAGEMENT),
+        ("second-token", Scope.MANAGEMENT),
+        ("reader", Scope.INFERENCE),
+        ("boss", Scope.MANAGEMENT),
     )
+    for bad in ("zq9 admin\n", "zq9 inference extra\n"):
+        (tmp_path / "bad").write_text(bad)
+        with pytest.raises(SettingsError, match="a line is '<token>' or '<token> <scope>'") as refused:
+            read_tokens(Settings(token_file=str(tmp_path / "bad")))
+        assert "zq9" not in str(refused.value)  # never echoes a token
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(SettingsError, match="no token in it"):
         read_tokens(Settings(token_file=str(tmp_path / "empty")))
@@ -300,7 +307,7 @@ async def test_every_token_of_the_file_is_accepted(launch: Launch, tmp_path: Pat
 async def test_a_generated_token_is_in_a_private_file_that_goes_away(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "actorserve.auth")
+    caplog.set_level(logging.INFO, "actorserve.server.tokens")
     settings = rest_settings(no_auth=False)
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(partial(serve, settings))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+from support.programs import require_program
 from support.replicas import not_held_message
 from support.servers import ServerProcess, start_server
 
@@ -55,10 +55,7 @@ def free_port() -> int:
 
 
 def haproxy() -> str:
-    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
-    if found is None:
-        pytest.fail("haproxy is not installed (apt-get install haproxy; .ci/run does)")
-    return found
+    return require_program("haproxy", "the sticky-sequences proof runs deploy/haproxy's configuration")
 
 
 def replica(name: str, *args: str) -> tuple[ServerProcess, str, str]:

@@ -15,22 +15,24 @@ import orjson
 import pytest
 import trio
 from e2e.conftest import TIMEOUT
+from openapi_spec_validator import validate
 from support.scrape import parse, value
 
 from actorserve.api import EngineAPI
-from actorserve.doors import http_doors
 from actorserve.metrics import Metrics
 from actorserve.models import builtin_settings
 from actorserve.proto.torchserve.org.pytorch.serve.grpc.inference import (
     PredictionResponse,
     PredictionsRequest,
 )
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.doors import http_doors
 from actorserve.settings import Settings
 from actorserve.transport.access import ACCESS_LOGGER, AccessLog
 from actorserve.transport.auth import Guard, Scope
 from actorserve.transport.exchange import Exchange, Recorder
 from actorserve.transport.httphost import Drain, HttpHost
+from actorserve.transport.httphost.openapi import DOCUMENT_PATH, OpenApiPart, ok, op, ref
 from actorserve.transport.httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from actorserve.transport.httphost.serve import serve_http
 
@@ -119,8 +121,25 @@ class Healthz:
         return Scope.INFERENCE if path == "/healthz/model" else None
 
     @staticmethod
+    def openapi() -> OpenApiPart:
+        return OpenApiPart(
+            {
+                "/healthz": {"get": op("Is the server ready", ok(ref("Healthz")))},
+                "/healthz/model": {"get": op("Is the identity model ready", ok(ref("Healthz")))},
+                "/healthz/wait": {
+                    "get": op("An event stream that waits", {"200": {"description": "events"}})
+                },
+            },
+            {"Healthz": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
+        )
+
+    @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
         return 400, orjson.dumps({"healthz": why})
+
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, orjson.dumps({"healthz": why})
 
     @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
@@ -158,8 +177,8 @@ class Healthz:
 async def test_a_door_defined_in_a_test_gets_what_the_host_shares(caplog: pytest.LogCaptureFixture) -> None:
     """One door class and one more entry in the door list: the host gives it the token
     check by the scope it declares, CORS, the request metrics and the access log, the
-    drain's 503 in its error shape and the end of its stream in its event shape; the
-    other doors serve on beside it."""
+    drain's 503 in its error shape and the end of its stream in its event shape, and
+    its paths in the port's OpenAPI document; the other doors serve on beside it."""
     import actorserve
 
     caplog.set_level(logging.INFO, ACCESS_LOGGER)
@@ -191,6 +210,12 @@ async def test_a_door_defined_in_a_test_gets_what_the_host_shares(caplog: pytest
             base = "http://{}:{}".format(*host_port)
             async with httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as client:
                 assert (await client.get("/healthz")).json() == {"ok": True}  # open
+                documented = (await client.get(DOCUMENT_PATH)).json()
+                assert {"/healthz", "/healthz/model", "/healthz/wait", "/v2/health/ready"} <= set(
+                    documented["paths"]
+                )
+                assert "Healthz" in documented["components"]["schemas"]
+                validate(documented)
                 refused = await client.get("/healthz/model")  # inference: a token is needed
                 assert (refused.status_code, refused.headers["www-authenticate"]) == (401, "Bearer")
                 answer = await client.get(

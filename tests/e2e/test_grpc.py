@@ -20,9 +20,9 @@ from support.replicas import not_held_message
 from tritonclient.utils import InferenceServerException
 
 import actorserve
-from actorserve.doors import serve_grpc
+from actorserve.engine.repository import ModelRepository
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.repository import ModelRepository
+from actorserve.server.doors import serve_grpc
 from actorserve.settings import Settings
 from actorserve.transport.grpchost.server import bind
 

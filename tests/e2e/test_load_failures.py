@@ -27,8 +27,8 @@ from e2e.conftest import TIMEOUT, rest_settings
 from support.servers import ROOT, start_server
 from tritonclient.utils import InferenceServerException
 
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.engine.repository import ModelRepository
+from actorserve.server.composition import Server, serve
 
 ECHO = """\
 from actorserve import Model

@@ -66,6 +66,7 @@ async def test_describe_workers_and_default_version_over_rest(launch: Launch) ->
                 {"index": 1, "waiting": 0, "running": 0, "sequences": 0},
             ],
             "requires_sequence": False,
+            "loaded_at_startup": True,
         }
         scaled = (
             await client.post("/v2/repository/models/counter/versions/1/workers", json={"workers": 3})
@@ -162,8 +163,11 @@ async def test_management_service_over_grpc(launch: Launch) -> None:
     assert nope == (Status.NOT_FOUND, "model 'nope' is not loaded")
 
 
-async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[list[int], set[int], Any]:
-    """The ``k`` and ``replica`` outputs of one infer_stream, and its error (or None)."""
+async def _stream(
+    client: httpx.AsyncClient, body: dict[str, Any], started: trio.Semaphore | None = None
+) -> tuple[list[int], set[int], Any]:
+    """The ``k`` and ``replica`` outputs of one infer_stream, and its error (or None);
+    ``started`` is released at its first event."""
     ks: list[int] = []
     replicas: set[int] = set()
     async with aconnect_sse(client, "POST", "/v2/models/counter/infer_stream", json=body) as source:
@@ -175,6 +179,8 @@ async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[list
             if event.event == "error":
                 return ks, replicas, data
             outputs = {o["name"]: o["data"][0] for o in data["outputs"]}
+            if not ks and started is not None:
+                started.release()
             ks.append(outputs["k"])
             replicas.add(outputs["replica"])
     return ks, replicas, None
@@ -190,8 +196,10 @@ async def test_scaling_1_3_1_while_streams_and_sequences_run(launch: Launch) -> 
     scaled_down = trio.Event()
     n = 120
 
+    running = trio.Semaphore(0, max_value=64)  # released by each stream's first event
+
     async def stream(key: str) -> None:
-        streams[key] = await _stream(client, counter_body(n))
+        streams[key] = await _stream(client, counter_body(n), running)
 
     async def sequence(i: int, opened: trio.Semaphore) -> None:
         record: dict[str, Any] = {"replica": None, "requests": 0, "error": None}
@@ -221,7 +229,8 @@ async def test_scaling_1_3_1_while_streams_and_sequences_run(launch: Launch) -> 
             async with trio.open_nursery() as nursery:
                 for i in range(32):
                     nursery.start_soon(stream, f"up{i}")
-                await trio.sleep(0.05)
+                for _ in range(32):  # every stream is running when the workers change
+                    await running.acquire()
                 up = await client.post("/v2/repository/models/counter/workers", json={"workers": 3})
                 assert (up.status_code, up.json()["workers"]) == (200, 3)
             # 3 -> 1 while 32 more streams and 32 sequences run
@@ -237,7 +246,8 @@ async def test_scaling_1_3_1_while_streams_and_sequences_run(launch: Launch) -> 
                 kept_replica = engine.model("counter").replica  # replica 0 stays
                 for i in range(32):
                     nursery.start_soon(stream, f"down{i}")
-                await trio.sleep(0.05)
+                for _ in range(32):
+                    await running.acquire()
                 down = await client.post("/v2/repository/models/counter/workers", json={"workers": 1})
                 assert (down.status_code, down.json()["workers"], len(down.json()["replicas"])) == (200, 1, 1)
                 scaled_down.set()

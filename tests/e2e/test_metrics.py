@@ -20,7 +20,7 @@ from support.scrape import names, parse, value
 
 from actorserve import ModelSettings
 from actorserve.models import builtin_settings
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.settings import SequenceSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 from e2e.openai_fixtures import ai_server, async_client, in_thread, sync_client
 
 from actorserve.models import TEXT_CHAT_TEMPLATE
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 __all__ = ["ai_server", "async_client", "sync_client"]  # fixtures
 

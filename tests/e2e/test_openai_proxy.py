@@ -20,7 +20,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from actorserve.models.openai_proxy import OpenAIProxyModel, UpstreamConfig
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.settings import ModelSettings, SettingsError
 
 KEY = "sk-test-not-a-real-key-4711"

@@ -16,7 +16,7 @@ from e2e.openai_fixtures import ai_server, in_thread, sync_client
 from support.servers import start_server
 
 from actorserve import InferenceRequest, InferenceResponse, Model, ModelSettings
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.textgen import TextGeneration, text_tensor
 
 __all__ = ["ai_server", "sync_client"]  # fixtures

@@ -21,7 +21,7 @@ from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.models.text import TextModel
 from actorserve.models.textlm.network import generate
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.transport.playground import FILES
 
 
@@ -160,7 +160,7 @@ def _drive(
     return got
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.usefixtures("chromium")
 async def test_playground_streams_and_continues_a_sequence(server: Server, tmp_path: Path) -> None:
     model = text_model(server)
     screenshot = tmp_path / "playground.png"

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
+from support.browser import BROWSER_TIMEOUT, chromium_page
 
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 MAX_TOKENS = 40
 
@@ -63,7 +63,7 @@ def drive_chat(base_url: str) -> dict[str, Any]:
     return got
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.usefixtures("chromium")
 async def test_playground_chat_mode(server: Server) -> None:
     with trio.fail_after(BROWSER_TIMEOUT):
         got = await trio.to_thread.run_sync(drive_chat, str(server.http_url))

@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from support.browser import BROWSER_TIMEOUT, CHROMIUM, chromium_page
+from support.browser import BROWSER_TIMEOUT, chromium_page
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 pytest.importorskip("transformers")
 
@@ -56,7 +56,7 @@ def drive(base_url: str) -> dict[str, Any]:
     return got
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.usefixtures("chromium")
 async def test_playground_lists_streams_and_continues_the_llm(server: Server) -> None:
     with trio.fail_after(BROWSER_TIMEOUT):
         got = await trio.to_thread.run_sync(drive, str(server.http_url))

@@ -17,7 +17,7 @@ from support.browser import BROWSER_TIMEOUT, CHROMIUM, FLAGS
 from support.countdown import countdown_settings
 
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def drive(base_url: str) -> dict[str, Any]:
     return got
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.usefixtures("chromium")
 async def test_playground_offers_what_each_model_takes(server: Server) -> None:
     with trio.fail_after(BROWSER_TIMEOUT):
         got = await trio.to_thread.run_sync(drive, str(server.http_url))

@@ -24,7 +24,7 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.replica import made_by
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"

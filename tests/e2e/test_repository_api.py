@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from e2e.conftest import TIMEOUT, Launch
 from tritonclient.utils import InferenceServerException
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 T = TypeVar("T")
 

@@ -13,9 +13,7 @@ import pytest
 import trio
 from support.browser import CHROMIUM, FLAGS
 
-from actorserve.server import Server
-
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+from actorserve.server.composition import Server
 
 EVENT_SOURCE = """
 url => new Promise((resolve, reject) => {
@@ -61,6 +59,7 @@ def in_browser(base_url: str) -> dict[str, Any]:
     return {"events": events, "fetched": fetched}
 
 
+@pytest.mark.usefixtures("chromium")
 async def test_browser_event_source_and_fetch(server: Server) -> None:
     # Playwright runs in its own process: its sync API needs a plain asyncio loop, and
     # trio-asyncio (imported by the gRPC transport) changes asyncio's loop policy here.

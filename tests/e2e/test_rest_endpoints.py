@@ -13,9 +13,9 @@ import trio
 import trio.testing
 
 import actorserve
+from actorserve.engine.repository import ModelRepository
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 pytestmark = pytest.mark.parametrize("server", ["fast", "quart"], indirect=True)
 

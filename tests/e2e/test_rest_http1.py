@@ -15,7 +15,7 @@ from e2e.conftest import TIMEOUT, Launch
 from hypercorn.events import Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 PARSERS = ["httptools", "h11"]
 INFER_BODY = json.dumps(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import trio
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 if TYPE_CHECKING:
     from conftest import GateModel, Settle

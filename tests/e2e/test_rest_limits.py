@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 LIMIT = 2048
 TOO_LARGE = {"error": f"the request body is larger than {LIMIT} bytes (max_body_bytes)"}

@@ -92,6 +92,28 @@ async def test_sagemaker_new_session_disagreeing_with_the_body_is_refused(launch
         assert "disagrees with parameter 'sequence_start'" in reply.json()["error"]
 
 
+@pytest.mark.parametrize("fast_path", [True, False], ids=["raw", "quart"])
+async def test_a_sagemaker_session_id_outside_its_alphabet_is_refused(
+    launch: Launch, fast_path: bool
+) -> None:
+    """Issue 30, finding 10: a client's id is echoed in the New-Session-Id header, where
+    ``;``, ``=``, ``,`` or a space would forge attributes (``; Expires=...``); such an id,
+    or one longer than SageMaker's 256, is refused 400 from the header and the body alike."""
+    server = await launch(fast_path=fast_path, sequence_headers="sagemaker")
+    forged = ["x; Expires=2099-01-01T00:00:00Z", "a=b", "a,b", "a b", "é", "x" * 257]
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        for value in forged:
+            in_body = await client.post(URL, json=add(1, sequence_id=value, sequence_start=True))
+            assert in_body.status_code == 400, (value, in_body.text)
+            assert "is not a session id" in in_body.json()["error"]
+            assert NEW not in in_body.headers and SESSION not in in_body.headers
+            if value.isascii():
+                in_header = await client.post(URL, json=add(1, sequence_start=True), headers={SESSION: value})
+                assert in_header.status_code == 400, (value, in_header.text)
+        fine = await client.post(URL, json=add(1, sequence_id="my.session_1-a", sequence_start=True))
+        assert total(fine) == 1 and fine.headers[NEW].startswith("my.session_1-a; Expires=")
+
+
 async def test_a_sagemaker_session_of_another_replica_is_not_held(launch: Launch) -> None:
     server = await launch(sequence_headers="sagemaker", replica_id="r1")
     foreign = new_sequence_id("r2", sagemaker=True)

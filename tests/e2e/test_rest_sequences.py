@@ -11,7 +11,7 @@ import trio
 from httpx_sse import aconnect_sse
 from support.replicas import not_held_message
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 if TYPE_CHECKING:
     from conftest import GateModel, Settle

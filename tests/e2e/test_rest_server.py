@@ -23,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 
-from actorserve.server import ListenError, Listeners, Server, open_listeners, serve
+from actorserve.server.composition import ListenError, Listeners, Server, open_listeners, serve
 from actorserve.settings import Settings
 
 if TYPE_CHECKING:

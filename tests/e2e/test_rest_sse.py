@@ -19,7 +19,7 @@ from hypercorn.events import Event, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
 from actorserve.codecs import response_from_json
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 if TYPE_CHECKING:
     from conftest import GateModel, Settle

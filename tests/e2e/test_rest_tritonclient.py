@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 import actorserve
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 pytestmark = pytest.mark.parametrize("server", ["fast", "quart"], indirect=True)
 

@@ -13,9 +13,9 @@ import pytest
 import trio
 from conftest import TIMEOUT, Launch, rest_settings
 
+from actorserve.engine.repository import ModelRepository
 from actorserve.models import builtin_settings as builtin_models
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 
 
 @pytest.fixture

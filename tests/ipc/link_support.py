@@ -17,7 +17,8 @@ import actorserve
 from actorserve import InferenceRequest, ModelSettings
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
-from actorserve.ipc import LinkLimits, open_unix_listener, serve_fronts
+from actorserve.ipc import LinkLimits
+from actorserve.ipc.engine_side import open_unix_listener, serve_fronts
 from actorserve.ipc.frames import DEFAULT_LIMITS
 from actorserve.models import builtin_settings as builtin_models
 from actorserve.settings import SequenceSettings

@@ -1,4 +1,4 @@
-"""The engine in a child process (``python -m actorserve.ipc.engine_main``) serving a
+"""The engine in a child process (``python -m actorserve.server.engine_main``) serving a
 client in this one; SIGTERM shuts it down cleanly."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import trio
 from link_support import prompt, socket_path
 
 from actorserve.ipc import open_engine_client
-from actorserve.ipc.engine_main import READY_LINE
+from actorserve.server.engine_main import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ async def test_engine_process_serves_and_stops_on_sigterm() -> None:
     )
     with socket_path() as path:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "actorserve.ipc.engine_main", path], stdout=subprocess.PIPE, env=env
+            [sys.executable, "-m", "actorserve.server.engine_main", path], stdout=subprocess.PIPE, env=env
         )
         try:
             assert process.stdout is not None

@@ -2,7 +2,8 @@
 engine, REST (generate, generate_stream, infer) and the OpenAI routes equals
 ``model.generate(do_sample=False)`` for tiny GPT-2 and Llama checkpoints built here, alone
 and with 16 concurrent requests of different lengths; seeds, stop strings, EOS, usage,
-sequences, the cache budget, cancellation and parameter errors."""
+sequences, the cache budget, cancellation and parameter errors (the prefix cache
+and the budget's fairness: test_llm_cache.py)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ from support.servers import start_server
 from support.tiny_llm import build
 
 import actorserve
-from actorserve import BadInput, InferenceRequest, SequenceNotFound
+from actorserve import BadInput, InferenceRequest
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.models.llm import TransformersModel
 from actorserve.models.llm.state import Detokenizer
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import serve
+from actorserve.server.composition import serve
 from actorserve.settings import Settings
 
 pytest.importorskip("transformers")
@@ -261,37 +262,41 @@ async def test_sequence_continues_as_resending_the_history(folders: dict[str, Pa
         assert model.sequences == {}
 
 
-async def test_cache_budget_evicts_the_least_recently_used_idle_sequence(folders: dict[str, Path]) -> None:
+async def test_cache_budget_drops_the_least_recently_used_idle_cache_and_the_sequence_goes_on(
+    folders: dict[str, Path],
+) -> None:
     greedy = {"temperature": 0, "max_tokens": 4}
     # gpt2 here: 2 layers x (keys + values) x 64 floats x 4 bytes = 1 KiB per token. A
     # request reserves its prompt + max_tokens: a keeps 11 tokens, b 13 (reserving 14 fits
-    # beside a in 34), c reserves 19: room for it evicts a (least recently used) but not b.
+    # beside a in 34), c reserves 19: room for it drops a's cache (least recently used)
+    # but not b's. a stays open (soft eviction) and reads its text again when it goes on.
     async with llm_engine(folders["gpt2"], kv_cache_budget_mb=34 / 1024) as (engine, model):
-        await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, **greedy)
+        first = await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, **greedy)
         await text(engine, "JULIET:\nAy", sequence_id="b", sequence_start=True, **greedy)
         assert model.cache_bytes() <= 34 * 1024
         supervisor = engine.host("llm").supervisor
         assert supervisor is not None and len(supervisor) == 2
         await text(engine, "First Citizen:\nBefore we", sequence_id="c", sequence_start=True, **greedy)
-        # the engine ends a: on_sequence_end("evicted") forgets its state, its slot frees
-        for _ in range(100):
-            if "a" not in model.sequences:
-                break
-            await trio.sleep(0.01)
-        assert sorted(model.sequences) == ["b", "c"] and len(supervisor) == 2
-        assert not model.sequences["b"].evicted and not model.sequences["c"].evicted
-        assert supervisor.statistics().ended == {"evicted": 1}
-        with pytest.raises(
-            SequenceNotFound,
-            match=r"^sequence 'a' was evicted \(kv_cache_budget_mb of model 'llm' reached\)$",
-        ):
-            await text(engine, "more", sequence_id="a", **greedy)
+        assert sorted(model.sequences) == ["a", "b", "c"] and len(supervisor) == 3
+        assert model.sequences["a"].kv is None and model.sequences["a"].text == "ROMEO:\nI" + first
+        assert model.sequences["b"].kv is not None and model.sequences["c"].kv is not None
+        assert model.cache_statistics().dropped_caches == 1
+        assert supervisor.statistics().ended == {}
         assert model.cache_bytes() <= 34 * 1024
-        # b goes on with its cache; a new a starts afresh
+        # a goes on: it reads its whole text again, and answers as if never dropped
+        before = model.cache_statistics().prefilled_tokens
+        more = await text(engine, " me", sequence_id="a", **greedy)
+        assert more == await text(engine, "ROMEO:\nI" + first + " me", **greedy)
+        assert model.cache_statistics().prefilled_tokens - before > len(model.tokenizer(" me")["input_ids"])
+        assert model.cache_bytes() <= 34 * 1024
         await text(engine, " me", sequence_id="b", **greedy)
-        assert await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, **greedy) == await text(
-            engine, "ROMEO:\nI", **greedy
-        )
+    # the same turns with room for every cache: the same answer
+    async with llm_engine(folders["gpt2"]) as (engine, model):
+        assert await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, **greedy) == first
+        await text(engine, "JULIET:\nAy", sequence_id="b", sequence_start=True, **greedy)
+        await text(engine, "First Citizen:\nBefore we", sequence_id="c", sequence_start=True, **greedy)
+        assert model.cache_statistics().dropped_caches == 0
+        assert await text(engine, " me", sequence_id="a", **greedy) == more
 
 
 async def test_cancelled_request_leaves_and_its_sequence_goes_on(folders: dict[str, Path]) -> None:

@@ -25,7 +25,7 @@ from actorserve.engine import Engine
 from actorserve.models import builtin_settings
 from actorserve.models.text import Generation, TextModel, TextState, sample_rows
 from actorserve.models.textlm.network import TextLMCore, generate
-from actorserve.server import serve
+from actorserve.server.composition import serve
 from actorserve.settings import Settings
 
 TIMEOUT = 60.0

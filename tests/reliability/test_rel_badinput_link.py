@@ -17,7 +17,8 @@ import trio
 import actorserve
 from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
-from actorserve.ipc import open_engine_client, open_unix_listener, serve_fronts
+from actorserve.ipc import open_engine_client
+from actorserve.ipc.engine_side import open_unix_listener, serve_fronts
 from actorserve.ipc.frames import DEFAULT_LIMITS
 from actorserve.models import builtin_settings
 

@@ -12,7 +12,7 @@ import trio
 from support.rel_badinput import launch
 from support.rel_schema import run_schema
 
-from actorserve.transport.rest.openapi import DOCUMENT_PATH
+from actorserve.transport.httphost.openapi import DOCUMENT_PATH
 
 EXAMPLES = 2
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 from support.rel_badinput import Answer, launch, parse_answer
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 
 TIMEOUT = 0.3
 #: how long a slow client keeps trickling if nobody stops it: far past the timeouts

@@ -34,7 +34,7 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.metrics import REFRESH_INTERVAL, count_tasks
 from actorserve.model import int_parameter
 from actorserve.models import builtin_settings
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import SequenceSettings, Settings
 
 SETTLE_TIMEOUT = 20.0

@@ -20,7 +20,7 @@ from actorserve import InferenceRequest, open_engine
 from actorserve.actors.sequence import SequenceActor
 from actorserve.codecs import tensor_from_numpy
 from actorserve.models import builtin_settings
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import SequenceSettings, Settings
 
 CONNECTIONS = 8

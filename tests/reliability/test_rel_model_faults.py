@@ -21,7 +21,7 @@ from support.rel_faults import fault_models
 
 from actorserve import InferenceRequest
 from actorserve.errors import ModelFailed
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 TIMEOUT = 20.0

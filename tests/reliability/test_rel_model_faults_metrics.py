@@ -17,7 +17,7 @@ import trio
 from support.rel_faults import fault_models
 from support.scrape import Samples, parse, value
 
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 TIMEOUT = 10.0

@@ -37,7 +37,7 @@ from support.scrape import parse
 from support.servers import ServerProcess, start_server
 
 from actorserve.models import builtin_settings
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import SequenceSettings, Settings
 
 #: requests started per second, for how long, and at most how many at once (client side)

@@ -1,6 +1,6 @@
 """RSS after overload (issue 14: "RSS back within 10 % of baseline after"): a burst of
 connections to one process leaves glibc's heap at its peak unless the process trims it
-once idle (``actorserve/heaptrim.py``). The long run is ``python benchmarks/soak.py
+once idle (``actorserve/server/heaptrim.py``). The long run is ``python benchmarks/soak.py
 burst`` (1,024 connections, both shapes) and the overload soak's RSS columns."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import trio
 from support.rel_load import RssSampler, Tally, rest_call, streamer_case, tree_rss
 from support.servers import ServerProcess, start_server
 
-from actorserve.heaptrim import TrimPolicy, malloc_trim, trim_heap_when_idle, trim_now
+from actorserve.server.heaptrim import TrimPolicy, malloc_trim, trim_heap_when_idle, trim_now
 
 #: connections opened at once
 CONNECTIONS = 400
@@ -69,7 +69,7 @@ async def test_the_watcher_trims_in_a_thread_when_the_process_falls_idle(
 
 
 async def test_without_malloc_trim_the_watcher_returns_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import actorserve.heaptrim as heaptrim
+    import actorserve.server.heaptrim as heaptrim
 
     monkeypatch.setattr(heaptrim, "malloc_trim", lambda: None)
     with trio.fail_after(1):
@@ -146,7 +146,7 @@ async def test_a_server_trims_its_heap_once_idle_after_a_burst_of_connections(
 def test_a_ready_process_freezes_its_startup_objects_and_raises_the_gc_thresholds() -> None:
     """In a fresh interpreter (freezing this one would hide the test run's garbage)."""
     code = (
-        "import gc; from actorserve.heaptrim import GC_THRESHOLDS, freeze_startup_objects; "
+        "import gc; from actorserve.server.heaptrim import GC_THRESHOLDS, freeze_startup_objects; "
         "freeze_startup_objects(); print(gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)"
     )
     done = subprocess.run(

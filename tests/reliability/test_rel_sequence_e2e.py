@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from httpx_sse import aconnect_sse
 from support.rel_sequences import HookModel, check_invariants, hook_settings
 
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 TIMEOUT = 20.0

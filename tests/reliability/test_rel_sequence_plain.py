@@ -20,7 +20,7 @@ from support.rel_badinput import grpc_headers, h2_client, h2_exchange, launch
 from actorserve import InferenceRequest, InferenceResponse, Model
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.settings import ModelSettings
 
 TIMEOUT = 10.0

@@ -19,9 +19,11 @@ import pytest
 import trio
 from support.rel_shutdown import SHUTTING_DOWN, GrpcStream, shutdown_settings, start, wait_until
 
-from actorserve.server import END_MARGIN
+from actorserve.server.composition import END_MARGIN
 
 GRACE = 0.5
+#: the grace period an idle server must not wait for
+IDLE_GRACE = 10.0
 TIMEOUT = 20.0
 
 
@@ -102,11 +104,13 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
                 len(post) > 2 and len(get) > 2 and len(openai) > 2 and bool(ts_chunks) and grpc.results > 0
             )
         )
+        before = (await server.engine.statistics("slow")).running
         clients.start_soon(short)
-        await trio.sleep(0.02)  # the short request is in flight
+        with trio.fail_after(TIMEOUT):  # the short request is in flight (running in the model)
+            while (await server.engine.statistics("slow")).running <= before:  # noqa: ASYNC110 (a counter: no event)
+                await trio.sleep(0.005)
         server.shutdown()
         stopped_at = trio.current_time()
-        await trio.sleep(0.05)
         # new requests, new connections: 503 with Retry-After, each API in its own shape
         async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as fresh:
             oip = await fresh.post("/v2/models/streamer/generate", json={"text_input": "x"})
@@ -123,14 +127,14 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
             "ServiceUnavailableException",
             SHUTTING_DOWN,
         )
-        with trio.fail_after(GRACE + END_MARGIN + 2):
+        # the streams would need 200 s (10,000 tokens x 20 ms): a bound far below that
+        # proves they were cut at the grace period, with room for a loaded machine
+        with trio.fail_after(GRACE + END_MARGIN + 30):
             await running.returned.wait()
         elapsed = trio.current_time() - stopped_at
         await trio.to_thread.run_sync(lambda: grpc.ended.wait(TIMEOUT))
         grpc.close()
-    assert (
-        GRACE <= elapsed < GRACE + END_MARGIN + 1.0
-    )  # right after the grace period (slack: a busy CI machine)
+    assert elapsed >= GRACE  # the in-flight work had its grace period
     assert unary["reply"].status_code == 200
     assert len(unary["reply"].json()["text_output"]) == 5
     shutting_down = f'data: {{"error":"{SHUTTING_DOWN}","status":503}}'
@@ -147,7 +151,7 @@ async def test_sigterm_under_load_finishes_in_flight_refuses_new_and_ends_every_
 async def test_an_idle_server_stops_at_once(nursery: trio.Nursery, grpc_open: bool) -> None:
     """Nothing in flight: no wait for the grace period (10 s here), even with a kept-alive
     HTTP connection and an open ModelStreamInfer call that runs no request."""
-    running = await start(nursery, shutdown_settings(grace_period=10.0))
+    running = await start(nursery, shutdown_settings(grace_period=IDLE_GRACE))
     server = running.server
     assert server.http_url is not None and server.grpc_address is not None
     grpc = GrpcStream("{}:{}".format(*server.grpc_address))
@@ -162,4 +166,5 @@ async def test_an_idle_server_stops_at_once(nursery: trio.Nursery, grpc_open: bo
             await running.returned.wait()
     elapsed = trio.current_time() - stopped_at
     grpc.close()
-    assert elapsed < 1.0, elapsed  # ~0.05 s; the grace period is 10 s
+    # ~0.05 s: the grace period (10 s) was not waited for (a bound on behaviour, not speed)
+    assert elapsed < IDLE_GRACE / 4, elapsed

@@ -17,7 +17,7 @@ import pytest
 from support.rel_shutdown import SHUTTING_DOWN, GrpcStream
 from support.servers import ServerProcess, start_server
 
-from actorserve.server import END_MARGIN
+from actorserve.server.composition import END_MARGIN
 
 GRACE = 1.0
 #: SIGTERM to exit of an idle server, with room for a busy machine (it takes ~0.05 s

@@ -27,9 +27,10 @@ import trio
 from support.rel_surge import answers_on, generate_request, handshakes_within, http_surge
 from support.servers import ServerProcess, start_server
 
-from actorserve.listeners import PORTS, effective_backlog, raise_open_file_limit
+from actorserve.addresses import PORTS
 from actorserve.models import builtin_settings
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
+from actorserve.server.listeners import effective_backlog, raise_open_file_limit
 from actorserve.settings import Settings
 
 #: connects per port: above the old backlogs (100 / 128), below the new default

@@ -2,11 +2,15 @@
 parses or a 5xx, against a real ``python -m actorserve`` in both process shapes
 (``--api-workers 0`` and one front beside the engine).
 
-Each case must be answered fast with a 400 naming its limit, the server's process tree
-must stay within a small RSS bound while it is handled, and a ``/v2/health/live`` probe
-running alongside must keep answering within 100 ms. The sizes are far below the
-issue's (a 119-byte request took 7.9 GB) so that the same test, run against the code
-before the fix, fails on the RSS or time bound instead of exhausting the machine.
+Each case must be answered with a 400 naming its limit, the server's process tree must
+stay within a small RSS bound while it is handled, and a ``/v2/health/live`` probe
+running alongside must keep being answered. The time bounds are not speed targets: they
+are wide multiples of the machine's pace measured in the same test (``support.pace``,
+about 10 ms of Python on an idle core: the answer within 200 paces, each probe within 25),
+so a busy machine widens them while a stall of seconds (the issue's gRPC message held the
+process for 22 s) still fails. The sizes are far below the issue's (a 119-byte request
+took 7.9 GB) so that the same test, run against the code before the fix, fails on the
+RSS or time bound instead of exhausting the machine.
 """
 
 from __future__ import annotations
@@ -24,17 +28,19 @@ import grpc
 import httpx
 import pytest
 import trio
+from support.pace import pace
 from support.rel_load import RssSampler, tree_rss
 from support.servers import ServerProcess, start_server
 
 from actorserve.proto import inference as pb
 
-#: an attack must be answered within this many seconds
-ANSWER_BOUND = 2.0
+#: an attack must be answered within this many paces (support.pace: ~2 s on an idle machine)
+ANSWER_PACES = 200
 #: the whole server (every process) may grow by at most this much while it is handled
 RSS_BOUND = 64 * 1024 * 1024
-#: every health probe sent while the attack is handled answers within this
-PROBE_BOUND = 0.1
+#: every health probe sent while the attack is handled answers within this many paces
+#: (~0.25 s on an idle machine; the probes answer in ~2 ms there)
+PROBE_PACES = 25
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 PREDICTIONS = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"
 
@@ -77,6 +83,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 class Watch:
     """What happened while one attack was handled."""
 
+    #: the machine's pace just before the attack (support.pace), the unit of the bounds
+    pace: float = 0.0
     seconds: float = 0.0
     rss_growth: int = 0
     probes: list[float] = attrs.field(factory=list)
@@ -105,6 +113,7 @@ async def attack(served: Served, send: Any) -> tuple[Any, Watch]:
     pid = served.process.process.pid
     async with httpx.AsyncClient(base_url=served.http, timeout=10) as prober:
         assert (await prober.get("/v2/health/live")).status_code == 200  # the connection is warm
+        watch.pace = pace()
         before = tree_rss(pid)
         with RssSampler(pid, interval=0.02) as sampler:
             async with trio.open_nursery() as nursery:
@@ -122,9 +131,12 @@ async def attack(served: Served, send: Any) -> tuple[Any, Watch]:
 
 
 def check(watch: Watch) -> None:
-    assert watch.seconds < ANSWER_BOUND, watch
     assert watch.rss_growth < RSS_BOUND, watch
-    assert watch.probes and max(watch.probes) < PROBE_BOUND, watch
+    # the server kept answering while it handled the attack (each probe got its 200)...
+    assert watch.probes and watch.answered is not None and len(watch.probes) >= watch.answered + 2, watch
+    # ...and never stalled: bounds in the machine's pace, never a fixed number of seconds
+    assert watch.seconds < ANSWER_PACES * watch.pace, watch
+    assert max(watch.probes) < PROBE_PACES * watch.pace, watch
 
 
 async def post(served: Served, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:

@@ -25,11 +25,11 @@ from support.servers import start_server
 from tritonclient.utils import InferenceServerException
 
 import actorserve.models
+from actorserve.engine.repository import ModelRepository
 from actorserve.model import Model
 from actorserve.models import builtin_settings
 from actorserve.proto.torchserve.org.pytorch.serve.grpc import management as ts_management
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import ModelSettings, Settings
 from actorserve.types import InferenceRequest, InferenceResponse
 
@@ -304,3 +304,61 @@ def test_refusals_cross_the_engine_link(tmp_path: Path) -> None:
             assert client.post("/v2/repository/models/plain/load", json=allowed).json() == {}
     finally:
         server.stop()
+
+
+#: issue 30, findings 1 and 12b: ``parameters.config`` values of another JSON type than the
+#: object they stand for (pairs that dict() would turn into one, a string, a number)
+NOT_OBJECTS = [
+    ("ts_stateful", {"parameters": [["model_dir", "/tmp"], ["handler", "evil.py"]]}),
+    ("proxy", {"parameters": [["extra", {"base_url": "http://127.0.0.1:1/v1", "api_key_env": "HOME"}]]}),
+    ("params", {"parameters": [["path", "/etc"]]}),
+    ("params", {"parameters": '{"path": "/etc"}'}),
+    ("params", {"parameters": 7}),
+    ("params", {"sequence": [["max_queue", 1]]}),
+    ("params", {"request": [["parameters", ["x"]]]}),
+    ("params", {"max_pending": "5"}),
+    ("params", {"workers": True}),
+]
+
+
+async def test_rest_load_refuses_values_that_are_not_the_object_they_stand_for(launch: Launch) -> None:
+    server = await launch()
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        for model, config in NOT_OBJECTS:
+            before = (await client.get(f"/v2/repository/models/{model}")).json()
+            answer = await client.post(
+                f"/v2/repository/models/{model}/load", json={"parameters": {"config": config}}
+            )
+            assert answer.status_code == 400, (model, config, answer.text)
+            assert answer.json()["error"].startswith(f"model {model!r}: parameters.config"), answer.text
+            assert (await client.get(f"/v2/repository/models/{model}")).json() == before
+        # the config itself a JSON string of the same (Triton's spelling)
+        for model, config in NOT_OBJECTS[:4]:
+            body = {"parameters": {"config": json.dumps(config)}}
+            answer = await client.post(f"/v2/repository/models/{model}/load", json=body)
+            assert answer.status_code == 400, (model, config, answer.text)
+
+
+async def test_grpc_load_refuses_values_that_are_not_the_object_they_stand_for(launch: Launch) -> None:
+    server = await launch()
+    assert server.grpc_address is not None
+    host, port = server.grpc_address
+
+    def scenario() -> list[tuple[str, str]]:
+        client = grpcclient.InferenceServerClient(f"{host}:{port}")
+        seen = []
+        for model, config in NOT_OBJECTS:
+            try:
+                client.load_model(model, config=json.dumps(config))
+            except InferenceServerException as exc:
+                seen.append((str(exc.status()), str(exc.message())))
+            else:
+                seen.append(("OK", ""))
+        return seen
+
+    for (model, config), (status, message) in zip(NOT_OBJECTS, await in_thread(scenario), strict=True):
+        assert status == "StatusCode.INVALID_ARGUMENT", (model, config, status, message)
+        assert message.startswith(f"model {model!r}: parameters.config"), message
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        answer = await client.post("/v2/models/params/infer", json={"inputs": []})
+        assert answer.json()["parameters"] == {"threshold": 1, "path": "/srv/a"}

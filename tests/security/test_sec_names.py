@@ -121,4 +121,4 @@ def test_access_log_fields_are_escaped(value: str, shown: str) -> None:
     line = text_of((0.0, "rest", value, value, 400, 0, 1.0, value, value, value))
     assert "\n" not in line and line.count(" ") == 8  # the fields' own separators only
     assert line.startswith(f"rest {shown} {shown} status=400")
-    assert line.endswith(f"model={shown} version={shown} sequence_id={shown}")
+    assert line.endswith(f"model={shown} version={shown} sequence={shown}")

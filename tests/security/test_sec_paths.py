@@ -15,7 +15,7 @@ import pytest
 import trio
 from support.rel_badinput import H2Outcome, h2_exchange, launch, send_head
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.transport.httphost.target import refusal
 
 TOKEN = "path-attack-token"

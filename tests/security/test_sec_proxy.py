@@ -15,7 +15,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from actorserve.models.openai_proxy import OpenAIProxyModel
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import ModelSettings, Settings
 
 MIB = 1024 * 1024

@@ -22,7 +22,7 @@ from support.servers import start_server
 from tritonclient.utils import InferenceServerException
 
 from actorserve.models import builtin_settings
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import ModelSettings, SequenceSettings
 from actorserve.transport.owner import fingerprint
 

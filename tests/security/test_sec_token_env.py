@@ -18,8 +18,9 @@ import httpx
 import pytest
 from support.servers import ServerProcess, start_server
 
-from actorserve.auth import TOKENS_FD_VAR, read_tokens, take_token, token_handoff
+from actorserve.server.tokens import TOKENS_FD_VAR, read_tokens, take_tokens, token_handoff
 from actorserve.settings import Settings
+from actorserve.transport.auth import Scope
 
 STARTUP_TIMEOUT = 60.0
 SECRET = "s3cret-token-of-the-test"
@@ -106,22 +107,37 @@ def test_model_code_finds_no_token_in_its_environment(running: tuple[ServerProce
     assert token not in server.text()  # nor in the log
 
 
-def test_take_token_empties_the_environment_and_reads_the_handoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a server: what a front process does with its variables and descriptor."""
-    handoff = token_handoff(("first", "second"))
+def test_take_tokens_empties_the_environment_and_reads_the_handoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a server: what a front process does with its variables and descriptor; the
+    handoff carries each token's scope (issue 30: an inference token stays one in a front)."""
+    handoff = token_handoff(
+        (("first", Scope.MANAGEMENT), ("second", Scope.MANAGEMENT), ("reader", Scope.INFERENCE))
+    )
     assert handoff is not None
     with handoff:
         fds = [os.dup(handoff.fileno()) for _ in range(2)]  # two fronts: one open file, one offset
         os.lseek(fds[0], 0, os.SEEK_END)  # a position moved by anyone does not matter
         for fd in fds:
             monkeypatch.setenv("ACTORSERVE_TOKEN", "own")
+            monkeypatch.setenv("ACTORSERVE_INFERENCE_TOKEN", "own-reader")
             monkeypatch.setenv("ACTORSERVE_TOKEN_FILE", "/nowhere")
             monkeypatch.setenv(TOKENS_FD_VAR, str(fd))
-            token = take_token("ACTORSERVE_TOKEN", "ACTORSERVE_TOKEN_FILE")
-            assert token == "own\nfirst\nsecond"
-            assert read_tokens(Settings(token=token)) == ("own", "first", "second")
+            token, inference = take_tokens(
+                "ACTORSERVE_TOKEN", "ACTORSERVE_INFERENCE_TOKEN", "ACTORSERVE_TOKEN_FILE"
+            )
+            assert (token, inference) == ("own\nfirst\nsecond", "own-reader\nreader")
+            assert read_tokens(Settings(token=token, inference_token=inference)) == (
+                ("own", Scope.MANAGEMENT),
+                ("first", Scope.MANAGEMENT),
+                ("second", Scope.MANAGEMENT),
+                ("own-reader", Scope.INFERENCE),
+                ("reader", Scope.INFERENCE),
+            )
             assert [k for k in os.environ if "TOKEN" in k] == []
             with pytest.raises(OSError):
                 os.fstat(fd)  # closed
     assert token_handoff(()) is None
-    assert take_token("ACTORSERVE_TOKEN", "ACTORSERVE_TOKEN_FILE") is None
+    assert take_tokens("ACTORSERVE_TOKEN", "ACTORSERVE_INFERENCE_TOKEN", "ACTORSERVE_TOKEN_FILE") == (
+        None,
+        None,
+    )

@@ -9,6 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from support.programs import require_program
+
+#: where Debian's chromium package puts it (``.ci/system-packages`` installs it)
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
     "--no-sandbox",
@@ -19,6 +22,12 @@ FLAGS = [
     "--no-first-run",
 ]
 BROWSER_TIMEOUT = 120.0
+
+
+def require_chromium() -> None:
+    """Skips the calling test where Debian's chromium is missing (see support.programs)."""
+    if not CHROMIUM.exists():
+        require_program("chromium", "the browser tests drive Debian's chromium through Playwright")
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.models import builtin_settings
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 from support.grpcframes import frame, unframe
 

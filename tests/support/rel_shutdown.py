@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from actorserve import InferenceRequest, ModelSettings
 from actorserve.models import builtin_settings
 from actorserve.models.streamer import StreamerModel
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 #: what every request the shutdown refuses or ends is told

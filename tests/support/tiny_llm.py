@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
+#: the tokenizer's training text, shipped with the tests (tests/data/README.md says whence)
+DATA = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 SPECIAL = "<|endoftext|>"
 #: a chat template as checkpoints ship them (using bos_token, raise_exception)
 CHAT_TEMPLATE = (
@@ -20,13 +21,19 @@ CHAT_TEMPLATE = (
 )
 
 
+def training_text() -> str:
+    """The tokenizer's training text; a missing file is an error, never another text."""
+    if not DATA.is_file():
+        raise FileNotFoundError(f"{DATA} is missing: it ships with the repository (tests/data/README.md)")
+    return DATA.read_text()[:200_000]
+
+
 def tokenizer(vocab_size: int = 400) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    text = (
-        DATA.read_text()[:200_000] if DATA.exists() else "To be, or not to be: that is the question.\n" * 50
-    )
+    # no fallback text: the tests' exact expectations depend on this tokenizer
+    text = training_text()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -19,9 +19,9 @@ import pytest
 import torch
 import trio
 
+from actorserve.engine.repository import ModelRepository
 from actorserve.models import builtin_settings
-from actorserve.repository import ModelRepository
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 HANDLERS = Path(__file__).parent / "handlers"

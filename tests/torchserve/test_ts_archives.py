@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actorserve.repository import ModelRepository
+from actorserve.engine.repository import ModelRepository
 from actorserve.settings import SettingsError
 from actorserve.torchserve import Overrides, archive_settings
 from actorserve.torchserve_envelope import SEQUENCE_PLATFORM

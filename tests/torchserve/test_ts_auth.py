@@ -5,6 +5,9 @@ one); its inference (``/predictions``, ``Predictions``) only with --auth-inferen
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +15,10 @@ import grpc
 import httpx
 import trio
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
+from actorserve.torchserve.archive import archive_settings
+
+HANDLERS = Path(__file__).parent / "handlers"
 
 TOKEN = "ts-token-for-tests"
 HEADERS: list[dict[str, str]] = [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {TOKEN}"}]
@@ -67,3 +73,28 @@ async def test_grpc_management_service_needs_the_token(pb: SimpleNamespace, laun
     assert results[:6] == ["UNAUTHENTICATED"] * 6
     assert results[6:8] == ["OK", "OK"] and results[8] != "UNAUTHENTICATED"  # the right token: past auth
     assert results[9] == "ping OK"
+
+
+async def test_a_handler_never_sees_the_clients_credentials(launch: Any, store: Path) -> None:
+    """Issue 30, finding 7: the bearer token (and cookies, ...) stay in the front; the
+    handler gets every other header."""
+    folder = store / "headers"
+    (folder / "MAR-INF").mkdir(parents=True)
+    shutil.copy(HANDLERS / "headers_handler.py", folder / "headers_handler.py")
+    manifest = {"runtime": "python", "model": {"modelName": "headers", "handler": "headers_handler.py"}}
+    (folder / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    server: Server = await launch(archive_settings(folder), no_auth=False, token=TOKEN, auth_inference=True)
+    sent = {
+        "Authorization": f"Bearer {TOKEN}",
+        "Cookie": "session=secret",
+        "Proxy-Authorization": "Basic c2VjcmV0",
+        "X-Api-Key": "secret",
+        "X-Kept": "yes",
+    }
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=20) as client:
+        for path in ("/predictions/headers", "/predictions/headers/"):
+            answer = await client.post(path, content=b"x", headers=sent)
+            assert answer.status_code == 200, answer.text
+            seen = set(json.loads(answer.text))
+            assert "x-kept" in seen and "content-length" in seen
+            assert not seen & {"authorization", "cookie", "proxy-authorization", "x-api-key"}, seen

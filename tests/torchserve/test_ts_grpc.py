@@ -16,7 +16,7 @@ import grpc
 import pytest
 import trio
 
-from actorserve.server import Server
+from actorserve.server.composition import Server
 from actorserve.torchserve import archive_settings
 
 Launch = MakeArchive = Any

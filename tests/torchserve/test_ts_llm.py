@@ -5,6 +5,7 @@ sequence, and a continued sequence answers exactly what re-sending the history d
 from __future__ import annotations
 
 import json
+import shlex
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from support.programs import require_program
 from support.tiny_llm import build
 
 from actorserve.modelsettings import model_settings_from_dict
-from actorserve.server import Server, serve
+from actorserve.server.composition import Server, serve
 from actorserve.settings import Settings
 
 pytest.importorskip("transformers")
@@ -102,3 +104,35 @@ async def test_bad_bodies_are_400s_that_say_why(nursery: trio.Nursery, folder: P
         assert "'text_input' or 'prompt'" in no_prompt.json()["message"]
         bad = await client.post("/predictions/llm", json={"prompt": "x", "max_tokens": -1})
         assert bad.status_code == 400 and "max_tokens" in bad.json()["message"]
+
+
+def llm_md_curl() -> str:
+    """docs/llm.md's /predictions curl command, joined onto one line."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "llm.md").read_text()
+    block = doc.split("## TorchServe's inference API", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    return block.replace("\\\n", " ")
+
+
+async def test_the_docs_curl_sends_json_whose_parameters_count(nursery: trio.Nursery, folder: Path) -> None:
+    """docs/llm.md's command as written (curl, its headers, its body): its parameters are
+    read (a form body would drop them silently), and an unknown key is the promised 400."""
+    require_program("curl", "docs/llm.md's command is run as written")
+    server = await start(nursery, folder)
+    command = llm_md_curl().replace("127.0.0.1:8080", server.http_url.removeprefix("http://"))
+    command = command.replace("/predictions/gpt2", "/predictions/llm")
+    args = [*shlex.split(command), "--silent", "--show-error", "--write-out", "\n%{http_code}"]
+    done = await trio.run_process(args, capture_stdout=True, check=True)
+    body, _, status = done.stdout.decode().rpartition("\n")
+    assert status == "200", body
+    got = text_of(httpx.Response(200, text=body))
+    payload = json.loads(shlex.split(command)[-1])
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        alone = await client.post("/predictions/llm", json=payload)
+    assert got == text_of(alone)  # the same tokens as the JSON sent by httpx: max_tokens counted
+    unknown = json.dumps({**payload, "max_new_tokens": 3})
+    args = [*shlex.split(command)[:-1], unknown, "--silent", "--write-out", "\n%{http_code}"]
+    args = [a for a in args if "ts_request_sequence" not in a]
+    done = await trio.run_process(args, capture_stdout=True, check=True)
+    body, _, status = done.stdout.decode().rpartition("\n")
+    assert status == "400", body
+    assert "no parameter 'max_new_tokens'" in json.loads(body)["message"]

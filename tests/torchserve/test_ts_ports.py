@@ -23,8 +23,8 @@ import trio
 from support.servers import ROOT, ServerProcess, start_server
 
 import actorserve.models
-from actorserve.listeners import ListenError, open_listeners
-from actorserve.server import Server
+from actorserve.server.composition import Server
+from actorserve.server.listeners import ListenError, open_listeners
 from actorserve.settings import Settings
 
 Launch = Any

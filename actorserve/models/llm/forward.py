@@ -54,10 +54,31 @@ def owned(kv: KV | None) -> KV | None:
     return [(k.clone(), v.clone()) for k, v in kv]
 
 
-def _cache(kv: KV | None) -> Any:
+def _room(tensor: torch.Tensor, more: int) -> torch.Tensor | None:
+    """The buffer ``tensor`` is the first positions of, when it has room for ``more``
+    positions after them (a cache :func:`.prefix.joined` made with room for the prompt,
+    or a prefill wrote into one): the next positions are then written in place. None for
+    any other tensor (a batch's row among others, a cache of its own)."""
+    base = tensor._base
+    if base is None or base.dim() != 4 or base.shape[0] != 1 or base.data_ptr() != tensor.data_ptr():
+        return None
+    if base.stride() != tensor.stride() or base.shape[-2] < tensor.shape[-2] + more:
+        return None
+    return base
+
+
+def _cache(kv: KV | None, more: int) -> Any:
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+    if not kv:
+        return DynamicCache()
+    buffers = [(_room(k, more), _room(v, more)) for k, v in kv]
+    if any(k is None or v is None for k, v in buffers):
+        return DynamicCache(ddp_cache_data=kv)  # concatenates: a copy of the cache per forward
+    cache = DynamicCache()
+    cache.layers = [_slab()(k, v, kv_length(kv)) for k, v in buffers]
+    cache.layer_class_to_replicate = None
+    return cache
 
 
 def prefill(
@@ -67,7 +88,7 @@ def prefill(
     ``kv``: each chunk's new cache and the logits [B, V] of each chunk's last position
     (``last_only``: the model computes no other position's logits, as ``generate`` does)."""
     start = kv_length(kv)
-    cache = _cache(kv)
+    cache = _cache(kv, len(chunks[0]))
     input_ids = torch.tensor(chunks, dtype=torch.long, device=device)
     positions = (
         torch.arange(start, start + len(chunks[0]), device=device).unsqueeze(0).expand(len(chunks), -1)

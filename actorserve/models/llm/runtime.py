@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...api import bool_parameter
-from ...errors import BadInput, SequenceNotFound
+from ...errors import BadInput
 from ...model import BatchModel, StepOutput, float_parameter, int_parameter
 from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix
@@ -33,8 +33,10 @@ from ..textlm.generation import (
     sample_rows,
     stop_strings,
 )
+from .budget import CacheStatistics, KVBudget
 from .checkpoint import chat_template, source_of
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
+from .prefix import BLOCK, joined
 from .prompt import Prompts
 from .state import LLMState, LLMWork
 
@@ -61,6 +63,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             "max_prompt_chars",
             "kv_cache_budget_mb",
             "threads",
+            "prefix_cache",
         }
     )
 
@@ -74,6 +77,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.threads = int(params.get("threads", 0))
         self.max_prompt_chars = int(params.get("max_prompt_chars", 0))  # 0: from max_context
         self.prompts = Prompts(self.name, self.request_parameters or frozenset())
+        reuse = bool_parameter(params.get("prefix_cache", True), "prefix_cache")
         self.device_name: str | None = params.get("device")
         self.dtype_name: str | None = params.get("dtype")
         if (
@@ -84,8 +88,9 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context, "
                 "max_prompt_chars and kv_cache_budget_mb >= 0"
             )
-        #: open sequences, least recently used first (event loop only)
+        #: open sequences, least recently used first (changed by the budget, under its lock)
         self.sequences: OrderedDict[str, LLMState] = OrderedDict()
+        self.budget = KVBudget(self.name, self.kv_budget, self.sequences, reuse)
         self.model: Any = None
         self.tokenizer: Any = None
         self.eos: frozenset[int] = frozenset()
@@ -141,7 +146,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.prompts.set_tokenizer(self.tokenizer, self.start_token, self.max_context, self.max_prompt_chars)
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
-        self.token_bytes = kv_bytes(kv)
+        self.token_bytes = self.budget.token_bytes = kv_bytes(kv)
 
     def _dtype(self) -> torch.dtype:
         name = self.dtype_name
@@ -158,40 +163,21 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def new_state(self, sequence_id: str) -> LLMState:
         state = LLMState(sequence_id)
-        self.sequences[sequence_id] = state
+        self.budget.open(state)
         return state
 
     def on_sequence_end(self, state: LLMState, reason: str) -> None:
-        state.kv = None
-        state.ids = []
-        if state.sequence_id is not None:
-            self.sequences.pop(state.sequence_id, None)
+        self.budget.close(state)
 
     def on_request_cancelled(self, work: LLMWork) -> None:
         work.settle()  # between steps: the sequence keeps what was read and said
 
     def cache_bytes(self) -> int:
-        return sum(kv_bytes(s.kv) for s in self.sequences.values())
+        """The bytes of KV held now: the sequences' caches and the prefix cache."""
+        return self.budget.held_bytes()
 
-    def _keep_budget(self, state: LLMState, tokens: int) -> None:
-        """Make room for ``tokens`` in the cache of ``state``: drop the caches of the least
-        recently used idle sequences while the caches would exceed the budget
-        (``kv_cache_budget_mb``), and ask the engine to end those sequences as ``evicted``
-        (their slots free; their next request gets the 404 that says so)."""
-        total = self.cache_bytes() - kv_bytes(state.kv) + tokens * self.token_bytes
-        for state in list(self.sequences.values()):
-            if total <= self.kv_budget:
-                break
-            if state.busy or state.kv is None:
-                continue
-            total -= kv_bytes(state.kv)
-            state.kv, state.ids, state.evicted = None, [], True
-            if state.sequence_id is not None:
-                self.evict_sequence(state.sequence_id, self._evicted_why)
-
-    @property
-    def _evicted_why(self) -> str:
-        return f"kv_cache_budget_mb of model {self.name!r} reached"
+    def cache_statistics(self) -> CacheStatistics:
+        return self.budget.statistics()
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -210,12 +196,13 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         stop = stop_strings(request)
         seed = request_seed(request)
         bool_parameter(request.parameters.get("usage", False), "usage")
+        # the fingerprint of the caller's token when sequences are bound to tokens: only
+        # the cache budget reads it (whose idle caches a request may drop)
+        owner = request.control.owner if request.control is not None else None
         if state is None:
-            state = LLMState()
-        elif state.evicted:  # a request that was queued when it was evicted
-            if state.sequence_id is not None:  # it was busy then: the engine ends it now
-                self.evict_sequence(state.sequence_id, self._evicted_why)
-            raise SequenceNotFound(f"sequence {state.sequence_id!r} was evicted ({self._evicted_why})")
+            state = LLMState(owner=owner)
+        elif state.owner is None:
+            state.owner = owner
         if len(ids) >= self.max_context:
             raise BadInput(
                 f"input 'text_input': {len(ids)} tokens (with the sequence's history), the model's "
@@ -227,13 +214,18 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 break
             common += 1
         cached = min(common, len(ids) - 1)  # the last token is read again for its logits
-        state.kv = crop(state.kv, cached)
-        state.ids = ids[:cached]
+        own = cached  # the sequence's own history: not part of this request's prompt
+        chain = self.budget.match(owner, ids, cached)
+        # room for the context and what it may generate, up to the end of the context
+        need = self.budget.admit(state, owner, len(ids) + min(max_tokens, self.max_context - len(ids)))
+        if chain:  # more of it in the prefix cache than in the sequence's own cache
+            cached = len(chain) * BLOCK
+            state.kv, state.ids = None, []
+        else:
+            state.kv = crop(state.kv, cached)
+            state.ids = ids[:cached]
         state.busy = True
-        if state.sequence_id is not None:
-            self.sequences.move_to_end(state.sequence_id)
-            self._keep_budget(state, len(ids) + max_tokens)
-        return LLMWork(
+        work = LLMWork(
             request,
             state,
             text,
@@ -246,7 +238,12 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             top_p=top_p,
             seed=seed,
             stop=stop,
+            prefix=chain,
+            settled=self.budget.settled,
         )
+        work.prompt_tokens = len(ids) - own  # reused prefix blocks count, as in OpenAI's usage
+        self.budget.reserve(work, owner, need, cached - own if chain else 0)
+        return work
 
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
         """The whole generated text as one ``text_output`` BYTES [1]."""
@@ -275,6 +272,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         fresh: dict[int, list[tuple[LLMWork, list[int]]]] = {}
         groups: list[list[tuple[LLMWork, list[int]]]] = []
         for i, work in enumerate(batch):
+            if work.prefix is not None:  # its first tokens' cache, from the prefix cache
+                work.kv, work.prefix = joined(work.prefix, len(work.feed)), None
             left = len(work.feed) - work.cached
             if work.max_tokens == 0:
                 outputs[i] = self._finish(work, "", "length")
@@ -294,6 +293,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             for work, kv, (_, chunk), row in zip(works, kvs, group, last, strict=True):
                 work.kv = kv
                 work.cached += len(chunk)
+                self.budget.prefilled += len(chunk)
                 if work.cached == len(work.feed):
                     rows.append(work)
                     logits.append(row.unsqueeze(0))

@@ -3,6 +3,7 @@ incremental detokenizer (no model calls here; :mod:`.runtime` is the model)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,18 +15,20 @@ from .forward import KV, Batch, owned
 
 class LLMState:
     """One sequence: ``text`` (everything said so far: prompts and the answers sent),
-    ``ids`` (the tokens whose keys and values are in ``kv``). ``busy`` while a request of
-    the sequence is in the batch; ``evicted`` once the cache budget dropped it."""
+    ``ids`` (the tokens whose keys and values are in ``kv``; both empty once the cache
+    budget dropped its cache: its next request reads ``text`` again). ``busy`` while a
+    request of the sequence is in the batch; ``owner``: the token fingerprint of its
+    requests when sequences are bound to tokens (the cache budget's fairness)."""
 
-    __slots__ = ("busy", "evicted", "ids", "kv", "sequence_id", "text")
+    __slots__ = ("busy", "ids", "kv", "owner", "sequence_id", "text")
 
-    def __init__(self, sequence_id: str | None = None) -> None:
+    def __init__(self, sequence_id: str | None = None, owner: str | None = None) -> None:
         self.sequence_id = sequence_id
+        self.owner = owner
         self.text = ""
         self.ids: list[int] = []
         self.kv: KV | None = None
         self.busy = False
-        self.evicted = False
 
 
 class Detokenizer:
@@ -67,9 +70,12 @@ class Detokenizer:
 class LLMWork:
     """One request: ``feed`` (the tokens of its whole context) of which ``cached`` are in
     its cache (:meth:`cache`: ``kv``, or its row of the batch ``slot`` once it decodes);
-    then the tokens it generates."""
+    then the tokens it generates. ``prefix``: blocks of the prefix cache holding its first
+    ``cached`` tokens, joined into ``kv`` by the step (off the event loop); ``settled``:
+    the runtime's hook, told once when the request leaves (its cache still readable)."""
 
     __slots__ = (
+        "__weakref__",  # the runtime's reservations forget a request dropped unsettled
         "cached",
         "detok",
         "draws",
@@ -80,9 +86,11 @@ class LLMWork:
         "held",
         "kv",
         "max_tokens",
+        "prefix",
         "prompt_tokens",
         "request",
         "sent",
+        "settled",
         "slot",
         "state",
         "stop",
@@ -107,13 +115,17 @@ class LLMWork:
         top_p: float,
         seed: int,
         stop: tuple[str, ...],
+        prefix: list[Any] | None = None,
+        settled: Callable[[LLMWork], None] | None = None,
     ) -> None:
         self.request = request
         self.state = state
         self.text = text  # the context as text (the sequence's history and this prompt)
         self.feed = feed
         self.cached = cached
-        self.kv = state.kv if cached else None
+        self.kv = state.kv if cached and not prefix else None
+        self.prefix = prefix or None
+        self.settled = settled
         self.slot: Batch[LLMWork] | None = None
         self.prompt_tokens = len(feed) - cached
         self.max_tokens = max_tokens
@@ -151,6 +163,12 @@ class LLMWork:
         state = self.state
         state.busy = False
         state.text = self.text + self.sent
-        state.ids = self.feed[: self.cached]
-        state.kv = owned(self.cache() or None)
+        kv = self.cache() or None if self.prefix is None else None
+        cached = self.cached if self.prefix is None else 0
+        state.ids = self.feed[:cached]
+        if state.sequence_id is not None:  # a request alone keeps nothing of its own
+            state.kv = owned(kv)
+        if self.settled is not None:
+            self.settled(self)
         self.slot = self.kv = None
+        self.prefix = None

@@ -11,6 +11,6 @@ served by the gRPC host (:mod:`actorserve.transport.grpchost`), typed against
 """
 
 from .door import TritonGrpc
-from .service import EXTENSIONS, InferenceService
+from .service import InferenceService
 
-__all__ = ["EXTENSIONS", "InferenceService", "TritonGrpc"]
+__all__ = ["InferenceService", "TritonGrpc"]

@@ -58,6 +58,7 @@ def description_to_pb(d: ModelDescription) -> ModelDescriptionPb:
         "evict_idle",
         "platform",
         "requires_sequence",
+        "loaded_at_startup",
     ):
         scalars.pop(key)
     return ModelDescriptionPb(

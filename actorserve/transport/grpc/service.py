@@ -59,22 +59,12 @@ from ..grpchost.door import Calls
 from ..grpchost.h2 import Wire
 from ..grpchost.interceptor import call_exchange
 from ..grpchost.status import log, status_error
-from ..triton import UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
+from ..triton import EXTENSIONS, UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
 from .routing import SequenceWire, echo_sequence, parameter_sequence_id
 from .streams import MLServerStream, StreamCall, TritonStream
 from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
 
 SERVICE: Final = "/inference.GRPCInferenceService/"
-
-#: What ServerMetadata lists: the same as REST's ``GET /v2``.
-EXTENSIONS: Final = (
-    "binary_tensor_data",
-    "generate",
-    "model_repository",
-    "parameters",
-    "sequence",
-    "streaming",
-)
 
 #: The RPCs of this service that manage models (the auth seam: with
 #: ``actorserve.v1.Management``, see .management_service, these need a management token).
@@ -351,7 +341,7 @@ def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:
     ]
 
 
-__all__ = ["EXTENSIONS", "MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
+__all__ = ["MANAGEMENT_METHODS", "SERVICE", "TRITON_GRPC_ERROR", "InferenceService"]
 
 
 async def _model_is_ready(engine: EngineAPI, name: str, version: str | None) -> bool:

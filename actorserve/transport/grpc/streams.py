@@ -18,7 +18,7 @@ responses before it, then the writer ends the call with that status.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Final
 
@@ -68,18 +68,18 @@ async def _pump(
     batch recorded as sent, for the stream metrics). A front's engine client hands
     Triton's stream messages over raw (:mod:`actorserve.rawevents`): their data is
     already ``raw_output_contents``, so no response is built per event."""
-    next_raw_batch = getattr(responses, "next_raw_batch", None)
-    if wrap is not stream_response_message:
-        next_raw_batch = None
+    raw = wrap is stream_response_message  # Triton's stream messages can be written from raw events
     while True:
+        batch: Sequence[RawEvent | InferenceResponse]
         try:
-            batch = await (responses.next_batch() if next_raw_batch is None else next_raw_batch())
+            if raw:
+                batch = await responses.next_raw_batch()
+                await outbox.send([_stream_message(item) for item in batch])
+            else:
+                batch = responses_only = await responses.next_batch()
+                await outbox.send([wrap(response) for response in responses_only])
         except StopAsyncIteration:
             return
-        if next_raw_batch is not None:
-            await outbox.send([_stream_message(item) for item in batch])
-        else:
-            await outbox.send([wrap(response) for response in batch])
         if exchange is not None and recorder is not None:
             if exchange.first_at is None:
                 first = batch[0]

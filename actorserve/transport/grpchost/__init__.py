@@ -11,7 +11,7 @@ grpclib runs on asyncio only, so this package holds actorserve's asyncio code:
 - :mod:`.status` — exceptions to gRPC statuses.
 
 The doors (Triton's in :mod:`actorserve.transport.grpc`, TorchServe's in
-:mod:`actorserve.transport.torchserve`) are listed by :mod:`actorserve.doors`.
+:mod:`actorserve.transport.torchserve`) are listed by :mod:`actorserve.server.doors`.
 """
 
 from .door import Calls, GrpcDoor

@@ -5,7 +5,7 @@ TorchServe's two services) is one package; the host (:mod:`.host`, :mod:`.server
 what every call shares: the listening sockets, HTTP/2 (grpclib), the token check, the
 call's :class:`~actorserve.transport.exchange.Exchange` (metrics and the access log),
 and the drain. A door never imports another door, and the host imports none: the
-server (:mod:`actorserve.server`) lists the doors and hands them to the host.
+server (:mod:`actorserve.server.doors`) lists the doors and hands them to the host.
 """
 
 from __future__ import annotations

@@ -70,7 +70,9 @@ class GrpcHost:
                     raise ValueError(f"two gRPC doors serve {path}")
                 scope = door.auth_scope(path)
                 needs = self.guard.needs(scope) if self.guard is not None else None
-                table[path] = guarded(path, handler, self.guard if needs is not None else None, self.recorder)
+                table[path] = guarded(
+                    path, handler, self.guard if needs is not None else None, self.recorder, needs
+                )
         return table
 
     async def start(self, listener: socket.socket, handlers: Mapping[str, Handler]) -> GrpclibServer:

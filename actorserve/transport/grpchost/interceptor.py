@@ -17,7 +17,7 @@ from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
-from ..auth import UNAUTHORIZED, Guard
+from ..auth import FORBIDDEN, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import Exchange, Recorder
 from ..owner import OWNER, owner_of
 
@@ -29,6 +29,7 @@ HTTP_OF: Final = {
     Status.OK: 200,
     Status.INVALID_ARGUMENT: 400,
     Status.UNAUTHENTICATED: 401,
+    Status.PERMISSION_DENIED: 403,
     Status.NOT_FOUND: 404,
     Status.ALREADY_EXISTS: 409,
     Status.RESOURCE_EXHAUSTED: 429,
@@ -38,9 +39,12 @@ HTTP_OF: Final = {
 }
 
 
-def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder) -> Handler:
+def guarded(
+    path: str, handler: Handler, guard: Guard | None, recorder: Recorder, needed: Scope | None = None
+) -> Handler:
     """``handler`` (of method ``path``) with the token check (``guard``: None when the
-    method's scope, as its door says, needs no token here) and the call's exchange."""
+    method's scope, as its door says, needs no token here; ``needed``: that scope, which
+    the token's own must cover, else PERMISSION_DENIED) and the call's exchange."""
     func = handler.func
     needs_token = guard is not None
 
@@ -55,9 +59,13 @@ def guarded(path: str, handler: Handler, guard: Guard | None, recorder: Recorder
             if needs_token:
                 assert guard is not None
                 metadata: Any = stream.metadata or {}
-                owner = owner_of(guard, metadata.get("authorization"))
-                if owner is None:
+                authorization = metadata.get("authorization")
+                verdict = guard.verdict(needed or Scope.MANAGEMENT, authorization)
+                if verdict is Verdict.UNAUTHORIZED:
                     raise GRPCError(Status.UNAUTHENTICATED, UNAUTHORIZED)
+                if verdict is Verdict.FORBIDDEN:
+                    raise GRPCError(Status.PERMISSION_DENIED, FORBIDDEN)
+                owner = owner_of(guard, authorization)
                 OWNER.set(owner)  # who calls, for sequences bound to tokens (transport/owner.py)
             await func(stream)
         except GRPCError as exc:

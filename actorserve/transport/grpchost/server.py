@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import trio
 import trio_asyncio
 
-from ...listeners import BACKLOG, log_extra_address
+from ...addresses import BACKLOG, log_extra_address
 from ...metrics import Metrics
 from ...settings import Settings
 from ..access import AccessLog

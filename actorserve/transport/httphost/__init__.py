@@ -11,7 +11,7 @@
   target, the host's own replies.
 
 The doors (:mod:`actorserve.transport.rest`, ``.openai``, ``.torchserve``,
-``.playground``) are listed by :mod:`actorserve.doors`.
+``.playground``) are listed by :mod:`actorserve.server.doors`.
 - :mod:`.protocols`, :mod:`.http1`, :mod:`.writes` — HTTP/1.1 (httptools or h11) and
   HTTP/2 under hypercorn, and the direct non-blocking socket writes every connection uses.
 """

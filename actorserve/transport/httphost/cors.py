@@ -6,6 +6,12 @@ A request whose ``Origin`` is allowed gets ``Access-Control-Allow-Origin`` (and
 ``Access-Control-Request-Method``) from an allowed origin is answered 204 here, from
 any other origin 403. Requests without ``Origin`` pass untouched (no cost for
 non-browser clients). No I/O of its own.
+
+A browser sends some cross-origin requests without a preflight (a "simple request": a
+``text/plain`` POST), so CORS alone would let any web page make the server work, only
+not read the answer. :func:`foreign_origin` therefore names a request whose ``Origin``
+is neither this server's own (the scheme and ``Host`` it was reached by) nor allowed,
+and the host refuses it 403 before its body is read, whether CORS is on or not.
 """
 
 from __future__ import annotations
@@ -33,6 +39,38 @@ def _header(scope: ASGIScope, name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def own_origin(scope: ASGIScope) -> str | None:
+    """The origin a page served by this server has: ``scheme://host[:port]`` as the
+    request reached it (``X-Forwarded-Proto`` says the scheme behind a TLS proxy; a
+    browser cannot send that header without a preflight), lower case; None without a
+    ``Host``."""
+    host = _header(scope, b"host")
+    if not host:
+        return None
+    scheme = _header(scope, b"x-forwarded-proto") or scope.get("scheme") or "http"
+    return f"{scheme.split(',')[0].strip()}://{host.strip()}".lower()
+
+
+def foreign_origin(scope: ASGIScope, cors: Cors | None) -> str | None:
+    """The request's ``Origin`` if it is there and is neither this server's own
+    (:func:`own_origin`) nor allowed by ``cors`` (``--cors-allow-origin``); else None.
+    An opaque origin (``null``: a sandboxed page, a ``file:`` URL) is never own."""
+    origin = _header(scope, b"origin")
+    if origin is None:
+        return None
+    if cors is not None and cors.allowed(scope)[1]:
+        return None
+    if origin.lower() == own_origin(scope):
+        return None
+    return origin
+
+
+def refusal_text(origin: str) -> str:
+    """What a refused origin is told (the origin shown at most 200 characters long)."""
+    shown = origin if len(origin) <= 200 else origin[:200] + "..."
+    return f"origin {shown!r} may not use this server: it is not the server's own and not allowed (--cors-allow-origin)"
 
 
 class Cors:

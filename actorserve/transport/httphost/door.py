@@ -4,8 +4,8 @@ A door (the OIP's REST API, the OpenAI API, TorchServe's REST APIs, the playgrou
 one package; it owns its paths and its wire shapes. The host (:mod:`.host`) owns what
 every request shares: reading the target, CORS, the token check, the request's
 :class:`~actorserve.transport.exchange.Exchange` (metrics and the access log), the drain
-and its 503, ``/metrics``. A door never imports another door, and the host imports
-none: the server (:mod:`actorserve.server`) lists the doors and hands them to the host.
+and its 503, ``/metrics`` and the OpenAPI document the doors' parts make up. A door never imports another door, and the host imports
+none: the server (:mod:`actorserve.server.doors`) lists the doors and hands them to the host.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Final, Protocol
 
 from ..auth import Scope
 from ..exchange import Exchange
+from .openapi import OpenApiPart
 from .replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 
 #: the scope key under which the host leaves the request's ``receive`` without the
@@ -39,9 +40,20 @@ class HttpDoor(Protocol):
         management, inference, or None (open)."""
         ...
 
+    def openapi(self) -> OpenApiPart:
+        """The door's part of the port's OpenAPI document: every path it serves (the host
+        checks each one is claimed by the door that documents it; see
+        :mod:`.openapi` for the kit). A door with no API to document returns an empty part."""
+        ...
+
     def bad_target(self, why: str) -> tuple[int, bytes]:
         """The 400 status and JSON body, in this door's error shape, of a request whose
         target the host refused (``why`` says what is wrong with it)."""
+        ...
+
+    def forbidden(self, why: str) -> tuple[int, bytes]:
+        """The 403 status and JSON body, in this door's error shape, of a request the host
+        refused unread (``why``: a browser's ``Origin`` this server does not allow)."""
         ...
 
     def shutting_down(self, message: str) -> tuple[int, bytes]:

@@ -1,6 +1,6 @@
 """Graceful shutdown of a REST port: :class:`Drain`, an ASGI wrapper around the app.
 
-The shutdown of a REST port, in order (driven by :func:`actorserve.server.serve_transports`):
+The shutdown of a REST port, in order (driven by :func:`actorserve.server.composition.serve_transports`):
 
 1. :meth:`Drain.start`: every new request, on a new connection or a kept-alive one, is
    answered 503 with ``Retry-After`` and ``Connection: close``, in the error shape of

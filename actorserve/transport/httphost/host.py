@@ -3,10 +3,14 @@
 It owns what every request shares, in this order: only HTTP (and lifespan) scopes are
 served (a WebSocket is closed unaccepted: hypercorn answers 403); the target is read
 once (:mod:`.target`: anything but a canonical origin-form path is refused 400 before
-CORS, auth or routing, in the error shape of the door the path would belong to); CORS
+CORS, auth or routing, in the error shape of the door the path would belong to); a
+browser's request from another origin than the server's own or one ``--cors-allow-origin``
+allows is refused 403 unread (:func:`.cors.foreign_origin`: a simple request needs no
+preflight, so CORS alone would let any page make the server work); CORS
 (a preflight is answered before auth: it has no token); the door that claims the path
 says which auth scope it is in, and the guard whether that scope needs a token (401
-with ``WWW-Authenticate: Bearer``); ``GET /metrics``; every request's
+with ``WWW-Authenticate: Bearer``); ``GET /metrics`` and the port's OpenAPI document
+(``GET /v2/docs/dataplane.json``, assembled from the doors' parts: :mod:`.openapi`); every request's
 :class:`~actorserve.transport.exchange.Exchange`, finished here whatever the door did,
 so every door's requests are in the metrics and the access log. The drain
 (:mod:`.drain`) wraps it and asks it whose error shape a path answers in.
@@ -21,22 +25,24 @@ import trio
 
 from ...metrics import CONTENT_TYPE
 from ...settings import Settings
-from ..auth import CHALLENGE, METRICS_PATH, UNAUTHORIZED, Guard, Scope
+from ..auth import CHALLENGE, FORBIDDEN, METRICS_PATH, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import EXCHANGE_KEY, Exchange, Recorder
 from ..receive import body_deadline, too_large
-from .cors import Cors
+from .cors import Cors, foreign_origin, refusal_text
 from .door import UNTIMED_RECEIVE_KEY, HttpDoor
+from .openapi import DOCUMENT_PATH, document, host_part
 from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
 from .target import refusal
 
 _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
+_FORBIDDEN_REPLY: Final = json_reply({"error": FORBIDDEN}, 403)
 
 
 class HttpHost:
     """The ASGI application of one REST port: ``doors`` in the server's order (the last
     should claim every path), recorded by ``recorder``; ``guard`` decides which scopes
-    need a bearer token (None: none). ``metrics=False``: ``/metrics`` is left to the
-    doors (a port that serves one door alone)."""
+    need a bearer token (None: none). ``metrics=False``: ``/metrics`` and the OpenAPI
+    document are left to the doors (a port that serves one door alone)."""
 
     def __init__(
         self,
@@ -56,6 +62,9 @@ class HttpHost:
         self.serves_metrics = metrics
         self.cors = Cors(settings.cors_allow_origin) if settings.cors_allow_origin else None
         self.lifespan = next((d.lifespan for d in self.doors if d.lifespan is not None), None)
+        #: the port's OpenAPI document: the host's routes and every door's part
+        self.document = document([*(door.openapi() for door in self.doors), host_part(own_routes=metrics)])
+        self._document_reply = json_reply(self.document, 200)
 
     def door_for(self, path: str) -> HttpDoor:
         """The door that claims ``path`` (the last door when none does)."""
@@ -74,6 +83,10 @@ class HttpHost:
         why = refusal(scope)
         if why is not None:  # first: nothing below may read a second meaning into it
             await self._bad_target(scope, send, why)
+            return
+        origin = foreign_origin(scope, self.cors)
+        if origin is not None:  # a page of another origin: refused unread, preflight or not
+            await self._refuse_origin(scope, send, origin)
             return
         if self.cors is not None:  # first: a preflight is answered before auth (it has no token)
             origin, origin_ok = self.cors.allowed(scope)
@@ -100,20 +113,27 @@ class HttpHost:
                     exchange.complete = True
             await send(message)
 
-        metrics = self.serves_metrics and path == METRICS_PATH
-        door = None if metrics else self.door_for(path)
+        own = self.serves_metrics and path in (METRICS_PATH, DOCUMENT_PATH)  # the host's own routes
+        door = None if own else self.door_for(path)
         try:
-            kind = Scope.METRICS if door is None else door.auth_scope(path)
-            if self.guard is not None and not self._authorized(scope, kind):
+            kind = (
+                door.auth_scope(path) if door is not None else Scope.METRICS if path == METRICS_PATH else None
+            )
+            verdict = Verdict.ALLOWED if self.guard is None else self._verdict(scope, kind)
+            if verdict is Verdict.UNAUTHORIZED:
                 await send_reply(tracked, _UNAUTHORIZED_REPLY)
+            elif verdict is Verdict.FORBIDDEN:
+                await send_reply(tracked, _FORBIDDEN_REPLY)
             elif door is not None:
                 await door.serve(scope, receive, tracked, exchange)
             elif too_large(scope, self.settings.max_body_bytes):  # refused unread, read or not
                 limit = self.settings.max_body_bytes
                 message = f"the request body is larger than {limit} bytes (max_body_bytes)"
                 await send_reply(tracked, json_reply({"error": message}, 413))
-            else:
+            elif path == METRICS_PATH:
                 await self._metrics(scope, tracked)
+            else:
+                await self._document(scope, tracked)
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 
@@ -144,23 +164,48 @@ class HttpHost:
         finally:
             self.recorder.finish(exchange, exchange.outcome())
 
-    def _authorized(self, scope: ASGIScope, kind: Scope | None) -> bool:
+    async def _refuse_origin(self, scope: ASGIScope, send: ASGISend, origin: str) -> None:
+        """403 for a browser request from another origin (:func:`.cors.foreign_origin`),
+        before its body is read, in the error shape of the door the path belongs to,
+        recorded as any request."""
+        path: str = scope["path"]
+        exchange = Exchange("rest", scope["method"], path)
+        exchange.status, exchange.complete = 403, True
+        try:
+            status, body = self.door_for(path).forbidden(refusal_text(origin))
+            await send_reply(send, Reply(status, [("Content-Type", "application/json")], body))
+        finally:
+            self.recorder.finish(exchange, exchange.outcome())
+
+    def _verdict(self, scope: ASGIScope, kind: Scope | None) -> Verdict:
         assert self.guard is not None
-        if self.guard.needs(kind) is None or scope["method"] == "OPTIONS":
-            return True  # a CORS preflight never carries the Authorization header
+        needed = self.guard.needs(kind)
+        if needed is None or scope["method"] == "OPTIONS":
+            return Verdict.ALLOWED  # a CORS preflight never carries the Authorization header
         for key, value in scope["headers"]:
             if key == b"authorization":
-                return self.guard.allows(value)
-        return False
+                return self.guard.verdict(needed, value)
+        return Verdict.UNAUTHORIZED
+
+    async def _document(self, scope: ASGIScope, send: ASGISend) -> None:
+        if await _only_get(scope, send):
+            await send_reply(send, self._document_reply)
 
     async def _metrics(self, scope: ASGIScope, send: ASGISend) -> None:
-        if scope["method"] not in ("GET", "HEAD"):
-            message = f"method {scope['method']} is not allowed on {scope['path']}"
-            await send_reply(send, json_reply({"error": message}, 405, [("Allow", "GET")]))
+        if not await _only_get(scope, send):
             return
         self.recorder.metrics.refresh()  # this process's live gauges, as of now
         body = await trio.to_thread.run_sync(self.recorder.metrics.expose)
         await send_reply(send, Reply(200, [("Content-Type", CONTENT_TYPE)], body))
+
+
+async def _only_get(scope: ASGIScope, send: ASGISend) -> bool:
+    """True for a GET or HEAD; anything else is answered 405 here."""
+    if scope["method"] in ("GET", "HEAD"):
+        return True
+    message = f"method {scope['method']} is not allowed on {scope['path']}"
+    await send_reply(send, json_reply({"error": message}, 405, [("Allow", "GET")]))
+    return False
 
 
 async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:

@@ -237,6 +237,9 @@ class HttpToolsProtocol:
     async def _start_stream(
         self, method: str, version: str, url: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool
     ) -> None:
+        # counted before the first await: _recycle, in the app's task of the response
+        # before, arms the idle timeout only if no request has started since it began
+        self.keep_alive_requests += 1
         await self.send(Updated(idle=False))
         self.method = method
         self.keep_alive = keep_alive
@@ -265,7 +268,6 @@ class HttpToolsProtocol:
                 state=self.connection_state,
             )
         )
-        self.keep_alive_requests += 1
         await self.context.mark_request()
         if version == "1.1" and (b"expect", b"100-continue") in headers:
             await self.send(RawData(data=b"HTTP/1.1 100 Continue\r\n\r\n"))
@@ -354,7 +356,12 @@ class HttpToolsProtocol:
         """The response is done: keep the connection for the next request, or close it.
 
         Decided before the first await: a next request may start while this runs (this
-        runs in the app's task, which quart-trio may also be cancelling)."""
+        runs in the app's task, which quart-trio may also be cancelling). The idle timeout
+        is armed only if none has: a request that started meanwhile has disarmed it
+        already, and arming it after that closed the connection in the middle of that
+        request (issue 35). ``keep_alive_requests`` counts a request before anything of
+        it awaits, and the timer changes its state before it yields, so the two tasks'
+        calls land in the order they were decided."""
         keep = (
             not self.context.terminated.is_set()
             and self.keep_alive
@@ -364,6 +371,7 @@ class HttpToolsProtocol:
         )
         if not keep:
             self.closing = True
+        started = self.keep_alive_requests
         stream, self.stream = self.stream, None
         try:
             if stream is not None:
@@ -372,7 +380,7 @@ class HttpToolsProtocol:
             await self.can_read.set()
         if not keep:
             await self.send(Closed())
-        elif self.stream is None:  # else the next request has started (and said not idle)
+        elif self.keep_alive_requests == started:  # else the next one started (and said not idle)
             await self.send(Updated(idle=True))
 
     async def _close_stream(self) -> None:

@@ -63,7 +63,18 @@ class IdleTimer:
     the response ends: a lock, a cancel and a ``nursery.start`` per request, about a tenth
     of a small unary request's CPU. Here ``restart`` and ``stop`` never wait: they cancel
     the timeout running now, if any, and the one task runs it again while armed. The
-    protocol ends the task with :meth:`close` when the connection closes."""
+    protocol ends the task with :meth:`close` when the connection closes.
+
+    Ordering: ``restart`` and ``stop`` come from different tasks (the end of a response
+    from the app's task, the start of the next request from the connection's reading
+    task), and each changes the armed state before its first checkpoint. So the state
+    follows the calls in the order the protocol made its decisions; none of hypercorn's
+    protocols (h11, HTTP/2) nor :class:`.http1.HttpToolsProtocol` passes a checkpoint
+    between deciding "idle" or "busy" and the call (the wrappers in between, in this
+    module and :mod:`.writes`, pass none either). When the update came after a
+    checkpoint, a ``stop`` for the next request could land before the ``restart`` for the
+    previous response's end, and the timeout closed the connection in the middle of the
+    next request (docs/reliability.md#keep-alive-streams)."""
 
     __slots__ = ("_armed", "_closed", "_lot", "_running", "_scope")
 
@@ -74,12 +85,13 @@ class IdleTimer:
         self._scope: trio.CancelScope | None = None
         self._lot = trio.lowlevel.ParkingLot()
 
+    @property
+    def armed(self) -> bool:
+        """The timeout runs (or is about to): the connection is idle and open."""
+        return self._armed
+
     async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
-        # one scheduler round, as hypercorn's lock gave: its HTTP/2 protocol has come to
-        # count on the app's task running there (a stream answered before its body is
-        # read is a KeyError in its event loop, which closes the connection)
-        await trio.lowlevel.checkpoint()
-        self._armed = True
+        self._armed = not self._closed
         if self._scope is not None:
             self._scope.cancel()
         if not self._running and not self._closed:
@@ -87,12 +99,13 @@ class IdleTimer:
             task_group._nursery.start_soon(self._run, action)
         elif self._lot:
             self._lot.unpark()
+        await _one_round()
 
     async def stop(self) -> None:
-        await trio.lowlevel.checkpoint()  # as in restart
         self._armed = False
         if self._scope is not None:
             self._scope.cancel()
+        await _one_round()
 
     def close(self) -> None:
         """The connection is closed: end the task (after the timeout running now, which
@@ -110,6 +123,14 @@ class IdleTimer:
                 await action()
                 return  # the timeout closed the connection
             self._scope = None  # restarted or stopped
+
+
+async def _one_round() -> None:
+    """One scheduler round after the timer's state changed, as hypercorn's lock gave: its
+    HTTP/2 protocol has come to count on the app's task running there (a stream answered
+    before its body is read is a KeyError in its event loop, which closes the
+    connection). Only after the change: see :class:`IdleTimer` (ordering)."""
+    await trio.lowlevel.checkpoint()
 
 
 def _waiting_bytes(stream: object) -> bool:

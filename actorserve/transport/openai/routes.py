@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -26,7 +26,8 @@ from ...textgen import TextGeneration
 from ..auth import Scope
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
-from ..httphost.replies import ASGIApp
+from ..httphost.openapi import OpenApiPart
+from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, read_body, too_large
 from .chat import render_chat
 from .choices import ChoiceRun, Event, drain, plan_choices, run_all, stream_choice, total_usage
@@ -40,13 +41,11 @@ from .encode import (
     model_object,
     stream_error,
 )
+from .openapi import openapi_part
 from .parse import OpenAIError, TextCall, parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
 
-ASGIScope = Mapping[str, Any]
-ASGIReceive = Callable[[], Awaitable[Any]]
-ASGISend = Callable[[Any], Awaitable[None]]
 
 _JSON: Final = [(b"content-type", b"application/json")]
 _EVENT_STREAM: Final = [
@@ -81,9 +80,19 @@ class OpenAIRoutes:
         return path.startswith("/v1/")
 
     @staticmethod
+    def openapi() -> OpenApiPart:
+        """The ``/v1`` paths (:mod:`.openapi`)."""
+        return openapi_part()
+
+    @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
         """400 in OpenAI's error shape, for a request the host refuses before routing."""
         return error_status_and_body(OpenAIError(why, status=400, code="invalid_request"))
+
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        """403 in OpenAI's error shape, for a request the host refuses unread."""
+        return error_status_and_body(OpenAIError(why, status=403, code="forbidden"))
 
     @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:

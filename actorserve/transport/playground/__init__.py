@@ -19,6 +19,7 @@ import orjson
 from .. import compression
 from ..auth import Scope
 from ..exchange import Exchange
+from ..httphost.openapi import OpenApiPart
 from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
 from ..receive import too_large
 
@@ -60,8 +61,17 @@ class Playground:
         return None
 
     @staticmethod
+    def openapi() -> OpenApiPart:
+        """Nothing: the page and its files are a browser's, not an API."""
+        return OpenApiPart({})
+
+    @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
         return 400, orjson.dumps({"error": why})
+
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, orjson.dumps({"error": why})
 
     @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:

@@ -11,8 +11,10 @@ const DEFAULT_TEMPERATURE = "0.8";
 
 const namesOf = (value) => (typeof value === "string" && value ? value.split(",") : []);
 
-// One model's declarations from its metadata (null metadata: unknown, nothing declared).
-function describeModel(name, metadata) {
+// One model's declarations from its metadata (null metadata: unknown, nothing declared)
+// and Triton's configuration of it (GET /v2/models/{m}/config), whose sequence_batching
+// says every request needs a sequence.
+function describeModel(name, metadata, config) {
   const meta = metadata || {};
   const declared = meta.parameters || {};
   const inputs = meta.inputs || [];
@@ -37,6 +39,7 @@ function describeModel(name, metadata) {
     output: text ? text.output : "text_output",
     parameters, // null: the model takes any parameter
     fields: parameterFields(parameters, text),
+    stateful: Boolean(config && config.sequence_batching), // a sequence for every request
   };
 }
 
@@ -134,7 +137,10 @@ function rawTemplate(model) {
 }
 
 function rawHintOf(model) {
-  if (model.parameters === null) return "This model declares no parameters: any parameter is passed on.";
-  if (model.parameters.length === 0) return "This model reads no request parameters (sequence ones aside).";
-  return `Parameters this model reads: ${model.parameters.join(", ")}.`;
+  const sequence = model.stateful
+    ? " Every request needs a sequence: the page opens one, sends its id with each request and ends it on End sequence."
+    : "";
+  if (model.parameters === null) return `This model declares no parameters: any parameter is passed on.${sequence}`;
+  if (model.parameters.length === 0) return `This model reads no request parameters (sequence ones aside).${sequence}`;
+  return `Parameters this model reads: ${model.parameters.join(", ")}.${sequence}`;
 }

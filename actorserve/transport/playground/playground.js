@@ -2,10 +2,11 @@
 // or, in chat mode, one streamed POST /v1/chat/completions per message (the OpenAI API), or,
 // in raw mode, a JSON request of the user's own streamed from POST .../infer_stream.
 // No build step, no dependencies; models.js (loaded first) reads what each model takes.
-// In "continue" mode the first request sends
-// sequence_start=true and reads the server-made sequence_id (from the events, or the
-// sequence-id header in chat mode); later requests send that sequence_id, so the model
-// continues from its state. A chat without "continue" resends the whole conversation.
+// In "continue" mode (in every mode; always on for a model whose every request needs a
+// sequence) the first request sends sequence_start=true and reads the server-made
+// sequence_id (from the events, or the sequence-id header of a POST's answer); later
+// requests send that sequence_id, so the model continues from its state. A chat without
+// "continue" resends the whole conversation.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -14,7 +15,6 @@ const modelSelect = $("model");
 const promptBox = $("prompt");
 const paramsBox = $("params");
 const continueBox = $("continue");
-const continueField = $("continue-field");
 const promptField = $("prompt-field");
 const rawField = $("raw-field");
 const rawBox = $("raw");
@@ -56,10 +56,13 @@ async function loadModels() {
     names = ["text", "streamer"]; // the built-in text models
     showError(`could not list the models (${err.message}); showing the built-ins`);
   }
-  const metadata = await Promise.all(
-    names.map((name) => getJSON(`/v2/models/${encodeURIComponent(name)}`).catch(() => null)),
+  const described = await Promise.all(
+    names.map((name) => {
+      const url = `/v2/models/${encodeURIComponent(name)}`;
+      return Promise.all([getJSON(url).catch(() => null), getJSON(`${url}/config`).catch(() => null)]);
+    }),
   );
-  models = new Map(names.map((name, i) => [name, describeModel(name, metadata[i])]));
+  models = new Map(names.map((name, i) => [name, describeModel(name, ...described[i])]));
   modelSelect.replaceChildren();
   for (const model of models.values()) {
     // A model that takes no prompt is still served here: by a raw OIP request.
@@ -81,6 +84,14 @@ function applyModel() {
   options.chat.disabled = !(model.text && model.text.chat);
   if (options[modeSelect.value].disabled) modeSelect.value = model.prompt === null ? "raw" : "generate";
   renderFields(paramsBox, model.fields);
+  // A model that needs a sequence for every request always gets one (no box to untick).
+  if (model.stateful) {
+    continueBox.checked = true;
+    continueBox.disabled = true;
+  } else if (continueBox.disabled) {
+    continueBox.disabled = false;
+    continueBox.checked = false;
+  }
   if (rawModel !== null || !rawBox.value) {
     rawBox.value = rawTemplate(model);
     rawModel = model.name;
@@ -94,7 +105,6 @@ function applyMode() {
   const raw = mode === "raw";
   promptField.hidden = raw;
   rawField.hidden = !raw;
-  continueField.hidden = raw; // a raw request says its sequence parameters itself
   paramsBox.hidden = raw;
   for (const input of paramsBox.querySelectorAll("input[data-param]")) {
     input.closest("label").hidden = mode === "chat" && input.dataset.chat !== "true";
@@ -315,6 +325,9 @@ async function chat() {
 }
 
 // -- raw mode: the editor's JSON, POSTed to infer_stream, each event shown as it comes ------
+// With "continue" the page puts the sequence parameters into the request's parameters
+// (sequence_start on the first, then the sequence_id the answer names), as generate mode
+// does, and shows each request above its events.
 
 async function sendRaw() {
   if (source) return;
@@ -327,7 +340,27 @@ async function sendRaw() {
     showError(`the request is not JSON: ${err.message}`);
     return;
   }
-  output.replaceChildren();
+  const keep = continueBox.checked;
+  if (keep) {
+    if (body === null || typeof body !== "object" || Array.isArray(body)) {
+      showError("the request is not a JSON object");
+      return;
+    }
+    const given = body.parameters;
+    const parameters = given !== null && typeof given === "object" && !Array.isArray(given) ? { ...given } : {};
+    delete parameters.sequence_id;
+    delete parameters.sequence_start;
+    if (sequence) parameters.sequence_id = sequence.id;
+    else parameters.sequence_start = true;
+    body = { ...body, parameters };
+  }
+  if (!keep || !sequence) output.replaceChildren();
+  if (keep) {
+    const sent = document.createElement("span");
+    sent.className = "prompt";
+    sent.textContent = `> ${requestSummary(body)}\n`;
+    output.append(sent);
+  }
   const events = document.createElement("span");
   events.className = "generated";
   output.append(events);
@@ -348,7 +381,13 @@ async function sendRaw() {
     });
     if (!answer.ok) {
       const error = await answer.json().catch(() => ({}));
+      if (answer.status === 404 && sequence) forgetLocally(); // the sequence expired or ended
       throw new Error(`HTTP ${answer.status}: ${error.error || answer.statusText}`);
+    }
+    const id = answer.headers.get("sequence-id");
+    if (keep && id !== null && sequence === null) {
+      sequence = { id, model };
+      showSequence();
     }
     await readEvents(answer, (event, data) => {
       if (event === "error") throw new Error(JSON.parse(data).error || data);
@@ -361,6 +400,12 @@ async function sendRaw() {
     showError(err.message);
     finish("error");
   }
+}
+
+// One line for a raw request in a sequence's transcript: its inputs' names and data.
+function requestSummary(body) {
+  if (!Array.isArray(body.inputs)) return "request";
+  return body.inputs.map((t) => `${t && t.name} ${JSON.stringify(t && t.data)}`).join(", ") || "no inputs";
 }
 
 // Call onEvent(event, data) for each server-sent event of a fetch answer's body.

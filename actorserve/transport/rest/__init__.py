@@ -11,9 +11,9 @@ Layers, each its own module:
 - :mod:`.views` — the Quart views of the other endpoints;
 - :mod:`.app` — :class:`OipRest`, the door: the raw paths first, Quart for the rest.
 
-:mod:`.protocols` and :mod:`.http1` (hypercorn's HTTP/1.1 and HTTP/2) are the HTTP
-host's, kept here for now. Everything is typed against
-:class:`actorserve.api.EngineAPI`; nothing here knows the actors.
+HTTP/1.1 and HTTP/2 under hypercorn are the HTTP host's
+(:mod:`actorserve.transport.httphost.protocols`, ``.http1``). Everything is typed
+against :class:`actorserve.api.EngineAPI`; nothing here knows the actors.
 """
 
 from .app import OipRest, create_door

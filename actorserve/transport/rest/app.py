@@ -24,16 +24,17 @@ from ...settings import Settings
 from ..auth import Scope
 from ..exchange import Exchange, Recorder
 from ..httphost.door import UNTIMED_RECEIVE_KEY
-from ..httphost.replies import ASGIApp
+from ..httphost.openapi import OpenApiPart
+from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from ..receive import too_large
-from .asgi import ASGIReceive, ASGIScope, ASGISend, RawRoutes, gzip_if_wanted, reply_for, send_reply
+from .asgi import RawRoutes, gzip_if_wanted, reply_for, send_reply
 from .management_routes import MANAGEMENT_PREFIX, ManagementViews, register_management
 from .management_routes import auth_scope as management_scope
-from .openapi import DOCUMENT_PATH, openapi_document
+from .openapi import openapi_part
 from .sequence_headers import naming_for
 from .sse import END_FRAME, error_frame
 from .views import RestViews, http_error_reply, response
-from .wire import GZIP_HEADERS, json_bytes, json_reply, method_not_allowed_reply, too_large_reply
+from .wire import GZIP_HEADERS, json_bytes, method_not_allowed_reply, too_large_reply
 
 #: ``/v2/models/{name}[/versions/{version}]/{op}`` for the operations on the raw path.
 _MODEL_OP: Final = re.compile(
@@ -87,8 +88,17 @@ class OipRest:
         return management_scope(path)
 
     @staticmethod
+    def openapi() -> OpenApiPart:
+        """The OIP's ``/v2`` paths (:mod:`.openapi`)."""
+        return openapi_part()
+
+    @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
         return 400, json_bytes({"error": why})
+
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return 403, json_bytes({"error": why})
 
     @staticmethod
     def shutting_down(message: str) -> tuple[int, bytes]:
@@ -161,12 +171,6 @@ def create_door(
     # Management (load, unload, workers, default version, describe): one place, see
     # management_routes.py; the token check (transport/auth.py) covers them by their prefix.
     register_management(app, ManagementViews(engine, settings))
-    document = openapi_document()
-
-    async def dataplane_document() -> Response:
-        return response(json_reply(document))
-
-    app.add_url_rule(DOCUMENT_PATH, "openapi", dataplane_document, methods=["GET"])
     for suffix, endpoint, methods in _QUART_MODEL_ROUTES:
         route(f"/v2/models/<name>{suffix}", endpoint, methods)
         app.add_url_rule(

@@ -15,7 +15,7 @@ stream context (or ``infer`` call), which cancels the request in the engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl
 
@@ -28,6 +28,7 @@ from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .generate import (
     Encoder,
@@ -62,9 +63,6 @@ _T = TypeVar("_T")
 
 # Raw ASGI messages are handled as plain dicts; hypercorn's TypedDicts only matter at
 # the boundary (app.py), where these aliases are cast.
-ASGIScope = Mapping[str, Any]
-ASGIReceive = Callable[[], Awaitable[Any]]
-ASGISend = Callable[[Any], Awaitable[None]]
 
 #: The ASGI headers of every event stream, built once.
 _EVENT_STREAM_HEADERS: Final = tuple((k.lower().encode(), v.encode()) for k, v in EVENT_STREAM_HEADERS)
@@ -311,10 +309,12 @@ class _RawBatches:
 
     __slots__ = ("_next",)
 
-    def __init__(self, next_raw_batch: Callable[[], Awaitable[list[RawEvent | InferenceResponse]]]) -> None:
+    def __init__(
+        self, next_raw_batch: Callable[[], Awaitable[Sequence[RawEvent | InferenceResponse]]]
+    ) -> None:
         self._next = next_raw_batch
 
-    async def next_batch(self) -> list[RawEvent | InferenceResponse]:
+    async def next_batch(self) -> Sequence[RawEvent | InferenceResponse]:
         return await self._next()
 
 
@@ -324,15 +324,14 @@ def _raw_if_possible(
     """What to read the rest of a stream from, and how to encode each item: the raw events
     of a front's engine client when the stream's template can write them (no response
     built per event), else the responses."""
-    next_raw_batch = getattr(responses, "next_raw_batch", None)
     raw = getattr(encode, "raw", None)
-    if next_raw_batch is None or raw is None:
+    if raw is None:
         return responses, encode
 
     def encode_any(item: RawEvent | InferenceResponse) -> bytes:
         return raw(item) if isinstance(item, RawEvent) else encode(item)
 
-    return _RawBatches(next_raw_batch), encode_any
+    return _RawBatches(responses.next_raw_batch), encode_any
 
 
 async def send_reply(

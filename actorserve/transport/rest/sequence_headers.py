@@ -9,17 +9,23 @@ in ``X-Amzn-SageMaker-New-Session-Id`` as ``<id>; Expires=<UTC time>``, the answ
 request that ends it in ``X-Amzn-SageMaker-Closed-Session-Id``. A SageMaker session id
 is letters and digits joined by ``-`` (at most 256), so the server-made id of this
 preset is ``<replica>--<32 hex digits>`` (:func:`~actorserve.replica.new_sequence_id`
-with ``sagemaker=True``)."""
+with ``sagemaker=True``). A client's id goes back into a response header, where ``;``,
+``=``, ``,`` or a space would forge attributes (``; Expires=...``): with this preset an id
+outside :data:`SAGEMAKER_ID` (letters, digits, ``.``, ``_``, ``-``: SageMaker's own
+alphabet and the two characters of this server's ids under the other presets) or longer than :data:`SAGEMAKER_MAX_ID` is refused 400 before it is used,
+and :meth:`SequenceNaming.answer` never writes one."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Final
 
 import attrs
 
 from ...api import EngineAPI, control_of, no_sequence_id
+from ...errors import BadInput
 from ...replica import new_sequence_id
 from ...types import InferenceRequest, InferenceResponse
 
@@ -31,6 +37,11 @@ Headers = list[tuple[str, str]]
 NEW_SESSION: Final = "NEW_SESSION"
 #: what ``Expires=`` says of a sequence that never expires by idling
 NEVER: Final = "9999-12-31T23:59:59Z"
+#: the characters of a session id the SageMaker preset takes (SageMaker's own are
+#: letters and digits joined by ``-``; ``.`` and ``_`` are in this server's other ids)
+SAGEMAKER_ID: Final = re.compile(r"[A-Za-z0-9._-]+")
+#: the longest session id SageMaker takes
+SAGEMAKER_MAX_ID: Final = 256
 
 
 @attrs.frozen(slots=True)
@@ -49,12 +60,23 @@ class SequenceNaming:
     closed: str | None = None
     #: the replica id, for the ids a ``new_value`` start is given here
     replica: str = ""
+    #: what an id must be to be read and echoed (None: any; the engine's own checks apply)
+    id_pattern: re.Pattern[str] | None = None
+    #: the longest id read and echoed (with ``id_pattern``)
+    max_id_length: int = 0
+
+    def allows(self, sequence_id: object) -> bool:
+        """``sequence_id`` may be read and echoed in this preset's headers."""
+        if self.id_pattern is None or sequence_id is None:
+            return True
+        value = str(sequence_id)
+        return len(value) <= self.max_id_length and self.id_pattern.fullmatch(value) is not None
 
     def answer(self, sequence_id: object, *, start: bool, end: bool, idle_timeout_ms: int = 0) -> Headers:
         """The headers naming ``sequence_id`` (None: none) on an answer of a sequence;
         ``start``/``end``: the request opened/ended it."""
-        if sequence_id is None:
-            return []
+        if sequence_id is None or not self.allows(sequence_id):
+            return []  # never a value that could forge a header attribute (refused on input)
         value = str(sequence_id)
         if start and self.new is not None:
             return [(self.new, f"{value}; Expires={expires(idle_timeout_ms)}")]
@@ -68,6 +90,12 @@ class SequenceNaming:
         format: the engine would make one SageMaker refuses."""
         parameters = request.parameters
         value = parameters.get("sequence_id")
+        if not no_sequence_id(value) and not self.allows(value):
+            shown = repr(value) if len(str(value)) <= 80 else repr(str(value)[:80]) + "..."
+            raise BadInput(
+                f"sequence id {shown} is not a session id: use letters, digits, '.', '_' and '-', "
+                f"at most {self.max_id_length} characters"
+            )
         if self.new_value is None or not (no_sequence_id(value) or value == "0"):
             return
         if _true(parameters.get("sequence_start")):
@@ -93,6 +121,8 @@ PRESETS: Final = {
         new_value=NEW_SESSION,
         new="X-Amzn-SageMaker-New-Session-Id",
         closed="X-Amzn-SageMaker-Closed-Session-Id",
+        id_pattern=SAGEMAKER_ID,
+        max_id_length=SAGEMAKER_MAX_ID,
     ),
 }
 

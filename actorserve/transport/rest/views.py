@@ -22,11 +22,10 @@ from ...replica import replica_id
 from ...settings import Settings
 from ...version import __version__
 from ..exchange import Exchange
-from ..triton import config_json, statistics_json
+from ..triton import EXTENSIONS, config_json, statistics_json
 from .asgi import infer_reply
 from .sequence_headers import naming_for
 from .wire import (
-    EXTENSIONS,
     HttpReply,
     RequestHeaders,
     decompress_body,

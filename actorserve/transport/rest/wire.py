@@ -28,16 +28,6 @@ from .sequence_headers import OIP, SequenceNaming
 
 log = logging.getLogger(__name__)
 
-#: What ``GET /v2`` reports: the protocol extensions this server really implements.
-EXTENSIONS: Final = (
-    "binary_tensor_data",
-    "generate",
-    "model_repository",
-    "parameters",
-    "sequence",
-    "streaming",
-)
-
 #: Request parameters that steer the transport's encoding; they never reach the engine.
 TRANSPORT_PARAMETERS: Final = frozenset({"binary_data_size", "binary_data", "binary_data_output"})
 

@@ -15,11 +15,13 @@ from ...api import EngineAPI
 from ...errors import ShuttingDown
 from ..auth import Scope
 from ..exchange import Exchange
-from ..httphost.replies import ASGIApp
+from ..httphost.openapi import OpenApiPart
+from ..httphost.replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
 from ..receive import too_large
 from .errors import TsError, ts_error
 from .management_rest import TorchServeManagement, not_on_management_port, on_management_port
-from .rest import ASGIReceive, ASGIScope, ASGISend, TorchServeInference, send_error, send_json
+from .openapi import openapi_part
+from .rest import TorchServeInference, send_error, send_json
 
 _INFERENCE_PREFIXES: Final = ("/predictions/", "/explanations/")
 
@@ -51,8 +53,17 @@ class TorchServeRest:
         return self.inference.auth_scope(path) or self.management.auth_scope(path)
 
     @staticmethod
+    def openapi() -> OpenApiPart:
+        """TorchServe's paths (:mod:`.openapi`), on either port."""
+        return openapi_part()
+
+    @staticmethod
     def bad_target(why: str) -> tuple[int, bytes]:
         return _shaped(TsError(400, "BadRequestException", why))
+
+    @staticmethod
+    def forbidden(why: str) -> tuple[int, bytes]:
+        return _shaped(TsError(403, "ForbiddenException", why))
 
     def shutting_down(self, message: str) -> tuple[int, bytes]:
         return _shaped(ts_error(ShuttingDown(message)))

@@ -78,7 +78,7 @@ def _describe(model: ModelDescription) -> dict[str, Any]:
         "batchSize": model.max_batch_size or 1,
         "maxBatchDelay": round(model.max_batch_time * 1000),
         "maxRetryTimeoutInSec": 0,
-        "loadedAtStartup": False,
+        "loadedAtStartup": model.loaded_at_startup,
         "status": model.state,
         "workers": [_worker(model.state, r) for r in model.replicas],
     }

@@ -13,9 +13,10 @@ from urllib.parse import parse_qsl
 
 from ...api import EngineAPI
 from ..auth import Scope
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
 from .errors import TsError, ts_error
 from .management_ops import Management, Reply, _int_option
-from .rest import ASGIReceive, ASGIScope, ASGISend, send_error, send_json
+from .rest import send_error, send_json
 
 
 def _owned(path: str) -> bool:

@@ -2,7 +2,8 @@
 
 Stateful headers are read as TorchServe's frontend reads them: ``ts_request_sequence_id``
 names the sequence, ``..._start`` / ``..._end`` (true/false) mark its first / last
-request; the handler sees every header. On a model with sequence batching a request
+request; the handler sees every header but the client's credentials
+(:data:`~actorserve.transport.auth.CREDENTIAL_HEADERS`). On a model with sequence batching a request
 without an id starts a new sequence ``ts-seq-<uuid>`` (the handler sees the start header
 and the client gets the id back; the uuid's 128 bits all come from :mod:`secrets`: the
 id is a bearer secret). TorchServe opens a sequence on the first request that
@@ -27,6 +28,7 @@ from ...api import EngineAPI, ResponseIterator, bool_parameter, with_control
 from ...errors import BadInput, ModelNotFound, SequenceConflict, SequenceNotFound
 from ...torchserve_envelope import SEQUENCE_PLATFORM, Answer, HeaderNames, make_request
 from ...torchserve_envelope import answer as answer_of
+from ..auth import without_credentials
 from .errors import not_found
 
 #: how long a model's "has sequence batching" is remembered, in seconds
@@ -35,12 +37,14 @@ PLATFORM_TTL: Final = 2.0
 
 @attrs.frozen
 class Call:
-    """One prediction to make: routed model, raw inputs, the headers the handler sees."""
+    """One prediction to make: routed model, raw inputs, the headers the handler sees
+    (never a credential: ``Authorization``, ``Cookie``, ... are dropped as the call is
+    made, whichever door makes it)."""
 
     model: str
     version: str | None
     inputs: Mapping[str, tuple[bytes, str]]
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] = attrs.field(converter=without_credentials)
 
 
 class Predictor:

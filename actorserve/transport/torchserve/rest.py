@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -26,14 +25,11 @@ from ...torchserve_envelope import STREAM_NEXT, Answer, HeaderNames, ok_status
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .errors import TsError, answer_error, names_no_model, ts_error
 from .forms import split_body
 from .predictions import Call, Predictor, first_answers
-
-ASGIScope = Mapping[str, Any]
-ASGIReceive = Callable[[], Awaitable[Any]]
-ASGISend = Callable[[Any], Awaitable[None]]
 
 _PREDICTIONS: Final = re.compile(r"/predictions/([^/]+)(?:/([^/]+))?/?")
 _EXPLANATIONS: Final = re.compile(r"/explanations/([^/]+)(?:/([^/]+))?/?")
