@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from .errors import BadInput
-from .limits import MAX_INPUTS, check_count
+from .jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_array, bytes_element, bytes_json, bytes_to_text
+from .limits import MAX_DIMS, MAX_INPUTS, BytesElements, check_count, check_parameters
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -53,8 +55,6 @@ __all__ = [
 _ACCEPTED_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf", "O": ""}
 
 
-#: Most dimensions a tensor may have (numpy's own limit: more is a ValueError there).
-MAX_DIMS: Final = 64
 #: Largest product of a shape's non-zero dimensions. numpy refuses a shape whose extent
 #: times the item size overflows, even with a zero dimension (``[0, 2**62]``); this bound
 #: keeps every datatype far below that, and far above any tensor a body can carry.
@@ -87,14 +87,6 @@ def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-def _bytes_element(name: str, value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    raise BadInput(f"input {name!r}: BYTES elements must be strings, got {type(value).__name__} {value!r}")
-
-
 def _flatten(name: str, value: object, out: list[object]) -> None:
     """Append the leaves of nested lists to ``out``, row-major. Iterative and bounded by
     :data:`MAX_DIMS` levels: data nested deeper than any shape is refused, never a
@@ -120,21 +112,22 @@ def tensor_from_list(
     shape: Sequence[int],
     data: object,
     parameters: Mapping[str, Any] | None = None,
+    budget: BytesElements | None = None,
 ) -> Tensor:
-    """Build a tensor from JSON ``data`` (flat, or nested row-major) and check it."""
+    """Build a tensor from JSON ``data`` (flat, or nested row-major) and check it.
+    ``budget``: the request's BYTES element count, which a BYTES tensor's shape is added
+    to before any element is converted. BYTES ``data`` lists are converted in place (each
+    ``str`` replaced by its UTF-8 ``bytes``, so the parsed JSON never holds both)."""
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
     if not isinstance(data, list):
         raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
     expected = element_count(dims)
     if datatype == "BYTES":
-        flat: list[object] = []
-        _flatten(name, data, flat)
-        if len(flat) != expected:
-            raise _count_mismatch(name, dims, expected, len(flat))
-        array = np.empty(expected, dtype=object)
-        for i, value in enumerate(flat):
-            array[i] = _bytes_element(name, value)
+        (budget or BytesElements()).add(expected, name)
+        array, count = bytes_array(name, data, expected)
+        if count != expected:
+            raise _count_mismatch(name, dims, expected, count)
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     try:
         probe = np.array(data)
@@ -150,7 +143,7 @@ def tensor_from_list(
             f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, got {_describe(probe)}"
         )
     try:
-        array = probe.astype(dtype, casting="unsafe") if probe.size else np.empty(0, dtype)
+        array = probe.astype(dtype, casting="unsafe", copy=False) if probe.size else np.empty(0, dtype)
         if probe.size and dtype.kind in "iu" and probe.dtype.kind in "iu":
             # astype wraps silently; a value out of range is the client's mistake.
             info = np.iinfo(dtype)
@@ -197,8 +190,9 @@ def _describe(probe: npt.NDArray[Any]) -> str:
     return "mixed or non-numeric values"
 
 
-def tensor_from_json(obj: object, *, what: str = "input") -> Tensor:
-    """Decode one OIP JSON tensor ``{"name", "shape", "datatype", "data", "parameters"?}``."""
+def tensor_from_json(obj: object, *, what: str = "input", budget: BytesElements | None = None) -> Tensor:
+    """Decode one OIP JSON tensor ``{"name", "shape", "datatype", "data", "parameters"?}``
+    (``budget``: see :func:`tensor_from_list`)."""
     if not isinstance(obj, dict):
         raise BadInput(f"each {what} must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -211,7 +205,7 @@ def tensor_from_json(obj: object, *, what: str = "input") -> Tensor:
     if "data" not in obj:
         raise BadInput(f"{what} {name!r}: missing 'data'")
     parameters = parameters_from_json(obj.get("parameters"), where=f"{what} {name!r}")
-    return tensor_from_list(name, obj["datatype"], obj["shape"], obj["data"], parameters)
+    return tensor_from_list(name, obj["datatype"], obj["shape"], obj["data"], parameters, budget)
 
 
 def _short(obj: object) -> str:
@@ -224,14 +218,19 @@ def parameters_from_json(value: object, *, where: str = "request") -> dict[str, 
         return {}
     if not isinstance(value, dict):
         raise BadInput(f"{where}: 'parameters' must be a JSON object")
+    check_parameters(value, where)
     return value
 
 
 def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
-    """Encode a tensor as OIP JSON. Numeric data stays a numpy array (orjson writes it)."""
+    """Encode a tensor as OIP JSON. Numeric data stays a numpy array (orjson writes it);
+    BYTES data of more than :data:`BYTES_FRAGMENT_ELEMENTS` elements is already JSON
+    text, an ``orjson.Fragment`` (only orjson writes it)."""
     data: Any
-    if tensor.datatype == "BYTES":
-        data = [_bytes_to_text(v) for v in tensor.data.reshape(-1)]
+    if tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
+        data = orjson.Fragment(bytes_json(tensor.data.reshape(-1)))
+    elif tensor.datatype == "BYTES":
+        data = [bytes_to_text(v) for v in tensor.data.reshape(-1)]
     else:
         data = np.ascontiguousarray(tensor.data).reshape(-1)
     out: dict[str, Any] = {
@@ -245,14 +244,9 @@ def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     return out
 
 
-def _bytes_to_text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-def request_from_json(obj: object) -> InferenceRequest:
-    """Decode an OIP request body (already parsed JSON)."""
+def request_from_json(obj: object, budget: BytesElements | None = None) -> InferenceRequest:
+    """Decode an OIP request body (already parsed JSON); ``budget``: the BYTES elements
+    the request's other inputs (binary ones) hold already."""
     if not isinstance(obj, dict):
         raise BadInput(f"the request body must be a JSON object, got a JSON {_json_kind(obj)}")
     inputs = obj.get("inputs")
@@ -272,9 +266,11 @@ def request_from_json(obj: object) -> InferenceRequest:
     for out in outputs_obj:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise BadInput("each requested output must be an object with a string 'name'")
-        outputs.append(RequestedOutput(out["name"], parameters_from_json(out.get("parameters"))))
+        where = f"output {_short(out['name'])}"
+        outputs.append(RequestedOutput(out["name"], parameters_from_json(out.get("parameters"), where=where)))
+    budget = budget or BytesElements()
     return InferenceRequest(
-        inputs=[tensor_from_json(t) for t in inputs],
+        inputs=[tensor_from_json(t, budget=budget) for t in inputs],
         id=request_id,
         parameters=parameters_from_json(obj.get("parameters")),
         outputs=outputs,
@@ -345,7 +341,7 @@ def tensor_from_numpy(
     dt = datatype or datatype_of(arr)
     if dt == "BYTES":
         if arr.dtype != object or any(not isinstance(v, bytes) for v in arr.reshape(-1)):
-            flat = [_bytes_element(name, v) for v in arr.reshape(-1).tolist()]
+            flat = [bytes_element(name, v) for v in arr.reshape(-1).tolist()]
             out = np.empty(len(flat), dtype=object)
             out[:] = flat
             arr = out.reshape(arr.shape)

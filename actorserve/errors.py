@@ -25,12 +25,26 @@ import logging
 log = logging.getLogger("actorserve.model")
 
 
+#: Longest message a client is told: a message that repeats client input (a key, a
+#: value, a list of names) is cut here, so an error never costs more than its request.
+MAX_MESSAGE_CHARS = 4096
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    more = f"... ({len(text) - limit} more characters)"
+    return text[: max(0, limit - len(more))] + more
+
+
 class ActorServeError(Exception):
-    """Base class of every error the engine reports to a client."""
+    """Base class of every error the engine reports to a client; its :attr:`message`
+    (what every transport sends) is at most :data:`MAX_MESSAGE_CHARS` long."""
 
     @property
     def message(self) -> str:
-        return str(self.args[0]) if self.args else type(self).__name__
+        return shorten(str(self.args[0])) if self.args else type(self).__name__
 
 
 class BadInput(ActorServeError):

@@ -196,6 +196,13 @@ class BatchModel(Model, Generic[StateT, WorkT]):
         """The initial state of a new sequence."""
         return None  # type: ignore[return-value]
 
+    async def prepare(self, request: InferenceRequest, state: StateT | None) -> None:
+        """Work :meth:`begin` will need, done first and off the event loop. ``begin`` runs
+        on the event loop, so a part of it that takes time (a tokenizer) belongs here, in
+        ``trio.to_thread.run_sync``; the engine awaits this just before ``begin`` with the
+        same request and state (a sequence's state is its own meanwhile). Raise
+        :class:`BadInput` as ``begin`` would. Default: nothing."""
+
     def begin(self, request: InferenceRequest, state: StateT | None) -> WorkT:
         """Decode ``request`` into work; raise :class:`BadInput` for bad requests."""
         raise NotImplementedError
@@ -246,6 +253,7 @@ class BatchModel(Model, Generic[StateT, WorkT]):
         import trio
 
         async for request in requests:
+            await self.prepare(request, None)
             work = self.begin(request, None)
             while True:
                 if self.step_in_thread:

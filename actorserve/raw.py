@@ -6,13 +6,14 @@ gRPC, tensors on the engine link): little-endian element bytes; BYTES elements e
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .codecs import check_shape, element_count
 from .errors import BadInput
+from .limits import BytesElements
 from .types import Tensor, numpy_dtype
 
 __all__ = ["tensor_from_raw", "tensor_to_raw"]
@@ -26,10 +27,13 @@ def tensor_from_raw(
     shape: Sequence[int],
     raw: bytes | bytearray | memoryview,
     parameters: Mapping[str, Any] | None = None,
+    budget: BytesElements | None = None,
 ) -> Tensor:
     """Decode raw little-endian tensor bytes (Triton's binary tensor / gRPC raw contents).
 
-    BYTES elements are each a 4-byte little-endian length followed by the bytes.
+    BYTES elements are each a 4-byte little-endian length followed by the bytes; their
+    count (the shape's) is added to ``budget``, the request's count of BYTES elements
+    (:data:`~actorserve.limits.MAX_BYTES_ELEMENTS`), before any is decoded.
     """
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
@@ -42,20 +46,14 @@ def tensor_from_raw(
                 f"input {name!r}: shape {list(dims)} needs {count} BYTES elements (at least "
                 f"{count * 4} bytes), the raw data has {len(raw)} bytes"
             )
-        array = np.empty(count, dtype=object)
-        view = memoryview(raw)
-        pos = 0
-        for i in range(count):
-            if pos + 4 > len(view):
-                raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
-            (length,) = _LEN.unpack_from(view, pos)
-            pos += 4
-            if pos + length > len(view):
-                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
-            array[i] = bytes(view[pos : pos + length])
-            pos += length
-        if pos != len(view):
-            raise BadInput(f"input {name!r}: {len(view) - pos} bytes left over after {count} BYTES elements")
+        (budget or BytesElements()).add(count, name)
+        data = raw if isinstance(raw, bytes) else bytes(raw)
+        end = [0]  # where the elements ended (the generator's last position)
+        array = np.fromiter(_elements(name, data, count, end), dtype=object, count=count)
+        if end[0] != len(data):
+            raise BadInput(
+                f"input {name!r}: {len(data) - end[0]} bytes left over after {count} BYTES elements"
+            )
         return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -66,15 +64,35 @@ def tensor_from_raw(
     return Tensor(name, dims, datatype, array, dict(parameters or {}))
 
 
+def _elements(name: str, data: bytes, count: int, end: list[int]) -> Iterator[bytes]:
+    """The ``count`` BYTES elements of ``data``, each sliced once (numpy's ``fromiter``
+    fills the array from this: no list beside it); ``end[0]`` is set to where they end."""
+    unpack = _LEN.unpack_from
+    size = len(data)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > size:
+            raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
+        (length,) = unpack(data, pos)
+        pos += 4
+        stop = pos + length
+        if stop > size:
+            raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
+        end[0] = pos = stop  # fromiter stops pulling at the last element: set it first
+        yield data[stop - length : stop]
+
+
 def tensor_to_raw(tensor: Tensor) -> bytes:
     """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
     if tensor.datatype == "BYTES":
-        parts = []
+        # one growing buffer: a list of parts would hold a 4-byte ``bytes`` (40 bytes of
+        # memory) and two pointers per element until the join
+        out = bytearray()
         for value in tensor.data.reshape(-1):
             item = value if isinstance(value, bytes) else str(value).encode()
-            parts.append(_LEN.pack(len(item)))
-            parts.append(item)
-        return b"".join(parts)
+            out += _LEN.pack(len(item))
+            out += item
+        return bytes(out)
     data = tensor.data
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))

@@ -16,9 +16,12 @@ from typing import Any, Final
 import attrs
 
 from .controls import control_of
-from .errors import BadInput
+from .errors import BadInput, shorten
 from .settings import ModelSettings, TensorSpec
 from .types import SEQUENCE_PARAMETERS, InferenceRequest
+
+#: unknown parameter names an error lists (the rest are counted)
+MAX_LISTED: Final = 20
 
 #: Request parameters read by the engine or by a transport or client library, never by
 #: the model: never unknown. (Triton's binary-data and scheduling parameters, MLServer's
@@ -100,7 +103,9 @@ class RequestContract:
         unknown = [k for k in params if k not in known and k not in RESERVED_PARAMETERS]
         if unknown:
             names = ", ".join(sorted(known)) or "none"
-            listed = ", ".join(repr(k) for k in unknown)
+            listed = shorten(", ".join(repr(shorten(k, 100)) for k in unknown[:MAX_LISTED]), 1024)
+            if len(unknown) > MAX_LISTED:
+                listed += f" and {len(unknown) - MAX_LISTED} more"
             noun = "parameter" if len(unknown) == 1 else "parameters"
             raise BadInput(f"model {self.model!r} has no {noun} {listed}; its parameters are: {names}")
 

@@ -107,6 +107,7 @@ class BatchedRunner:
             )
         batcher = least_loaded(self.batchers)
         item = new_item(request, self.settings.reply_buffer)
+        await batcher.model.prepare(request, None)
         item.work = batcher.model.begin(request, None)
         batcher.submit_nowait(item)
         return item

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelFailed
+from ..limits import MAX_PARAMETER_DEPTH
 from ..model import BatchModel, StepOutput
 from ..types import DATATYPES, InferenceResponse, Tensor
 
@@ -38,9 +39,9 @@ def _value_problem(value: object, depth: int = 0) -> str | None:
         return None
     if isinstance(value, int):
         return None if value in _INT_RANGE else f"the integer {value} does not fit in 64 bits"
-    if depth < 8 and isinstance(value, (list, tuple)):
+    if depth < MAX_PARAMETER_DEPTH and isinstance(value, (list, tuple)):
         return next((p for p in (_value_problem(v, depth + 1) for v in value) if p), None)
-    if depth < 8 and isinstance(value, dict):
+    if depth < MAX_PARAMETER_DEPTH and isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             return "a dict key is not a str"
         return next((p for p in (_value_problem(v, depth + 1) for v in value.values()) if p), None)

@@ -214,6 +214,7 @@ class SequenceActor:
         model = self.model
         if isinstance(model, BatchModel):
             try:
+                await model.prepare(item.request, state)
                 item.work = model.begin(item.request, state)
             except ActorServeError as exc:
                 item.fail(exc)  # a bad request fails itself, not the sequence

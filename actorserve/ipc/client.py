@@ -46,6 +46,7 @@ from ..api import (
 )
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
+from ..limits import PARSE_IN_THREAD_BYTES
 from ..types import InferenceRequest, InferenceResponse
 from ..unary import (
     UNARY_CALLS,
@@ -90,7 +91,7 @@ from .frames import (
 )
 from .outbox import Outbox
 from .unary_values import call_to_plain, result_codec
-from .values import WireError, error_from_plain, response_from_plain
+from .values import WireError, error_from_plain, raw_bytes, response_from_plain
 
 #: bytes read from the engine's socket at a time
 RECEIVE_BYTES = 256 * 1024
@@ -352,7 +353,9 @@ class EngineClient:
             raise error_from_plain(reply.kind, reply.message)
         if not isinstance(reply, Reply):
             raise WireError(f"infer: expected a reply, got {type(reply).__name__}")
-        return response_from_plain(reply.value)
+        if raw_bytes(reply.value) < PARSE_IN_THREAD_BYTES:
+            return response_from_plain(reply.value)
+        return await trio.to_thread.run_sync(response_from_plain, reply.value)  # off the loop
 
     @asynccontextmanager
     async def infer_stream(

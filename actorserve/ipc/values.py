@@ -145,6 +145,14 @@ def response_to_plain(response: InferenceResponse) -> Plain:
     ]
 
 
+def raw_bytes(plain: Plain) -> int:
+    """The tensor bytes a plain response holds (0 if it is not one): decoding takes time
+    in proportion (a BYTES element is a Python object each)."""
+    if not isinstance(plain, list) or len(plain) != 5 or not isinstance(plain[4], list):
+        return 0
+    return sum(len(t[3]) for t in plain[4] if isinstance(t, list) and len(t) > 3 and isinstance(t[3], bytes))
+
+
 def response_from_plain(plain: Plain) -> InferenceResponse:
     model_name, model_version, response_id, parameters, outputs = _fields(plain, 5, "response")
     return InferenceResponse(
@@ -235,6 +243,7 @@ __all__ = [
     "error_to_plain",
     "plain_default",
     "request_from_plain",
+    "raw_bytes",
     "request_to_plain",
     "response_from_plain",
     "response_to_plain",

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..codecs import check_shape
 from ..errors import BadInput
-from ..limits import MAX_INPUTS, check_count
+from ..limits import MAX_INPUTS, BytesElements, check_count
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, numpy_dtype
 from .inference import (
@@ -235,13 +235,14 @@ def _decode_tensors(
                 f"{raw_field} has {len(raw)} entries but there are {len(entries)} {what}s; "
                 f"raw contents need exactly one entry per {what}, in order"
             )
+        budget = BytesElements()
         for entry, data in zip(entries, raw, strict=True):
             if not isinstance(data, bytes):
                 raise BadInput(f"{raw_field}: an entry is not bytes")
             if entry.contents:
                 raise BadInput(f"{what} {entry.name!r}: contents must not be given when {raw_field} is used")
             params = params_from_pb(entry.parameters, where=f"{what} {entry.name!r}")
-            tensors.append(tensor_from_raw(entry.name, entry.datatype, entry.shape, data, params))
+            tensors.append(tensor_from_raw(entry.name, entry.datatype, entry.shape, data, params, budget))
     else:
         for entry in entries:
             params = params_from_pb(entry.parameters, where=f"{what} {entry.name!r}")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from ..errors import BadInput
-from ..limits import MAX_BYTES_ELEMENTS, MAX_FORM_FIELDS, MAX_INPUTS
+from ..limits import MAX_BYTES_ELEMENTS, MAX_FORM_FIELDS, MAX_INPUTS, MAX_PARAMETERS
 from .inference import ModelInferRequest
 from .torchserve.org.pytorch.serve.grpc.inference import PredictionsRequest
 
@@ -27,6 +27,10 @@ __all__ = ["PRECHECKS", "check_predictions_request", "check_request_counts"]
 #: InferTensorContents.bytes_contents
 _INPUTS: Final = 5
 _OUTPUTS: Final = 6
+#: the ``parameters`` maps: of ModelInferRequest, InferInputTensor, InferRequestedOutputTensor
+_PARAMETERS: Final = 4
+_INPUT_PARAMETERS: Final = 4
+_OUTPUT_PARAMETERS: Final = 2
 _CONTENTS: Final = 5
 _BYTES_CONTENTS: Final = 8
 #: the tag of a bytes_contents element (field 8, wire type 2): at least one per element
@@ -38,7 +42,9 @@ _PREDICTION_INPUT: Final = 3
 
 def check_request_counts(data: bytes, limit: int = MAX_BYTES_ELEMENTS) -> None:
     """:class:`BadInput` if the serialized ``ModelInferRequest`` ``data`` has more than
-    :data:`~actorserve.limits.MAX_INPUTS` inputs or requested outputs, or more than
+    :data:`~actorserve.limits.MAX_INPUTS` inputs or requested outputs, more than
+    :data:`~actorserve.limits.MAX_PARAMETERS` parameters (in the request, or in one of its
+    tensors), or more than
     ``limit`` ``bytes_contents`` elements in all. Malformed data is left to the parser."""
     try:
         _check_tensor_counts(data)
@@ -49,16 +55,40 @@ def check_request_counts(data: bytes, limit: int = MAX_BYTES_ELEMENTS) -> None:
 
 
 def _check_tensor_counts(data: bytes) -> None:
-    inputs = outputs = 0
-    for number, _, _ in _Fields(data, 0, len(data)):
-        inputs += number == _INPUTS
-        outputs += number == _OUTPUTS
+    inputs = outputs = parameters = 0
+    for number, start, end in _Fields(data, 0, len(data)):
+        if number == _INPUTS:
+            inputs += 1
+            _check_parameters(data, start, end, _INPUT_PARAMETERS, "an input")
+        elif number == _OUTPUTS:
+            outputs += 1
+            _check_parameters(data, start, end, _OUTPUT_PARAMETERS, "a requested output")
+        parameters += number == _PARAMETERS
     for count, what in ((inputs, "inputs"), (outputs, "requested outputs")):
         if count > MAX_INPUTS:
             raise BadInput(
                 f"{what}: {count} given, at most {MAX_INPUTS} allowed "
                 "(limit MAX_INPUTS; see docs/security.md#limits)"
             )
+    if parameters > MAX_PARAMETERS:
+        raise _too_many_parameters("the request", parameters)
+
+
+def _check_parameters(data: bytes, start: int, end: int, field: int, what: str) -> None:
+    """Count the ``parameters`` map entries of one tensor message, stopping past the limit."""
+    count = 0
+    for number, _, _ in _Fields(data, start, end):
+        count += number == field
+        if count > MAX_PARAMETERS:
+            raise _too_many_parameters(what, count)
+
+
+def _too_many_parameters(what: str, count: int) -> BadInput:
+    more = "more than " if what != "the request" else ""
+    return BadInput(
+        f"{what} has {more}{count} parameters, at most {MAX_PARAMETERS} are allowed "
+        "(limit MAX_PARAMETERS; see docs/security.md#limits)"
+    )
 
 
 def _check_bytes_elements(data: bytes, limit: int) -> None:

@@ -31,6 +31,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..errors import BadInput
+from ..limits import BytesElements
 from ..raw import tensor_from_raw, tensor_to_raw
 from ..rawevents import RawEvent, response_of
 from ..types import InferenceRequest, InferenceResponse, RequestedOutput
@@ -110,11 +111,14 @@ def decode_request(data: bytes) -> DecodedRequest | None:
         return None  # typed contents, or a raw-contents mistake betterproto2's path names
     try:
         inputs = []
+        budget = BytesElements()
         for entry, data_ in zip(entries, raw, strict=True):
             params = _params(entry.parameters)
             if params is None or entry.HasField("contents"):
                 return None
-            inputs.append(tensor_from_raw(entry.name, entry.datatype, list(entry.shape), data_, params))
+            inputs.append(
+                tensor_from_raw(entry.name, entry.datatype, list(entry.shape), data_, params, budget)
+            )
         outputs = []
         for out in msg.outputs:
             params = _params(out.parameters)

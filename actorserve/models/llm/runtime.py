@@ -33,14 +33,13 @@ from .checkpoint import chat_template, source_of
 from .echo import prompt_logprobs
 from .forward import Batch, crop, kv_bytes, new_batch, prefill
 from .prefix import BLOCK, joined
+from .prompt import Prompts
 from .requests import (
     LLM_TEXT_GENERATION,
     NO_SAMPLING,
     PARAMETERS,
-    context_text,
     echo_of,
     read_sampling,
-    request_prompt,
     text_bytes,
     tokenizer_outputs,
 )
@@ -56,7 +55,15 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
     text_generation: ClassVar[TextGeneration | None] = LLM_TEXT_GENERATION
     default_max_batch_size: ClassVar[int] = 32
     overridable_parameters: ClassVar[frozenset[str]] = frozenset(
-        {"prefill_chunk", "max_tokens_limit", "max_context", "kv_cache_budget_mb", "threads", "prefix_cache"}
+        {
+            "prefill_chunk",
+            "max_tokens_limit",
+            "max_context",
+            "max_prompt_chars",
+            "kv_cache_budget_mb",
+            "threads",
+            "prefix_cache",
+        }
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -67,13 +74,18 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.max_context: int = int(params.get("max_context", 0))  # 0: the model's own
         self.kv_budget = int(float(params.get("kv_cache_budget_mb", 1024)) * 2**20)
         self.threads = int(params.get("threads", 0))
+        self.max_prompt_chars = int(params.get("max_prompt_chars", 0))  # 0: from max_context
+        self.prompts = Prompts(self.name, self.request_parameters or frozenset())
         reuse = bool_parameter(params.get("prefix_cache", True), "prefix_cache")
         self.device_name: str | None = params.get("device")
         self.dtype_name: str | None = params.get("dtype")
-        if self.prefill_chunk < 1 or self.max_tokens_limit < 0 or self.max_context < 0 or self.kv_budget < 0:
+        if (
+            self.prefill_chunk < 1
+            or min(self.max_tokens_limit, self.max_context, self.max_prompt_chars, self.kv_budget) < 0
+        ):
             raise ValueError(
-                f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context and "
-                "kv_cache_budget_mb >= 0"
+                f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context, "
+                "max_prompt_chars and kv_cache_budget_mb >= 0"
             )
         #: open sequences, least recently used first (changed by the budget, under its lock)
         self.sequences: OrderedDict[str, LLMState] = OrderedDict()
@@ -139,11 +151,14 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         self.eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         start = self.tokenizer.bos_token_id
         self.start_token = int(start if start is not None else min(self.eos, default=0))
+        declared = text_generation_of(self.settings, type(self))
+        self.chat_template = declared.chat_template if declared is not None else ""
+        self.prompts.set_tokenizer(
+            self.tokenizer, self.start_token, self.max_context, self.max_prompt_chars, self.chat_template
+        )
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = self.budget.token_bytes = kv_bytes(kv)
-        declared = text_generation_of(self.settings, type(self))
-        self.chat_template = declared.chat_template if declared is not None else ""
 
     def _dtype(self) -> torch.dtype:
         name = self.dtype_name
@@ -178,11 +193,15 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     # -- requests -----------------------------------------------------------------------------
 
+    async def prepare(self, request: InferenceRequest, state: LLMState | None) -> None:
+        """The prompt read, bounded and tokenized in a worker thread (see :mod:`.prompt`)."""
+        await self.prompts.prepare(request, state)
+
     def begin(self, request: InferenceRequest, state: LLMState | None) -> LLMWork:
-        request, prompt = request_prompt(request, self.name, self.request_parameters or frozenset())
-        params = request.parameters
-        if any(bool_parameter(params[k], k) for k in ("tokenize", "detokenize") if k in params):
-            return self._tokenizer_work(request, state, prompt)
+        read = self.prompts.take(request, state)
+        request = read.request
+        if read.tokenizer_call:
+            return self._tokenizer_work(request, state, read.prompt)
         sampling = read_sampling(request, self.max_tokens_limit)
         # the fingerprint of the caller's token when sequences are bound to tokens: only
         # the cache budget reads it (whose idle caches a request may drop)
@@ -192,8 +211,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         elif state.owner is None:
             state.owner = owner
         echo = echo_of(request, state)
-        text, messages = context_text(params, prompt, state, self.name, self.chat_template)
-        ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
+        text, messages, ids = read.text, read.messages, read.ids
         if len(ids) >= self.max_context:
             raise BadInput(
                 f"input 'text_input': {len(ids)} tokens (with the sequence's history), the model's "

@@ -23,7 +23,7 @@ import trio
 
 from ...api import EngineAPI, ResponseIterator
 from ...errors import ModelNotFound
-from ...limits import PARSE_IN_THREAD_BYTES
+from ...limits import CODE_IN_THREAD_ELEMENTS, PARSE_IN_THREAD_BYTES
 from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
@@ -135,7 +135,10 @@ async def infer_reply(
         response = await engine.infer(request, model=name, version=version)
         note_response(exchange, response)
         head = await answer_headers(engine, response, headers.naming, flags)
-        return encode_infer_response(response, encoding, head)
+        if sum(t.data.size for t in response.outputs) < CODE_IN_THREAD_ELEMENTS:
+            return encode_infer_response(response, encoding, head)
+        # a Python step per BYTES element: off the loop, so it never stalls the others
+        return await trio.to_thread.run_sync(encode_infer_response, response, encoding, head)
     except Exception as exc:
         note_error(exchange, exc)
         return reply_for(exc, limit)

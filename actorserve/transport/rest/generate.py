@@ -22,7 +22,7 @@ import numpy as np
 
 from ...codecs import tensor_from_list
 from ...errors import BadInput
-from ...limits import MAX_INPUTS, check_count
+from ...limits import MAX_INPUTS, BytesElements, check_count, check_parameters
 from ...textgen import element_text, text_tensor
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .wire import RequestHeaders, decode_infer_request, encode_oip, json_bytes, loads
@@ -55,10 +55,13 @@ def _flat(value: object) -> list[object]:
     return out
 
 
-def generate_tensor(name: str, value: object, datatypes: Mapping[str, str]) -> Tensor:
+def generate_tensor(
+    name: str, value: object, datatypes: Mapping[str, str], budget: BytesElements | None = None
+) -> Tensor:
     """A top-level value of a generate request as a tensor: a scalar is shape [1], a
     (nested) list keeps its shape; the datatype comes from the model's metadata, else
-    from the values (str: BYTES, bool: BOOL, int: INT64, float: FP64)."""
+    from the values (str: BYTES, bool: BOOL, int: INT64, float: FP64). ``budget``: the
+    request's BYTES elements (:data:`~actorserve.limits.MAX_BYTES_ELEMENTS`)."""
     if isinstance(value, dict) or value is None:
         raise BadInput(f"input {name!r}: expected a string, a number, a boolean or a list of them")
     if isinstance(value, list):
@@ -70,7 +73,7 @@ def generate_tensor(name: str, value: object, datatypes: Mapping[str, str]) -> T
     else:
         shape, data = [1], [value]
     datatype = datatypes.get(name) or _infer_datatype(name, _flat(value))
-    return tensor_from_list(name, datatype, shape, data)
+    return tensor_from_list(name, datatype, shape, data, budget=budget)
 
 
 def generate_request_from_json(obj: dict[str, Any], datatypes: Mapping[str, str]) -> InferenceRequest:
@@ -85,9 +88,11 @@ def generate_request_from_json(obj: dict[str, Any], datatypes: Mapping[str, str]
         parameters = {}
     elif not isinstance(parameters, dict):
         raise BadInput("'parameters' must be a JSON object")
+    check_parameters(parameters, "request")
     names = [k for k in obj if k not in _GENERATE_RESERVED]
     check_count(names, MAX_INPUTS, "inputs", "MAX_INPUTS")
-    inputs = [generate_tensor(k, obj[k], datatypes) for k in names]
+    budget = BytesElements()
+    inputs = [generate_tensor(k, obj[k], datatypes, budget) for k in names]
     return InferenceRequest(inputs=inputs, id=request_id, parameters=parameters)
 
 

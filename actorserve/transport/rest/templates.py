@@ -26,6 +26,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
+from ...jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_json
 from ...rawevents import RAW_DTYPES, RawEvent, response_of
 from ...textgen import element_text
 from ...types import InferenceResponse, Tensor
@@ -179,6 +180,8 @@ def _data_json(tensor: Tensor) -> bytes:
     """The ``data`` of codecs.tensor_to_json, as JSON."""
     data = tensor.data
     if tensor.datatype == "BYTES":
+        if data.size > BYTES_FRAGMENT_ELEMENTS:
+            return bytes_json(data.reshape(-1))
         if data.dtype.kind == "O":  # tolist() hands back the elements themselves
             if data.size == 1:
                 return _dumps([element_text(data.item())])

@@ -19,7 +19,7 @@ import orjson
 from ...api import bool_parameter, no_sequence_text, with_control
 from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
-from ...limits import MAX_INPUTS, check_count, check_json_containers
+from ...limits import MAX_INPUTS, BytesElements, check_count, check_json_containers, check_parameters
 from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from .. import compression
@@ -262,6 +262,7 @@ def decode_infer_request(
 def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
     inputs = obj.get("inputs") if isinstance(obj, dict) else None
     raw_positions: dict[int, Tensor] = {}
+    budget = BytesElements()
     if isinstance(inputs, list):
         check_count(inputs, MAX_INPUTS, "inputs", "MAX_INPUTS")
         offset = 0
@@ -273,7 +274,7 @@ def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
                         f"input {tensor_obj.get('name')!r} has a binary_data_size, but the request has no "
                         "Inference-Header-Content-Length header giving the length of its JSON part"
                     )
-                tensor, offset = _binary_input(tensor_obj, params, binary, offset)
+                tensor, offset = _binary_input(tensor_obj, params, binary, offset, budget)
                 raw_positions[position] = tensor
         if binary is not None and offset != len(binary):
             raise BadInput(
@@ -284,7 +285,7 @@ def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
             obj = {**obj, "inputs": [t for i, t in enumerate(inputs) if i not in raw_positions]}
     elif binary is not None and len(binary):
         raise BadInput("binary data after the JSON header, but the request has no inputs list")
-    request = request_from_json(obj)  # validates everything else with precise messages
+    request = request_from_json(obj, budget)  # validates everything else with precise messages
     if raw_positions:
         decoded = iter(request.inputs)
         count = len(request.inputs) + len(raw_positions)
@@ -293,7 +294,7 @@ def _request_from_obj(obj: Any, binary: memoryview | None) -> InferenceRequest:
 
 
 def _binary_input(
-    obj: dict[str, Any], params: dict[str, Any], binary: memoryview, offset: int
+    obj: dict[str, Any], params: dict[str, Any], binary: memoryview, offset: int, budget: BytesElements
 ) -> tuple[Tensor, int]:
     name = obj.get("name")
     if not isinstance(name, str):
@@ -311,8 +312,11 @@ def _binary_input(
             f"input {name!r}: binary_data_size {size} runs past the end of the binary data "
             f"({len(binary) - offset} bytes left)"
         )
+    check_parameters(params, f"input {name!r}")
     rest = {k: v for k, v in params.items() if k not in TRANSPORT_PARAMETERS}
-    tensor = tensor_from_raw(name, obj["datatype"], obj["shape"], binary[offset : offset + size], rest)
+    tensor = tensor_from_raw(
+        name, obj["datatype"], obj["shape"], binary[offset : offset + size], rest, budget
+    )
     return tensor, offset + size
 
 
