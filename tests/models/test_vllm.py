@@ -178,6 +178,23 @@ async def test_sequence_continues_as_resending_the_history(folder: Path) -> None
         assert third == await text(engine, "ROMEO:\n" + first + "JULIET:\nAy me" + second + " and thou", **greedy)
 
 
+async def test_engine_arguments_are_not_a_load_override_unless_allowed(nursery: trio.Nursery, folder: Path) -> None:
+    settings = Settings(
+        models=(model_settings_from_dict(settings_data(), folder=folder),),
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=None,
+        no_auth=True,
+    )
+    server = await nursery.start(partial(serve, settings))
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=TIMEOUT) as client:
+        body = {"parameters": {"config": {"parameters": {"engine": {"max_model_len": 128}}}}}
+        reply = await client.post("/v2/repository/models/llm/load", json=body)
+        assert reply.status_code == 400, reply.text
+        assert "'engine' cannot be set by a load request" in reply.text
+        assert "--allow-load-overrides engine" in reply.text
+
+
 async def test_cancel_frees_vllms_request(folder: Path) -> None:
     greedy = {"temperature": 0, "max_tokens": 200}
     async with vllm_engine(folder) as (engine, model):
@@ -214,6 +231,7 @@ async def test_bad_engine_arguments_are_a_400_and_the_doors(
         http_port=0,
         grpc_port=0,
         no_auth=True,
+        allow_load_overrides=("engine",),
     )
     server = await nursery.start(partial(serve, settings))
     expected = oracle.text("ROMEO:\n", 20)
@@ -235,10 +253,14 @@ async def test_bad_engine_arguments_are_a_400_and_the_doors(
             doc, at = decoder.raw_decode(text_body, at)
             said += "".join(doc["text_output"])
         assert said == expected
-        bad = {"parameters": {"engine": {"no_such_argument": 1}}}
+        # the operator let `engine` through (allow_load_overrides): an unknown argument is a 400
+        bad = {"parameters": {"config": {"parameters": {"engine": {"no_such_argument": 1}}}}}
         reply = await client.post("/v2/repository/models/llm/load", json=bad)
         assert reply.status_code == 400, reply.text
-        assert "no_such_argument" in reply.text
+        assert "unknown vLLM engine argument(s) 'no_such_argument'" in reply.text
+        reserved = {"parameters": {"config": {"parameters": {"engine": {"model": "/elsewhere"}}}}}
+        reply = await client.post("/v2/repository/models/llm/load", json=reserved)
+        assert reply.status_code == 400 and "'model'" in reply.text, reply.text
 
     ai = openai.OpenAI(base_url=server.http_url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
     completion = await trio.to_thread.run_sync(
