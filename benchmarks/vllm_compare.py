@@ -39,9 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-from support.tiny_llm import DATA, build  # noqa: E402
+import httpx
+import psutil
+from support.tiny_llm import DATA, build
 
 TIMEOUT = 600.0
 
@@ -61,14 +61,16 @@ def prompts(tok: Any, n: int, length: int) -> list[str]:
 class Server:
     def __init__(self, name: str, argv: list[str], url: str, env: dict[str, str]) -> None:
         self.name, self.url = name, url
-        self.log = open(tempfile.mktemp(prefix=f"{name}-", suffix=".log"), "w")  # noqa: SIM115
+        handle, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+        self.log = os.fdopen(handle, "w")
+        self.log_path = path
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
     def wait_ready(self, model: str) -> None:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited; see {self.log.name}")
+                raise SystemExit(f"{self.name} exited; see {self.log_path}")
             try:
                 body = {"model": model, "prompt": "a", "max_tokens": 1}
                 if httpx.post(self.url + "/v1/completions", json=body, timeout=30).status_code == 200:
@@ -76,7 +78,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise SystemExit(f"{self.name} not ready in {TIMEOUT} s; see {self.log.name}")
+        raise SystemExit(f"{self.name} not ready in {TIMEOUT} s; see {self.log_path}")
 
     def cpu(self) -> float:
         try:
@@ -184,7 +186,13 @@ async def chat(server: Server, model: str, turns: list[str], tokens: int, sequen
                 ttfts.append(first)
                 continue
             messages.append({"role": "user", "content": turn})
-            body = {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0.0, "stream": True}
+            body = {
+                "model": model,
+                "messages": messages,
+                "max_tokens": tokens,
+                "temperature": 0.0,
+                "stream": True,
+            }
             ttft, _, text = await stream(client, "/v1/chat/completions", body)
             messages.append({"role": "assistant", "content": text})
             ttfts.append(ttft)

@@ -107,7 +107,9 @@ def request(prompt: str, **parameters: Any) -> InferenceRequest:
 @asynccontextmanager
 async def vllm_engine(folder: Path) -> AsyncIterator[tuple[Engine, VLLMModel]]:
     with trio.fail_after(TIMEOUT):
-        async with actorserve.open_engine([model_settings_from_dict(settings_data(), folder=folder)]) as engine:
+        async with actorserve.open_engine(
+            [model_settings_from_dict(settings_data(), folder=folder)]
+        ) as engine:
             model = engine.model("llm")
             assert isinstance(model, VLLMModel)
             yield engine, model
@@ -175,10 +177,14 @@ async def test_sequence_continues_as_resending_the_history(folder: Path) -> None
         second = await text(engine, "JULIET:\nAy me", sequence_id="s", **greedy)
         assert second == await text(engine, "ROMEO:\n" + first + "JULIET:\nAy me", **greedy)
         third = await text(engine, " and thou", sequence_id="s", sequence_end=True, **greedy)
-        assert third == await text(engine, "ROMEO:\n" + first + "JULIET:\nAy me" + second + " and thou", **greedy)
+        assert third == await text(
+            engine, "ROMEO:\n" + first + "JULIET:\nAy me" + second + " and thou", **greedy
+        )
 
 
-async def test_engine_arguments_are_not_a_load_override_unless_allowed(nursery: trio.Nursery, folder: Path) -> None:
+async def test_engine_arguments_are_not_a_load_override_unless_allowed(
+    nursery: trio.Nursery, folder: Path
+) -> None:
     settings = Settings(
         models=(model_settings_from_dict(settings_data(), folder=folder),),
         host="127.0.0.1",
@@ -244,7 +250,9 @@ async def test_bad_engine_arguments_are_a_400_and_the_doors(
         events = [json.loads(e.removeprefix("data: ")) for e in reply.text.split("\n\n") if e]
         assert "".join(e["text_output"] for e in events) == expected
         tensor = {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["ROMEO:\n"]}
-        outputs = (await client.post("/v2/models/llm/infer", json={"inputs": [tensor], "parameters": params})).json()
+        outputs = (
+            await client.post("/v2/models/llm/infer", json={"inputs": [tensor], "parameters": params})
+        ).json()
         assert outputs["outputs"][0]["data"] == [expected]
         reply = await client.post("/predictions/llm", json={"text_input": "ROMEO:\n", **params})
         assert reply.status_code == 200, reply.text

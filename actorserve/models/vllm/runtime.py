@@ -152,7 +152,9 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         params = self.parameters
         engine = params.get("engine", {})
         if not isinstance(engine, dict) or not all(isinstance(k, str) for k in engine):
-            raise BadInput(f"model {self.name!r}: parameters.engine: expected an object of vLLM engine arguments")
+            raise BadInput(
+                f"model {self.name!r}: parameters.engine: expected an object of vLLM engine arguments"
+            )
         self.engine_args: dict[str, Any] = dict(engine)
         self.max_tokens_limit = int(params.get("max_tokens_limit", 4096))
         self.kv_budget_mb = float(params.get("kv_cache_budget_mb", 512))
@@ -212,6 +214,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         engine_args = self.engine_arguments()
         # the engine core in this process, stepped by us (no engine process, no busy loop)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["HF_HUB_OFFLINE"] = "1"  # a hub id is read from the local cache only: never download
         try:
             from transformers import AutoTokenizer
             from vllm.v1.engine.llm_engine import LLMEngine
@@ -286,7 +289,9 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         tensor = request.input("text_input", required=False)
         body = request.input(TS_BODY, required=False) if tensor is None else None
         if body is not None:
-            request, tensor = from_torchserve(request, body, self.name, self.request_parameters or frozenset())
+            request, tensor = from_torchserve(
+                request, body, self.name, self.request_parameters or frozenset()
+            )
         prompt = ""
         if tensor is not None:
             if tensor.datatype != "BYTES" or tensor.data.size != 1:
