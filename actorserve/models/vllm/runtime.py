@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import os
 import threading
-import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,7 +29,6 @@ from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..llm.checkpoint import chat_template, source_of
-from ..llm.state import Detokenizer
 from ..llm.torchserve import TS_BODY, from_torchserve
 from ..textlm.generation import (
     DEFAULT_MAX_TOKENS,
@@ -39,6 +37,7 @@ from ..textlm.generation import (
     request_seed,
     stop_strings,
 )
+from .state import VLLMState, VLLMWork
 
 EXTRA_HINT = (
     "the vllm runtime needs vLLM: pip install 'actorserve[vllm]' and then vLLM itself "
@@ -46,85 +45,6 @@ EXTRA_HINT = (
 )
 #: engine arguments actorserve sets itself (the checkpoint is ``parameters.uri``)
 RESERVED_ENGINE_ARGS = frozenset({"model", "tokenizer", "disable_log_stats"})
-
-
-class VLLMState:
-    """One sequence: ``text`` (everything said so far); ``busy`` while a request of it runs."""
-
-    __slots__ = ("busy", "sequence_id", "text")
-
-    def __init__(self, sequence_id: str | None = None) -> None:
-        self.sequence_id = sequence_id
-        self.text = ""
-        self.busy = False
-
-
-class VLLMWork:
-    """One request: its vLLM request id, the whole context as ``ids``, its sampling and
-    what it has said."""
-
-    __slots__ = (
-        "added",
-        "detok",
-        "finished",
-        "generated",
-        "held",
-        "ids",
-        "max_tokens",
-        "prompt_tokens",
-        "request",
-        "rid",
-        "seed",
-        "sent",
-        "state",
-        "stop",
-        "temperature",
-        "text",
-        "top_k",
-        "top_p",
-    )
-
-    def __init__(
-        self,
-        request: InferenceRequest,
-        state: VLLMState,
-        text: str,
-        ids: list[int],
-        *,
-        tokenizer: Any,
-        max_tokens: int,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        seed: int,
-        stop: tuple[str, ...],
-    ) -> None:
-        self.request = request
-        self.state = state
-        self.text = text
-        self.ids = ids
-        self.rid = uuid.uuid4().hex
-        self.added = False  # handed to vLLM (by the step thread)
-        self.finished = False
-        self.prompt_tokens = len(ids)
-        self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.top_k = top_k
-        self.top_p = top_p
-        self.seed = seed
-        self.stop = stop
-        self.detok = Detokenizer(tokenizer, ids)
-        self.generated = 0
-        self.held = ""
-        self.sent = ""
-
-    def settle(self) -> None:
-        """Leave the sequence with what this request read and said (once)."""
-        if self.finished:
-            return
-        self.finished = True
-        self.state.busy = False
-        self.state.text = self.text + self.sent
 
 
 def _bytes_tensor(text: str) -> Tensor:
