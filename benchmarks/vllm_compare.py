@@ -260,7 +260,9 @@ def main() -> None:
             started = time.monotonic()
             server.wait_ready("llama")
             row: dict[str, Any] = {"ready_s": round(time.monotonic() - started, 1)}
-            asyncio.run(point(server, "llama", texts[:4], 1, 8))  # warm-up
+            # warm-up at the real sizes: vLLM compiles (inductor) per batch-size range on first use
+            for c in points:
+                asyncio.run(point(server, "llama", texts[-c:], c, args.tokens))
             for c in points:
                 row[f"c={c}"] = asyncio.run(point(server, "llama", texts[: max(2 * c, 4)], c, args.tokens))
                 print(name, f"c={c}", row[f"c={c}"], flush=True)
