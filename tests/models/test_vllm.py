@@ -261,6 +261,16 @@ async def test_bad_engine_arguments_are_a_400_and_the_doors(
             doc, at = decoder.raw_decode(text_body, at)
             said += "".join(doc["text_output"])
         assert said == expected
+        # a client that disconnects mid-stream: vLLM's request is aborted
+        model = server.engine.model("llm")
+        assert isinstance(model, VLLMModel)
+        long = {"text_input": "ROMEO:\n", "parameters": {"max_tokens": 200, "temperature": 0}}
+        async with client.stream("POST", "/v2/models/llm/generate_stream", json=long) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("data: "):
+                    break
+            assert model.vllm_requests() == 1
+        await until_vllm_holds(model, 0)
         # the operator let `engine` through (allow_load_overrides): an unknown argument is a 400
         bad = {"parameters": {"config": {"parameters": {"engine": {"no_such_argument": 1}}}}}
         reply = await client.post("/v2/repository/models/llm/load", json=bad)
