@@ -194,7 +194,10 @@ class ModelRepository:
 
 
 #: built-in runtimes by short name (``"implementation": "transformers"``)
-SHORT_NAMES = {"transformers": "actorserve.models.llm.TransformersModel"}
+SHORT_NAMES = {
+    "transformers": "actorserve.models.llm.TransformersModel",
+    "vllm": "actorserve.models.vllm.VLLMModel",
+}
 
 
 def resolve_implementation(settings: ModelSettings) -> type[Model]:
