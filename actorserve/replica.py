@@ -90,8 +90,8 @@ def not_held(sequence_id: str, replica: str, *, proxied: bool = True) -> Sequenc
         sequence_id,
         f"sequence {sequence_id!r} is not open on replica {replica!r} (unknown id{where}; a proxy "
         "sent it to another replica than its start: every request of a sequence must carry its "
-        "id in the 'sequence-id' header (gRPC: metadata) the proxy routes on; or the replica that "
-        "held it stopped; start it with sequence_start)",
+        "id in the header the proxy routes on ('sequence-id' by default; gRPC: metadata); or the "
+        "replica that held it stopped; start it with sequence_start)",
     )
 
 

@@ -50,7 +50,7 @@ def test_not_held_names_the_replica_the_id_and_where_it_was_made() -> None:
     rebuilt = error_from_plain(*error_to_plain(error))
     assert type(rebuilt) is SequenceNotHeld and rebuilt.message == error.message
     # it says what a proxy routes on
-    assert "every request of a sequence must carry its id in the 'sequence-id' header" in error.message
+    assert "every request of a sequence must carry its id in the header the proxy routes on" in error.message
 
 
 def test_a_lone_server_blames_no_proxy() -> None:

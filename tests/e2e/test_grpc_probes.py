@@ -11,13 +11,14 @@ import grpc
 import pytest
 import trio
 import trio.testing
-from e2e.grpc_fixtures import in_thread, running_grpc_server
+from e2e.grpc_fixtures import in_thread, running_grpc_server, wait_until
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.reflection.v1 import reflection_pb2 as v1
 from grpclib.reflection.v1alpha import reflection_pb2 as v1alpha
 
-from actorserve.transport.grpcprobes import health
+from actorserve import InferenceRequest, InferenceResponse, Model, ModelSettings
+from actorserve.transport.grpcprobes import health, reflection
 
 TIMEOUT = 20.0
 CHECK = "/grpc.health.v1.Health/Check"
@@ -94,6 +95,47 @@ async def test_check_answers_for_the_server_its_services_and_each_model() -> Non
         ]
 
 
+class SlowLoad(Model):
+    """A model whose load waits for the test (``release``)."""
+
+    release: trio.Event
+
+    async def load(self) -> None:
+        await SlowLoad.release.wait()
+
+    async def predict(self, request: InferenceRequest) -> InferenceResponse:
+        return self.response(request, [])
+
+
+async def test_a_model_loading_is_not_serving_and_so_is_the_server() -> None:
+    SlowLoad.release = trio.Event()
+    async with running_grpc_server() as server, trio.open_nursery() as nursery:
+        nursery.start_soon(server.engine.load, ModelSettings(name="slow", implementation=SlowLoad))
+        await wait_until(lambda: "slow" in {m.name for m in server.engine.hosts()})
+        loading = await in_thread(lambda: [check(server.target, "slow"), check(server.target, "")])
+        SlowLoad.release.set()
+        await wait_until(lambda: all(h.ready for h in server.engine.hosts()))
+        loaded = await in_thread(lambda: [check(server.target, "slow"), check(server.target, "")])
+    assert (loading, loaded) == (["NOT_SERVING", "NOT_SERVING"], ["SERVING", "SERVING"])
+
+
+async def test_watch_calls_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "MAX_WATCHES", 1)
+    async with running_grpc_server() as server, trio.open_nursery() as nursery:
+        first = Watcher(server.target, "")  # grpcio starts the call here
+        second: Watcher | None = None
+        try:
+            nursery.start_soon(trio.to_thread.run_sync, first.read)
+            assert await first.next() == "SERVING"
+            second = Watcher(server.target, "")
+            nursery.start_soon(trio.to_thread.run_sync, second.read)
+            assert await second.next() == "RESOURCE_EXHAUSTED"
+        finally:
+            first.close()
+            if second is not None:
+                second.close()
+
+
 async def test_watch_follows_a_model_and_the_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(health, "WATCH_INTERVAL", 0.05)
     async with running_grpc_server() as server, trio.open_nursery() as nursery:
@@ -137,6 +179,22 @@ def reflect(target: str, module: Any, requests: list[Any]) -> list[Any]:
             response_deserializer=module.ServerReflectionResponse.FromString,
         )
         return list(call(iter(requests), timeout=TIMEOUT))
+
+
+async def test_reflection_calls_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reflection, "MAX_REQUESTS", 2)
+    ask = v1.ServerReflectionRequest(list_services="")
+    async with running_grpc_server() as server:
+
+        def three() -> tuple[int, str]:
+            with pytest.raises(grpc.RpcError) as info:
+                reflect(server.target, v1, [ask, ask, ask])
+            return info.value.code(), info.value.details()
+
+        assert await in_thread(three) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "more than 2 requests on one call",
+        )
 
 
 @pytest.mark.parametrize("module", [v1, v1alpha])
