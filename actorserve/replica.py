@@ -1,6 +1,7 @@
 """Replica identity: what one server process group is called when several run behind a
 proxy (``--replica-id``, default the host name), the sequence ids it makes, and the
-error for a sequence it does not hold. No I/O.
+error for a sequence it does not hold (which blames a proxy only where there can be
+one). No I/O.
 
 A server-made sequence id is ``<replica>_<32 hex digits>``: the replica part (at most
 :data:`MAX_PREFIX` characters of the replica id, letters, digits, ``.`` and ``-``)
@@ -23,7 +24,7 @@ from typing import Final
 import attrs
 
 from .controls import control_of
-from .errors import SequenceNotHeld, ShuttingDown
+from .errors import SequenceNotFound, SequenceNotHeld, ShuttingDown
 from .types import InferenceRequest
 
 #: the response header (and gRPC initial metadata key) naming the replica that answered
@@ -67,18 +68,30 @@ def made_by(sequence_id: str) -> str | None:
     return match[1] if match else None
 
 
-def not_held(sequence_id: str, replica: str) -> SequenceNotHeld:
+def not_held(sequence_id: str, replica: str, *, proxied: bool = True) -> SequenceNotFound:
     """The error for a request (not a start) naming a sequence ``replica`` does not
-    hold: it says which replica answered, and which made the id when the id says so."""
+    hold and never ended.
+
+    Behind a proxy (``proxied``: the server was given ``--replica-id``, as every replica
+    behind one is, see docs/deploy.md) or for an id another replica made, it is
+    :class:`SequenceNotHeld`: it says which replica answered, which made the id when
+    the id says so, and that the proxy routes on the ``sequence-id`` header. A lone
+    server (no ``--replica-id``) that gets an id no other replica made blames no proxy:
+    a plain :class:`SequenceNotFound`, "unknown sequence"."""
     origin = made_by(sequence_id)
-    where = ""
-    if origin is not None and origin not in (_prefix(replica), _prefix(replica).replace(".", "-")):
-        where = f"; the id was made by replica {origin!r}"
+    foreign = origin is not None and origin not in (_prefix(replica), _prefix(replica).replace(".", "-"))
+    if not proxied and not foreign:
+        return SequenceNotFound(
+            f"unknown sequence {sequence_id!r}: it is not open on this server (it never started here, "
+            "ended long ago, or the server restarted since); start it with sequence_start"
+        )
+    where = f"; the id was made by replica {origin!r}" if foreign else ""
     return SequenceNotHeld(
         sequence_id,
         f"sequence {sequence_id!r} is not open on replica {replica!r} (unknown id{where}; a proxy "
-        "sent it to another replica than its start, or the replica that held it stopped; start "
-        "it with sequence_start)",
+        "sent it to another replica than its start: every request of a sequence must carry its "
+        "id in the header the proxy routes on ('sequence-id' by default; gRPC: metadata); or the "
+        "replica that held it stopped; start it with sequence_start)",
     )
 
 
@@ -108,15 +121,16 @@ async def minting(requests: AsyncIterator[InferenceRequest], replica: str) -> As
 
 
 @contextmanager
-def naming(replica: str) -> Iterator[None]:
+def naming(replica: str, *, proxied: bool = True) -> Iterator[None]:
     """Re-raise a :class:`SequenceNotHeld` from the block as :func:`not_held` of
-    ``replica`` (the supervisor below does not know what its server is called)."""
+    ``replica`` (the supervisor below does not know what its server is called, nor
+    whether it runs behind a proxy: ``proxied``)."""
     try:
         yield
     except SequenceNotHeld as exc:
         if exc.sequence_id is None:
             raise
-        raise not_held(exc.sequence_id, replica) from None
+        raise not_held(exc.sequence_id, replica, proxied=proxied) from None
 
 
 __all__ = [

@@ -451,7 +451,8 @@ class Settings:
             "this server's name behind a proxy: sent as the actorserve-replica header on every REST "
             "response and in every gRPC response's initial metadata, a label on /metrics, and the prefix "
             "of the sequence ids the server makes; 1 to 63 letters, digits, '.' or '-' (default: the host "
-            "name; see docs/deploy.md#replica-identity)"
+            "name). Given, the server is one replica behind a proxy: an unknown sequence id is reported "
+            "as a routing fault, sequence_not_held (see docs/deploy.md#replica-identity)"
         ),
     )
     sequence_headers: str = attrs.field(

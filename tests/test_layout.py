@@ -309,6 +309,7 @@ def test_the_doors_are_read_from_the_servers_list() -> None:
         "actorserve.transport.openai",
         "actorserve.transport.torchserve",
         "actorserve.transport.playground",
+        "actorserve.transport.grpcprobes",
     }
     assert door_of("actorserve.transport.openai.routes", listed) == "actorserve.transport.openai"
     assert door_of("actorserve.transport.httphost.protocols", listed) is None

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from actorserve.errors import BadInput, SequenceNotHeld, ShuttingDown
+from actorserve.errors import BadInput, SequenceNotFound, SequenceNotHeld, ShuttingDown
 from actorserve.ipc.failures import error_from_plain, error_to_plain
 from actorserve.replica import MAX_PREFIX, made_by, mint_id, new_sequence_id, not_held, replica_id
 from actorserve.settings import BadSetting, Settings
@@ -49,6 +49,22 @@ def test_not_held_names_the_replica_the_id_and_where_it_was_made() -> None:
     # across the engine link it stays itself (the same status, the same reason)
     rebuilt = error_from_plain(*error_to_plain(error))
     assert type(rebuilt) is SequenceNotHeld and rebuilt.message == error.message
+    # it says what a proxy routes on
+    assert "every request of a sequence must carry its id in the header the proxy routes on" in error.message
+
+
+def test_a_lone_server_blames_no_proxy() -> None:
+    # no --replica-id: an id no other replica made is an unknown sequence, nothing more
+    for sid in ("chat-7", "host_" + "0" * 32):
+        error = not_held(sid, "host", proxied=False)
+        assert type(error) is SequenceNotFound
+        assert error.message == (
+            f"unknown sequence {sid!r}: it is not open on this server (it never started here, "
+            "ended long ago, or the server restarted since); start it with sequence_start"
+        )
+    # an id another replica made was routed here: that one still blames the routing
+    foreign = not_held("r2_" + "0" * 32, "host", proxied=False)
+    assert type(foreign) is SequenceNotHeld and "made by replica 'r2'" in foreign.message
 
 
 def _minted(

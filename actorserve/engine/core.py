@@ -78,6 +78,9 @@ class Engine:
         self._inflight = Inflight()
         #: what this server is called behind a proxy (errors and server-made ids say it)
         self.replica = replica_id(settings.replica_id)
+        #: one replica of several behind a proxy (given --replica-id, as deploy/ does): an
+        #: unknown sequence id then blames the routing (replica.not_held)
+        self.proxied = settings.replica_id is not None
         #: scale-in (actorserve.engine.scalein): not ready, new sequence starts refused
         self.draining = False
 
@@ -224,7 +227,7 @@ class Engine:
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> InferenceResponse:
         """One response for ``request`` (a streaming model's responses merged)."""
-        with naming(self.replica):
+        with naming(self.replica, proxied=self.proxied):
             return await self._route(request, model, version).infer(request)
 
     @asynccontextmanager
@@ -232,7 +235,7 @@ class Engine:
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> AsyncIterator[ResponseIterator]:
         """The responses of one request, as produced. Leaving the block cancels it."""
-        with naming(self.replica):
+        with naming(self.replica, proxied=self.proxied):
             async with self._route(request, model, version).infer_stream(request) as responses:
                 yield responses
 
@@ -251,7 +254,7 @@ class Engine:
         contract = self._contracts.get(host)
         if contract is not None:
             requests = _checked(requests, contract)
-        with naming(self.replica):
+        with naming(self.replica, proxied=self.proxied):
             async with host.stream(minting(requests, self.replica)) as responses:
                 yield responses
 

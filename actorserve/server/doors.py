@@ -72,9 +72,10 @@ def grpc_doors(engine: EngineAPI, settings: Settings) -> list[GrpcDoor]:
     """The gRPC doors, in the order the host registers them (imported here, on first use:
     a REST-only caller loads neither grpclib nor the gRPC doors)."""
     from ..transport.grpc import TritonGrpc
+    from ..transport.grpcprobes import GrpcProbes
     from ..transport.torchserve.grpc_services import TorchServeGrpc
 
-    return [TritonGrpc(engine, settings), TorchServeGrpc(engine, settings)]
+    return [TritonGrpc(engine, settings), TorchServeGrpc(engine, settings), GrpcProbes(engine, settings)]
 
 
 async def serve_grpc(

@@ -224,6 +224,24 @@ async def test_auth_inference_guards_model_infer_and_stream_infer(launch: Launch
     ]
 
 
+async def test_grpc_health_and_reflection_need_no_token(launch: Launch) -> None:
+    # probes carry no token, as REST's /v2/health/* need none (docs/security.md)
+    from e2e.test_grpc_probes import check, reflect
+    from grpclib.reflection.v1 import reflection_pb2
+
+    server = await secured(launch, auth_inference=True)
+    assert server.grpc_address is not None
+    target = "{}:{}".format(*server.grpc_address)
+
+    def scenario() -> list[Any]:
+        (listed,) = reflect(
+            target, reflection_pb2, [reflection_pb2.ServerReflectionRequest(list_services="")]
+        )
+        return [check(target, ""), check(target, "identity"), len(listed.list_services_response.service)]
+
+    assert await trio.to_thread.run_sync(scenario) == ["SERVING", "SERVING", 7]
+
+
 def test_the_guard_covers_management_services_by_name() -> None:
     # gRPC: each door says which of its methods are in which scope, the guard which scopes need a token
     guard = Guard([TOKEN])

@@ -13,11 +13,13 @@ free just before it starts (HAProxy cannot report a port-0 bind)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ import httpx
 import numpy as np
 import pytest
 from support.programs import require_program
-from support.replicas import not_held_message
+from support.replicas import not_held_message, routing_hint
 from support.servers import ServerProcess, start_server
 
 from actorserve import InferenceRequest
@@ -262,3 +264,105 @@ def _drain(clients: Clients, draining: ServerProcess, sequences: list[dict[str, 
                 )
                 assert (rest, sse) == ((k, "r3", None), (k, "r3", None))
     assert draining.process.wait(timeout=30) == 0  # long before its 60 s drain_timeout
+
+
+# -- the configuration for N replicas ---------------------------------------------------------
+
+
+def render_module() -> Any:
+    """deploy/haproxy/render.py (a script, not a package module), loaded by path."""
+    spec = importlib.util.spec_from_file_location("haproxy_render", CONFIG.parent / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def proxy_env(addresses: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """HAProxy's environment: its two ports (free now) and each replica's REST and gRPC."""
+    env = {
+        **os.environ,
+        "ACTORSERVE_PROXY_REST": f"127.0.0.1:{free_port()}",
+        "ACTORSERVE_PROXY_GRPC": f"127.0.0.1:{free_port()}",
+    }
+    for name, (rest, grpc_address) in addresses.items():
+        env[f"ACTORSERVE_{name.upper()}_REST"] = rest
+        env[f"ACTORSERVE_{name.upper()}_GRPC"] = grpc_address
+    return env
+
+
+def test_the_shipped_config_is_the_rendered_one_for_three_replicas() -> None:
+    assert CONFIG.read_text() == render_module().render(3)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_haproxy_accepts_the_config_rendered_for_n_replicas(tmp_path: Path, replicas: int) -> None:
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(render_module().render(replicas))
+    addresses = {f"r{k}": (f"127.0.0.1:{8000 + k}", f"127.0.0.1:{9000 + k}") for k in range(1, replicas + 1)}
+    checked = subprocess.run(
+        [haproxy(), "-c", "-f", str(config)], env=proxy_env(addresses), capture_output=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stderr.decode()
+
+
+def test_tritonclient_sequences_behind_haproxy_need_the_routing_metadata(tmp_path: Path) -> None:
+    """Two replicas: stock tritonclient calls of one sequence (the id in the body only)
+    are spread by round robin and told what to add; examples/tritonclient_sticky.py,
+    which adds it, is served whole."""
+    binary = haproxy()
+    replicas: dict[str, tuple[ServerProcess, str, str]] = {}
+    proxy: subprocess.Popen[bytes] | None = None
+    try:
+        for name in ("r1", "r2"):
+            replicas[name] = replica(name, "--api-workers", "0")
+        env = proxy_env({name: (rest, grpc_address) for name, (_, rest, grpc_address) in replicas.items()})
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(render_module().render(2))
+        log = (tmp_path / "haproxy.log").open("wb")
+        proxy = subprocess.Popen([binary, "-db", "-f", str(config)], env=env, stdout=log, stderr=log)
+        clients = Clients(env["ACTORSERVE_PROXY_REST"], env["ACTORSERVE_PROXY_GRPC"])
+        try:
+            _wait_for_proxy(clients)
+        finally:
+            clients.close()
+        answers = _stock_tritonclient(env["ACTORSERVE_PROXY_GRPC"])
+        assert answers[0] == "1"
+        hint = routing_hint("stock-1")
+        wrong = {f"StatusCode.NOT_FOUND {not_held_message('stock-1', r)}{hint}" for r in replicas}
+        assert set(answers[1:]) <= {"2", "3", "4"} | wrong and set(answers[1:]) & wrong, answers
+        example = ROOT / "examples" / "tritonclient_sticky.py"
+        done = subprocess.run(
+            [sys.executable, str(example), "--grpc", env["ACTORSERVE_PROXY_GRPC"]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines() == ["unary: [1, 3, 6]", "stream: [10, 30, 60]"]
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(timeout=10)
+            log.close()
+        for server, _, _ in replicas.values():
+            server.stop()
+
+
+def _stock_tritonclient(target: str) -> list[str]:
+    """A sequence started, then three more requests, by stock tritonclient (no metadata):
+    each answer's total, or its error."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    one = grpcclient.InferInput("INPUT", [1], "INT64")
+    one.set_data_from_numpy(np.array([1], dtype=np.int64))
+    answers = []
+    with grpcclient.InferenceServerClient(target) as client:
+        for k in range(4):
+            try:
+                result = client.infer("accumulator", [one], sequence_id="stock-1", sequence_start=k == 0)
+                answers.append(str(result.as_numpy("OUTPUT")[0]))
+            except InferenceServerException as exc:
+                answers.append(f"{exc.status()} {exc.message()}")
+    return answers

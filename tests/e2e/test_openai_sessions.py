@@ -81,7 +81,9 @@ async def test_sequence_errors_are_those_of_the_oip(sync_client: openai.OpenAI) 
         await in_thread(
             lambda: turn(sync_client, "Who?", stream=True, extra_body={"sequence_id": "never-started"})
         )
-    assert streamed.value.body["code"] == "sequence_not_held"  # type: ignore[index]  # never opened here
+    # never opened here, on a lone server (no --replica-id): unknown, no proxy blamed
+    assert streamed.value.body["code"] == "sequence_not_found"  # type: ignore[index]
+    assert "- unknown sequence 'never-started': it is not open on this server" in streamed.value.message
     with pytest.raises(openai.BadRequestError) as many:
         await in_thread(lambda: turn(sync_client, "Two.", n=2, extra_body={"sequence_id": "chat-7"}))
     assert many.value.body["param"] == "n"  # type: ignore[index]

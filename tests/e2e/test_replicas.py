@@ -16,7 +16,7 @@ import numpy as np
 import trio
 from e2e.conftest import TIMEOUT, rest_settings
 from e2e.grpc_fixtures import wait_until
-from support.replicas import not_held_message
+from support.replicas import not_held_message, routing_hint
 
 from actorserve import InferenceRequest
 from actorserve.actors.reports import model_statistics
@@ -135,9 +135,50 @@ async def test_grpc_routing_key_is_checked_and_echoed_with_the_replica(nursery: 
         "sequences; send one id, or the same in both"
     )
     code, details, meta = got["not_held"]
-    assert (code, details) == (grpc.StatusCode.NOT_FOUND, not_held_message("r9_" + "a" * 32, "pod-a"))
+    assert (code, details) == (
+        grpc.StatusCode.NOT_FOUND,
+        not_held_message("r9_" + "a" * 32, "pod-a") + routing_hint("r9_" + "a" * 32),
+    )
     assert meta["actorserve-replica"] == "pod-a"
     assert got["stream"] == ([20, 40], {"actorserve-replica": "pod-a", "sequence-id": sid})
+
+
+def _tritonclient_not_held(target: str) -> list[str]:
+    """Stock tritonclient calls naming a sequence this replica never saw (a proxy sent
+    them here): unary and streamed, without and with the routing metadata."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    one = grpcclient.InferInput("INPUT", [1], "INT64")
+    one.set_data_from_numpy(np.array([1], dtype=np.int64))
+    answers = []
+    with grpcclient.InferenceServerClient(target) as c:
+        for headers in (None, {"sequence-id": "chat-42"}):
+            try:
+                c.infer("accumulator", [one], sequence_id="chat-42", headers=headers)
+            except InferenceServerException as exc:
+                answers.append(f"{exc.status()} {exc.message()}")
+            errors: list[Any] = []
+            c.start_stream(callback=lambda result, error, seen=errors: seen.append(error), headers=headers)
+            c.async_stream_infer("accumulator", [one], sequence_id="chat-42")
+            c.stop_stream()
+            answers.append(errors[0].message())
+    return answers
+
+
+async def test_a_tritonclient_call_without_the_routing_metadata_is_told_what_to_add(
+    nursery: trio.Nursery,
+) -> None:
+    server = await start(nursery, replica="r1")
+    assert server.grpc_address is not None
+    answers = await trio.to_thread.run_sync(_tritonclient_not_held, "{}:{}".format(*server.grpc_address))
+    plain = not_held_message("chat-42", "r1")
+    assert answers == [
+        f"StatusCode.NOT_FOUND {plain}{routing_hint('chat-42')}",
+        plain + routing_hint("chat-42"),
+        f"StatusCode.NOT_FOUND {plain}",  # it carried the metadata: the proxy had what it needs
+        plain,
+    ]
 
 
 async def test_metrics_carry_the_replica_label(nursery: trio.Nursery) -> None:

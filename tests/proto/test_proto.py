@@ -80,18 +80,20 @@ def test_check_reports_drift(tmp_path: Any) -> None:
     (tmp_path / "inference").mkdir()
     (tmp_path / "inference" / "__init__.py").write_text("# stale\n")
     problems = regenerate.check(tmp_path)
-    assert len(problems) == 3 + len(regenerate.TORCHSERVE[2]) + 1
+    assert len(problems) == 3 + len(regenerate.TORCHSERVE[2]) + 2
     assert problems[0].startswith("inference/__init__.py: out of date")
     assert "-# stale" in problems[0]
     assert problems[1].startswith("actorserve/v1/__init__.py: missing")
     assert problems[2].startswith("message_pool.py: missing")
     # TorchServe's tree is checked too
-    assert [p.partition(":")[0] for p in problems[3:-1]] == [
+    assert [p.partition(":")[0] for p in problems[3:-2]] == [
         f"torchserve/{f}" for f in regenerate.TORCHSERVE[2]
     ]
     assert all(p.endswith("missing (run python -m actorserve.proto.regenerate)") for p in problems[3:])
     # and the descriptor the upb codec of the hot messages is built from
-    assert problems[-1].startswith(f"{regenerate.UPB_DESCRIPTOR}: missing")
+    assert problems[-2].startswith(f"{regenerate.UPB_DESCRIPTOR}: missing")
+    # and the served files reflection answers with
+    assert problems[-1].startswith(f"{regenerate.SERVED_DESCRIPTORS}: missing")
 
 
 def test_missing_tooling_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

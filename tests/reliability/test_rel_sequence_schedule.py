@@ -38,6 +38,7 @@ ANSWERS = re.compile(
     r"ok:\d+|cancelled:\w|left"
     r"|SequenceNotFound: sequence '\w' (has ended|was cancelled|expired|was evicted \(max_sequences reached\)"
     r"|was shut down|is not open \(unknown id; start it with sequence_start\))"
+    r"|SequenceNotFound: unknown sequence '\w': it is not open on this server \([^)]*\); start it with sequence_start"
     r"|SequenceNotHeld: sequence '\w' is not open on replica '[^']+' \(unknown id; [^)]*; start it with sequence_start\)"
     r"|SequenceConflict: sequence '\w' is already open"
     r"|Overloaded: (sequence '\w' already has \d+ requests queued \(max_queue\)"

@@ -14,6 +14,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ...api import no_sequence_id, no_sequence_text
+from ...errors import SequenceNotHeld
 from ...proto.inference import InferParameter
 from ...proto.upb import DecodedRequest
 from ...replica import new_sequence_id
@@ -67,6 +68,35 @@ def agree_on_sequence(message: Any, metadata_id: str | None) -> None:
             f"gRPC metadata 'sequence-id' ({metadata_id!r}) and parameter 'sequence_id' "
             f"({parameter!r}) name different sequences; send one id, or the same in both",
         )
+
+
+def request_sequence_id(message: Any) -> str | None:
+    """The ``sequence_id`` parameter of a decoded ``ModelInferRequest`` (upb's or
+    betterproto2's; None: none)."""
+    if isinstance(message, DecodedRequest):
+        value = message.request.parameters.get("sequence_id")
+        return None if no_sequence_id(value) else str(value)
+    return parameter_sequence_id(message.parameters) if message is not None else None
+
+
+def with_routing_hint(
+    error: GRPCError, exc: BaseException, metadata_id: str | None, message: Any
+) -> GRPCError:
+    """``error`` (the status of ``exc``), told what to add when ``exc`` says a proxy sent
+    the sequence to the wrong replica (:class:`~actorserve.errors.SequenceNotHeld`) and
+    the call carried no ``sequence-id`` metadata: the id in the message body is invisible
+    to a proxy, so stock tritonclient calls reach a random replica from the second one
+    on. ``message``: the request that failed (its id goes into the hint)."""
+    if metadata_id is not None or not isinstance(exc, SequenceNotHeld):
+        return error
+    sequence_id = request_sequence_id(message) or "<id>"
+    headers = f"headers={{'{SEQUENCE_METADATA}': '{sequence_id}'}}"
+    return GRPCError(
+        error.status,
+        f"{error.message}; this call carried no '{SEQUENCE_METADATA}' metadata, which the proxy "
+        f"routes on: send it on every call of the sequence (tritonclient: infer(..., {headers}) or "
+        f"start_stream(..., {headers}))",
+    )
 
 
 def echo_sequence(stream: Stream[Any, Any], sequence_id: str | None) -> None:
@@ -137,4 +167,6 @@ __all__ = [
     "give_start_an_id",
     "metadata_sequence_id",
     "parameter_sequence_id",
+    "request_sequence_id",
+    "with_routing_hint",
 ]

@@ -60,7 +60,7 @@ from ..grpchost.h2 import Wire
 from ..grpchost.interceptor import call_exchange
 from ..grpchost.status import log, status_error
 from ..triton import EXTENSIONS, UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
-from .routing import SequenceWire, echo_sequence, parameter_sequence_id
+from .routing import SequenceWire, echo_sequence, parameter_sequence_id, with_routing_hint
 from .streams import MLServerStream, StreamCall, TritonStream
 from .triton_pb import config_to_pb, repository_parameters, statistics_to_pb
 
@@ -274,11 +274,11 @@ class InferenceService:
         if exchange is not None:
             exchange.model_request(message.model_name, message.model_version or None)
             self.recorder.open(exchange)
-        reply = await to_trio(self._infer, message, exchange)
+        reply = await to_trio(self._infer, message, exchange, getattr(wire, "sequence_id", None))
         echo_sequence(stream, parameter_sequence_id(reply.parameters))
         await wire.send(reply)
 
-    async def _infer(self, message: Any, exchange: Exchange | None) -> Any:
+    async def _infer(self, message: Any, exchange: Exchange | None, metadata_id: str | None) -> Any:
         try:
             response = await self.engine.infer(with_control(request_of(message)))
             if exchange is not None:
@@ -287,7 +287,7 @@ class InferenceService:
         except Exception as exc:
             if exchange is not None and isinstance(exc, ModelNotFound):
                 exchange.not_found = True
-            raise status_error(exc) from None
+            raise with_routing_hint(status_error(exc), exc, metadata_id, message) from None
 
     async def _repository_model_load(self, stream: Stream[Any, Any]) -> None:
         # As over REST: every version the repository has of the model, with Triton's

@@ -36,6 +36,7 @@ from ..exchange import Exchange, Recorder
 from ..grpchost.bridge import to_aio
 from ..grpchost.h2 import Wire
 from ..grpchost.status import shutting_down, status_error
+from .routing import with_routing_hint
 
 #: The route of every request of a stream in the access log.
 STREAM_ROUTE: Final = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -353,7 +354,7 @@ class TritonStream(StreamCall):
                 del self._sessions[session.key]
 
     async def _fail(self, outbox: Outbox, message: Any, exc: BaseException) -> None:
-        error = status_error(exc)
+        error = with_routing_hint(status_error(exc), exc, getattr(self.wire, "sequence_id", None), message)
         if self.status_errors:
             await outbox.send(_Fatal(error))
             return
