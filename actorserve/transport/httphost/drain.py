@@ -29,7 +29,7 @@ import trio
 from ..errors import RETRY_AFTER_SECONDS
 from ..exchange import EXCHANGE_KEY
 from .door import HttpDoor
-from .replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend
+from .replies import ASGIApp, ASGIReceive, ASGIScope, ASGISend, send_whole
 
 #: what every request refused or ended by the shutdown is told
 SHUTTING_DOWN: Final = "the server is shutting down"
@@ -42,19 +42,12 @@ async def send_refusal(send: ASGISend, door: HttpDoor) -> None:
     """The 503 of a request refused (or not answered) because of the shutdown, in the
     error shape of the door whose path it is."""
     status, body = door.shutting_down(SHUTTING_DOWN)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-                (b"connection", b"close"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
+        (b"connection", b"close"),
+    ]
+    await send_whole(send, status, headers, body)
 
 
 def stream_end(door: HttpDoor, scope: ASGIScope, content_type: bytes) -> bytes:

@@ -1,5 +1,7 @@
-"""What the HTTP host sends itself, as raw ASGI: complete JSON replies (401, a CORS
-preflight, ``/metrics``, a 503 while draining). No I/O beyond the ``send`` it is given."""
+"""Whole HTTP replies as raw ASGI: what the HTTP host sends itself (401, a CORS
+preflight, ``/metrics``, a 503 while draining) and every door's complete answers
+(:func:`send_whole`), and the ASGI aliases every door types with. No I/O beyond the
+``send`` it is given."""
 
 from __future__ import annotations
 
@@ -31,9 +33,27 @@ def json_reply(value: Any, status: int, headers: Sequence[tuple[str, str]] = ())
 async def send_reply(send: ASGISend, reply: Reply) -> None:
     """Send ``reply`` whole, with its ``Content-Length``."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers]
-    raw.append((b"content-length", str(len(reply.body)).encode()))
-    await send({"type": "http.response.start", "status": reply.status, "headers": raw})
-    await send({"type": "http.response.body", "body": reply.body, "more_body": False})
+    await send_whole(send, reply.status, raw, reply.body)
 
 
-__all__ = ["ASGIApp", "ASGIReceive", "ASGIScope", "ASGISend", "Reply", "json_reply", "send_reply"]
+async def send_whole(
+    send: ASGISend, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """Send a complete answer: ``status``, ``headers`` (raw ASGI pairs, lower-case) and
+    its ``Content-Length``, then ``body`` in one message. Every door's whole replies go
+    through here (or :func:`send_reply`)."""
+    raw = [*headers, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+__all__ = [
+    "ASGIApp",
+    "ASGIReceive",
+    "ASGIScope",
+    "ASGISend",
+    "Reply",
+    "json_reply",
+    "send_reply",
+    "send_whole",
+]

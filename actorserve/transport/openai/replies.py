@@ -15,7 +15,7 @@ from ...errors import BadInput, ModelNotFound
 from ...limits import PARSE_IN_THREAD_BYTES, check_json_containers
 from ..errors import RETRY_AFTER_SECONDS, BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
-from ..httphost.replies import ASGIReceive, ASGISend
+from ..httphost.replies import ASGIReceive, ASGISend, send_whole
 from ..receive import read_body
 from .encode import error_status_and_body
 from .parse import OpenAIError
@@ -39,13 +39,7 @@ def note_missing(exchange: Exchange | None, error: BaseException) -> None:
 async def send_json(
     send: ASGISend, status: int, body: bytes, headers: list[tuple[str, str]] | None = None
 ) -> None:
-    raw = [
-        *_JSON,
-        *((k.encode(), v.encode()) for k, v in headers or ()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, status, [*_JSON, *((k.encode(), v.encode()) for k, v in headers or ())], body)
 
 
 async def send_error(
@@ -58,9 +52,7 @@ async def send_error(
     if status in (429, 503):
         retry_after = getattr(error, "retry_after", None) or RETRY_AFTER_SECONDS
         headers.append((b"retry-after", str(retry_after).encode()))
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, status, headers, body)
 
 
 async def loads_body(body: bytes) -> Any:

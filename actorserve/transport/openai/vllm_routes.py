@@ -13,7 +13,7 @@ from ...api import EngineAPI
 from ...textgen import TextGeneration, response_text
 from ...texttokens import detokenize_request, tokenize_request
 from ..exchange import Exchange
-from ..httphost.replies import ASGISend
+from ..httphost.replies import ASGISend, send_whole
 from .chat import render_chat
 from .parse import OpenAIError
 from .replies import loads_body, note_missing, send_error, send_json
@@ -35,8 +35,7 @@ class VllmRoutes:
         except Exception as exc:
             await send_error(send, exc)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_whole(send, 200, [], b"")
 
     async def tokenizer(
         self, send: ASGISend, body: bytes, exchange: Exchange | None, *, detokenize: bool

@@ -28,7 +28,7 @@ from ...rawevents import RawEvent
 from ...types import InferenceRequest, InferenceResponse
 from ..errors import BodyTimeout, BodyTooLarge, http_status
 from ..exchange import Exchange, Recorder
-from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend, send_whole
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .generate import (
     Encoder,
@@ -345,9 +345,7 @@ async def send_reply(
         if packed is not None:
             body = packed
             raw_headers += _asgi_headers(GZIP_HEADERS)
-    raw_headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, reply.status, raw_headers, body)
 
 
 def _asgi_headers(headers: Any) -> list[tuple[bytes, bytes]]:

@@ -25,7 +25,7 @@ from ...torchserve_envelope import STREAM_NEXT, Answer, HeaderNames, ok_status
 from ..auth import Scope
 from ..errors import BodyTimeout, BodyTooLarge
 from ..exchange import Exchange
-from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend
+from ..httphost.replies import ASGIReceive, ASGIScope, ASGISend, send_whole
 from ..receive import Disconnected, cancel_on_disconnect, read_body
 from .errors import TsError, answer_error, names_no_model, ts_error
 from .forms import split_body
@@ -38,13 +38,7 @@ _EXPLANATIONS: Final = re.compile(r"/explanations/([^/]+)(?:/([^/]+))?/?")
 async def send_json(
     send: ASGISend, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    raw = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *(headers or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, status, [(b"content-type", b"application/json"), *(headers or [])], body)
 
 
 async def send_error(send: ASGISend, error: TsError) -> None:
