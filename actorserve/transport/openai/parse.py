@@ -169,12 +169,22 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is ``neutral`` in JSON's types: ``true`` is no 1, ``0`` no ``false``, ``"1"``
+    no 1 (Python's ``==`` would say so); 1 and 1.0 are one number."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    if isinstance(value, int | float) and isinstance(neutral, int | float):
+        return value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
 def _check_keys(obj: Mapping[str, Any], known: frozenset[str]) -> None:
     for key, value in obj.items():
         if key in known:
             continue
         if key in _NEUTRAL:
-            if value not in _NEUTRAL[key]:
+            if not any(_same(value, neutral) for neutral in _NEUTRAL[key]):
                 raise _bad(f"'{key}' is not supported by this server", key, "unsupported_parameter")
             continue
         raise _bad(f"unrecognized request argument: {key!r}", key, "unsupported_parameter")
