@@ -20,6 +20,7 @@ from .errors import BadInput
 from .jsonvalues import json_number, json_object, kind, whole_number
 from .textgen import TextGeneration
 from .types import DATATYPES
+from .warmup import Warmup, warmup_from_json
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 
@@ -155,6 +156,8 @@ class ModelSettings:
     #: one (its own work and sequences finish on it first, then it is unloaded): frees
     #: what a leaking model holds, like gunicorn's max_requests. 0: never.
     max_requests_per_replica: int = 0
+    #: requests served at each load before the version is ready (:mod:`actorserve.warmup`)
+    warmup: tuple[Warmup, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -268,6 +271,7 @@ def model_settings_from_dict(
         "text_generation",
         "step_timeout",
         "max_requests_per_replica",
+        "warmup",
     }
     unknown = set(data) - known
     if unknown:
@@ -310,6 +314,7 @@ def model_settings_from_dict(
     inputs = _specs(data.get("inputs"), f"{where}: inputs")
     outputs = _specs(data.get("outputs"), f"{where}: outputs")
     request_parameters = _request_parameters(data.get("request"), where)
+    warmup = warmup_from_json(data.get("warmup"), where, SettingsError)
     text_generation = data.get("text_generation")
     if text_generation is not None:
         json_object(text_generation, f"{where}: 'text_generation'", SettingsError)
@@ -333,6 +338,7 @@ def model_settings_from_dict(
             request_parameters=request_parameters,
             text_generation=text_generation,
             step_timeout=step_timeout,
+            warmup=warmup,
             **counts,
         )
     except SettingsError as exc:
