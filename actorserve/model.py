@@ -107,6 +107,14 @@ class Model:
         """Free what ``load`` took (threads, files). Called once when the model version
         stops (unloaded, replaced, or the server shuts down), after its last step."""
 
+    def kv_cache_usage(self) -> float | None:
+        """The fraction (0 to 1) of this replica's KV cache in use now, for the
+        ``actorserve_model_kv_cache_usage_ratio`` gauge (docs/metrics.md); None (the
+        default): the model keeps no KV cache. Called on the event loop at every metrics
+        refresh (about once a second), also while the model loads, so it must be cheap and
+        must never wait for a step."""
+        return None
+
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request; the default collects ``predict_stream``."""
         if type(self).predict_stream is Model.predict_stream:
