@@ -1,12 +1,11 @@
 """The model API: :class:`Model` (MLServer's surface) and :class:`BatchModel`
 (continuous batching and per-sequence state).
 
-A plain :class:`Model` runs in the caller's trio task: ``predict`` and
-``predict_stream`` are async and must not block (run blocking work with
-``trio.to_thread.run_sync``). A :class:`BatchModel` is driven by the engine's
-:class:`~actorserve.actors.batcher.ContinuousBatcher`: ``begin`` decodes a request into
-a unit of work on the trio thread, ``step`` advances a whole batch of work by one step
-in a worker thread.
+A plain :class:`Model` runs in the caller's trio task: ``predict`` and ``predict_stream``
+are async and must not block (run blocking work with ``trio.to_thread.run_sync``). A
+:class:`BatchModel` is driven by the engine's :class:`~actorserve.actors.batcher.ContinuousBatcher`:
+``begin`` decodes a request into a unit of work on the trio thread, ``step`` advances a
+whole batch of work by one step in a worker thread.
 """
 
 from __future__ import annotations
@@ -108,11 +107,7 @@ class Model:
         stops (unloaded, replaced, or the server shuts down), after its last step."""
 
     def kv_cache_usage(self) -> float | None:
-        """The fraction (0 to 1) of this replica's KV cache in use now, for the
-        ``actorserve_model_kv_cache_usage_ratio`` gauge (docs/metrics.md); None (the
-        default): the model keeps no KV cache. Called on the event loop at every metrics
-        refresh (about once a second), also while the model loads, so it must be cheap and
-        must never wait for a step."""
+        """KV cache in use, 0..1, or None; cheap, never waits (docs/writing-a-model.md)."""
         return None
 
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
