@@ -20,7 +20,7 @@ from .errors import BadInput
 from .jsonvalues import json_number, json_object, kind, whole_number
 from .textgen import TextGeneration
 from .types import DATATYPES
-from .warmup import Warmup, warmup_from_json
+from .warmup import MAX_WARMUP, Warmup, warmup_from_json
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 
@@ -172,6 +172,8 @@ class ModelSettings:
             raise SettingsError(f"model {self.name!r}: reply_buffer and max_pending must be >= 1")
         if not self.step_timeout >= 0:  # also refuses NaN
             raise SettingsError(f"model {self.name!r}: step_timeout must be >= 0 seconds (0: no deadline)")
+        if len(self.warmup) > MAX_WARMUP:
+            raise SettingsError(f"model {self.name!r}: at most {MAX_WARMUP} warmup requests")
         if self.max_requests_per_replica < 0:
             raise SettingsError(
                 f"model {self.name!r}: max_requests_per_replica must be >= 0 (0: never recycle)"

@@ -151,9 +151,10 @@ class ModelHost:
 
     async def _warm_up(self, runner: PlainRunner | BatchedRunner) -> None:
         """Serve the settings' ``warmup`` requests (still LOADING: the health routes
-        say not ready), each sent ``workers`` times at once, so the least-loaded routing
-        gives every replica one; in order, one entry after another. The first failure
-        fails the load (:class:`~actorserve.warmup.WarmupFailed` naming the entry)."""
+        say not ready), in order, one entry after another: each sent ``workers`` times at
+        once, so the least-loaded routing gives every replica one (an entry of a sequence
+        once: its sequence lives on one replica). The first failure fails the load
+        (:class:`~actorserve.warmup.WarmupFailed` naming the entry)."""
         settings = self.settings
         if not settings.warmup:
             return
@@ -164,6 +165,9 @@ class ModelHost:
             for _ in range(settings.workers)
         ]
         for i in range(len(settings.warmup)):
+            copies = [requests[i] for requests in rounds]
+            if control_of(copies[0]).stateful:
+                copies = copies[:1]
 
             async def serve(request: InferenceRequest, i: int = i) -> None:
                 try:
@@ -172,8 +176,8 @@ class ModelHost:
                     raise failed_warmup(i, exc) from exc
 
             async with trio.open_nursery() as nursery:
-                for requests in rounds:
-                    nursery.start_soon(serve, requests[i])
+                for request in copies:
+                    nursery.start_soon(serve, request)
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).

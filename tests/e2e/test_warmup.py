@@ -189,3 +189,21 @@ def test_the_warmup_runs_in_the_engine_process(tmp_path: Path) -> None:
             assert http.post("/v2/models/calls/infer", json=body).json()["outputs"][0]["data"] == [4]
     finally:
         server.stop()
+
+
+async def test_a_warmup_with_a_sequence_runs_once(launch: Launch) -> None:
+    """A sequence lives on one replica: its entry is sent once, not once per replica (two
+    at once would conflict on the id); one that ends its sequence leaves none open."""
+    engine = (await launch()).engine
+    assert isinstance(engine, Engine)
+    add = {"inputs": [{"name": "INPUT", "datatype": "INT64", "shape": [1], "data": [5]}]}
+    sequence = {"sequence_id": "warm", "sequence_start": True, "sequence_end": True}
+    settings = ModelSettings(
+        name="summer",
+        implementation="actorserve.models.accumulator.AccumulatorModel",
+        workers=2,
+        warmup=({**add, "parameters": sequence},),
+    )
+    await engine.load(settings)
+    stats = await engine.statistics("summer")
+    assert (stats.sequences_started, stats.open_sequences) == (1, 0)
