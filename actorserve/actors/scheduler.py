@@ -43,8 +43,9 @@ class Scheduler(Generic[K]):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.max_batch_size = max_batch_size
-        #: rank -> the keys waiting at that rank, oldest first
-        self._levels: dict[int, deque[tuple[K, Hashable | None]]] = {}
+        #: rank -> the keys waiting at that rank, oldest first (an empty rank is dropped,
+        #: as clients choose ranks, but the default's, which most requests use, stays)
+        self._levels: dict[int, deque[tuple[K, Hashable | None]]] = {DEFAULT_RANK: deque()}
         self._running: dict[K, Hashable | None] = {}
         self._busy: set[Hashable] = set()
         self._queued: dict[K, int] = {}  # waiting key -> its rank
@@ -70,7 +71,7 @@ class Scheduler(Generic[K]):
         in submission order); ``priority``: Triton's (1 highest; None or 0 the default)."""
         if key in self:
             raise ValueError(f"{key!r} is already scheduled")
-        rank = rank_of(priority)
+        rank = priority or DEFAULT_RANK  # rank_of, inline: every request passes here
         level = self._levels.get(rank)
         if level is None:
             level = self._levels[rank] = deque()
@@ -79,9 +80,7 @@ class Scheduler(Generic[K]):
         if sequence is not None:
             self._sequence_waiting.setdefault(sequence, deque()).append(key)
 
-    def _blocked(self, key: K, sequence: Hashable | None) -> bool:
-        if sequence is None:
-            return False
+    def _blocked(self, key: K, sequence: Hashable) -> bool:
         return sequence in self._busy or self._sequence_waiting[sequence][0] != key
 
     def admit(self) -> list[K]:
@@ -90,12 +89,13 @@ class Scheduler(Generic[K]):
         admitted: list[K] = []
         if not self._queued or len(self._running) >= self.max_batch_size:
             return admitted
-        for rank in sorted(self._levels):
-            level = self._levels[rank]
+        levels = self._levels
+        for rank in sorted(levels) if len(levels) > 1 else list(levels):
+            level = levels[rank]
             held: list[tuple[K, Hashable | None]] = []
             while level and len(self._running) < self.max_batch_size:
                 key, sequence = level.popleft()
-                if self._blocked(key, sequence):
+                if sequence is not None and self._blocked(key, sequence):
                     held.append((key, sequence))
                     continue
                 del self._queued[key]
@@ -107,9 +107,10 @@ class Scheduler(Generic[K]):
                     if not waiting:
                         del self._sequence_waiting[sequence]
                 admitted.append(key)
-            level.extendleft(reversed(held))
-            if not level:
-                del self._levels[rank]
+            if held:
+                level.extendleft(reversed(held))
+            if not level and rank != DEFAULT_RANK:
+                del levels[rank]
             if len(self._running) >= self.max_batch_size:
                 break
         return admitted
@@ -138,7 +139,7 @@ class Scheduler(Generic[K]):
                     if not waiting:
                         del self._sequence_waiting[sequence]
                 break
-        if not level:
+        if not level and rank != DEFAULT_RANK:
             del self._levels[rank]
 
     cancel = finish
