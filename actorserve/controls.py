@@ -71,8 +71,9 @@ class RequestControl:
     """What the server acts on in one request. ``sequence_id`` (None: no sequence) and
     start/end/cancel; ``owner``: the fingerprint of the token the request came with when
     sequences are bound to tokens (None: not bound); ``priority`` and ``timeout``:
-    Triton's, when a client sent them as non-negative integers (carried, not acted on
-    yet: as before, a server that does not act on them takes them and ignores them)."""
+    Triton's, when a client sent them as non-negative integers (``priority`` orders a
+    BatchModel's admissions, :mod:`actorserve.actors.scheduler`; ``timeout`` is carried,
+    not acted on yet: a server that does not act on it takes it and ignores it)."""
 
     sequence_id: str | None = None
     start: bool = False

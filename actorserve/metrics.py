@@ -320,6 +320,35 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
+        # the same per model version: an InferencePool's endpoint picker selects its
+        # model's series with a label matcher (docs/deploy.md#gateway-api-inference-extension)
+        self.model_requests_waiting = Gauge(
+            "actorserve_model_num_requests_waiting",
+            "Requests queued in a model version: waiting for a batch slot or behind their sequence's running one.",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.model_requests_running = Gauge(
+            "actorserve_model_num_requests_running",
+            "Requests being served in a model version (batch slots held; plain models: inside predict).",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.model_kv_cache_usage = Gauge(
+            "actorserve_model_kv_cache_usage_ratio",
+            "LLM runtimes: the fraction (0 to 1) of a model version's KV cache in use (the mean over its replicas).",
+            MODEL_LABELS,
+            registry=own,
+            multiprocess_mode="livemax",
+        )
+        self.kv_cache_usage = Gauge(
+            "actorserve_kv_cache_usage_ratio",
+            "LLM runtimes: the fullest model version's KV cache usage (0 to 1); 0 with no LLM loaded.",
+            registry=own,
+            multiprocess_mode="livemax",
+        )
         self.draining = Gauge(
             "actorserve_draining",
             "1 while a SIGTERM'd server serves only its open sequences (--drain-timeout), else 0.",

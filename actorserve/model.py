@@ -1,12 +1,11 @@
 """The model API: :class:`Model` (MLServer's surface) and :class:`BatchModel`
 (continuous batching and per-sequence state).
 
-A plain :class:`Model` runs in the caller's trio task: ``predict`` and
-``predict_stream`` are async and must not block (run blocking work with
-``trio.to_thread.run_sync``). A :class:`BatchModel` is driven by the engine's
-:class:`~actorserve.actors.batcher.ContinuousBatcher`: ``begin`` decodes a request into
-a unit of work on the trio thread, ``step`` advances a whole batch of work by one step
-in a worker thread.
+A plain :class:`Model` runs in the caller's trio task: ``predict`` and ``predict_stream``
+are async and must not block (run blocking work with ``trio.to_thread.run_sync``). A
+:class:`BatchModel` is driven by the engine's :class:`~actorserve.actors.batcher.ContinuousBatcher`:
+``begin`` decodes a request into a unit of work on the trio thread, ``step`` advances a
+whole batch of work by one step in a worker thread.
 """
 
 from __future__ import annotations
@@ -106,6 +105,10 @@ class Model:
     async def unload(self) -> None:
         """Free what ``load`` took (threads, files). Called once when the model version
         stops (unloaded, replaced, or the server shuts down), after its last step."""
+
+    def kv_cache_usage(self) -> float | None:
+        """KV cache in use, 0..1, or None; cheap, never waits (docs/writing-a-model.md)."""
+        return None
 
     async def predict(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request; the default collects ``predict_stream``."""

@@ -20,6 +20,7 @@ from .errors import BadInput
 from .jsonvalues import json_number, json_object, kind, whole_number
 from .textgen import TextGeneration
 from .types import DATATYPES
+from .warmup import MAX_WARMUP, Warmup, warmup_from_json
 
 MODEL_SETTINGS_FILE = "model-settings.json"
 
@@ -155,6 +156,8 @@ class ModelSettings:
     #: one (its own work and sequences finish on it first, then it is unloaded): frees
     #: what a leaking model holds, like gunicorn's max_requests. 0: never.
     max_requests_per_replica: int = 0
+    #: requests served at each load before the version is ready (:mod:`actorserve.warmup`)
+    warmup: tuple[Warmup, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if not self.name:
@@ -169,6 +172,8 @@ class ModelSettings:
             raise SettingsError(f"model {self.name!r}: reply_buffer and max_pending must be >= 1")
         if not self.step_timeout >= 0:  # also refuses NaN
             raise SettingsError(f"model {self.name!r}: step_timeout must be >= 0 seconds (0: no deadline)")
+        if len(self.warmup) > MAX_WARMUP:
+            raise SettingsError(f"model {self.name!r}: at most {MAX_WARMUP} warmup requests")
         if self.max_requests_per_replica < 0:
             raise SettingsError(
                 f"model {self.name!r}: max_requests_per_replica must be >= 0 (0: never recycle)"
@@ -268,6 +273,7 @@ def model_settings_from_dict(
         "text_generation",
         "step_timeout",
         "max_requests_per_replica",
+        "warmup",
     }
     unknown = set(data) - known
     if unknown:
@@ -310,6 +316,7 @@ def model_settings_from_dict(
     inputs = _specs(data.get("inputs"), f"{where}: inputs")
     outputs = _specs(data.get("outputs"), f"{where}: outputs")
     request_parameters = _request_parameters(data.get("request"), where)
+    warmup = warmup_from_json(data.get("warmup"), where, SettingsError)
     text_generation = data.get("text_generation")
     if text_generation is not None:
         json_object(text_generation, f"{where}: 'text_generation'", SettingsError)
@@ -333,6 +340,7 @@ def model_settings_from_dict(
             request_parameters=request_parameters,
             text_generation=text_generation,
             step_timeout=step_timeout,
+            warmup=warmup,
             **counts,
         )
     except SettingsError as exc:

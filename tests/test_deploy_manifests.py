@@ -199,6 +199,8 @@ CUSTOM_OBJECTS = [
     ("istio/destination-rule.yaml", 0),
     ("gateway-api/routes.yaml", 0),
     ("gateway-api/routes.yaml", 1),
+    ("gateway-api/inference-pool.yaml", 0),
+    ("gateway-api/inference-pool.yaml", 6),
 ]
 
 
@@ -222,6 +224,70 @@ def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
     http, _ = load(DEPLOY / "gateway-api" / "routes.yaml")
     http["spec"]["rules"][0]["matches"][0]["path"]["type"] = "Glob"
     assert not crd_validator("HTTPRoute", "v1").is_valid(http)
+    pool = load(DEPLOY / "gateway-api" / "inference-pool.yaml")[0]
+    pool["spec"]["endpointPickerRef"]["failureMode"] = "FailSometimes"
+    assert not crd_validator("InferencePool", "v1").is_valid(pool)
+    pool = load(DEPLOY / "gateway-api" / "inference-pool.yaml")[0]
+    pool["spec"]["targetPort"] = pool["spec"].pop("targetPorts")
+    assert not crd_validator("InferencePool", "v1").is_valid(pool)
+
+
+#: the Inference Extension's model-server protocol -> the endpoint picker's flag
+EPP_FLAGS = {
+    "TotalQueuedRequests": "--total-queued-requests-metric",
+    "TotalRunningRequests": "--total-running-requests-metric",
+    "KVCacheUtilization": "--kv-cache-usage-percentage-metric",
+}
+
+
+def test_the_inference_pool_picks_by_actorserves_own_gauges() -> None:
+    """deploy/gateway-api/inference-pool.yaml: the pool selects the base's pods on their
+    REST port, its picker is the Service the pool names and reads the three gauges of
+    the model-server protocol under the names actorserve exports (docs/metrics.md's
+    table); the core objects valid against the Kubernetes schemas."""
+    import kubernetes_validate
+
+    objects = load(DEPLOY / "gateway-api" / "inference-pool.yaml")
+    kinds = {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
+    pool = kinds["InferencePool", "actorserve"]
+    pod_labels = by_kind(render_base())["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": 8080}]
+    picker = pool["spec"]["endpointPickerRef"]
+    service = kinds["Service", picker["name"]]
+    assert [p["port"] for p in service["spec"]["ports"]] == [picker["port"]["number"]]
+    deployment = kinds["Deployment", picker["name"]]
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    assert flags["--pool-name"] == pool["metadata"]["name"]
+    assert flags["--model-server-metrics-path"] == "/metrics"
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    for metric, flag in EPP_FLAGS.items():
+        name = flags[flag]
+        row = re.search(rf"\| `{metric}`[^\n]*\| `{re.escape(name)}` \|", documented)
+        assert row is not None, (metric, name)
+    route = kinds["HTTPRoute", "actorserve-pool"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "actorserve"}
+    ]
+    for obj in objects:
+        if obj["apiVersion"] in ("v1", "apps/v1", "rbac.authorization.k8s.io/v1"):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_gauges_the_picker_reads_exist() -> None:
+    """Every metric the picker is told to read is one the server exports."""
+    from actorserve.metrics import Metrics
+
+    exported = {family.name for family in Metrics().registry.collect()}
+    flags = dict(
+        arg.split("=", 1)
+        for obj in load(DEPLOY / "gateway-api" / "inference-pool.yaml")
+        if obj["kind"] == "Deployment"
+        for arg in obj["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert {flags[flag] for flag in EPP_FLAGS.values()} <= exported
 
 
 def test_nginx_accepts_its_configuration(tmp_path: Path) -> None:

@@ -106,3 +106,32 @@ async def test_loading_a_broken_model_is_bad_input_on_every_transport() -> None:
         with pytest.raises(actorserve.BadInput, match=r"cannot import 'no_such\.Model'") as info:
             await engine.load(ModelSettings(name="m", implementation="no_such.Model"))
     assert http_status(info.value) == 400 and Status(grpc_status(info.value)) == Status.INVALID_ARGUMENT
+
+
+def test_warmup_requests_are_checked_when_the_settings_are_read() -> None:
+    from actorserve.modelsettings import model_settings_from_dict
+    from actorserve.warmup import MAX_WARMUP
+
+    base = {"name": "m", "implementation": "x.Y"}
+    good = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}], "parameters": {"p": 1}}
+    settings = model_settings_from_dict({**base, "warmup": [good, "Hello"]})
+    assert settings.warmup == (good, "Hello")
+    assert model_settings_from_dict(base).warmup == ()
+    refused: list[tuple[object, str]] = [
+        ("not a list", "settings: 'warmup' must be a list of requests (objects) or texts (strings)"),
+        (
+            (MAX_WARMUP + 1) * ["hi"],
+            f"settings: 'warmup' lists {MAX_WARMUP + 1} requests; at most {MAX_WARMUP}",
+        ),
+        ([""], "settings: 'warmup[0]': a text of 1 to 16384 characters"),
+        ([good, 3], "settings: 'warmup[1]' must be a request object or a text"),
+        (
+            [{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1]}]}],
+            "settings: 'warmup[0]': input 'x': shape [2] needs 2 elements, data has 1",
+        ),
+        ([{"parameters": {}}], "settings: 'warmup[0]': the request has no 'inputs'"),
+    ]
+    for value, message in refused:
+        with pytest.raises(SettingsError) as error:
+            model_settings_from_dict({**base, "warmup": value})
+        assert error.value.message == message

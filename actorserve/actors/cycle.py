@@ -181,7 +181,7 @@ class BatchCycle:
         scheduler = self.scheduler
         while self._submitted:
             item = self._submitted.popleft()
-            scheduler.submit(item, item.exclusive_key)
+            scheduler.submit(item, item.exclusive_key, item.priority)
             self.taken += 1
         dropped: list[WorkItem] = []
         for item in self._cancelled:
@@ -192,7 +192,8 @@ class BatchCycle:
         return dropped
 
     def admit(self) -> list[WorkItem]:
-        """Waiting items join the batch while there is room (first come, first served)."""
+        """Waiting items join the batch while there is room (by priority, then first come,
+        first served)."""
         return self.scheduler.admit()
 
     def plan(self) -> list[WorkItem]:

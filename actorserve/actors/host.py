@@ -17,11 +17,13 @@ from typing import Any
 import trio
 
 from ..api import EndReason, ModelState, OneByOne, RequestControl, ResponseIterator, control_of
+from ..declarations import text_generation_of
 from ..errors import BadInput, ModelNotReady, Overloaded, ShuttingDown
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
 from ..types import InferenceRequest, InferenceResponse
+from ..warmup import failed_warmup, warmup_requests
 from .batched import BatchedRunner
 from .batcher import ContinuousBatcher
 from .counters import RequestCounters, StepCounters
@@ -137,6 +139,7 @@ class ModelHost:
                     )
                     await nursery.start(supervisor.run)
                     self._runner = self._make_runner(nursery, supervisor)
+                    await self._warm_up(self._runner)
                     self.state = ModelState.READY
                     task_status.started()
                     await trio.sleep_forever()
@@ -145,6 +148,36 @@ class ModelHost:
             if isinstance(self._runner, BatchedRunner):
                 self._runner.closed = True
             await self.pool.unload()
+
+    async def _warm_up(self, runner: PlainRunner | BatchedRunner) -> None:
+        """Serve the settings' ``warmup`` requests (still LOADING: the health routes
+        say not ready), in order, one entry after another: each sent ``workers`` times at
+        once, so the least-loaded routing gives every replica one (an entry of a sequence
+        once: its sequence lives on one replica). The first failure fails the load
+        (:class:`~actorserve.warmup.WarmupFailed` naming the entry)."""
+        settings = self.settings
+        if not settings.warmup:
+            return
+        spec = text_generation_of(settings, self.model_class)
+        text_input = None if spec is None else spec.input
+        rounds = [
+            warmup_requests(settings.warmup, self.name, self.version, text_input)
+            for _ in range(settings.workers)
+        ]
+        for i in range(len(settings.warmup)):
+            copies = [requests[i] for requests in rounds]
+            if control_of(copies[0]).stateful:
+                copies = copies[:1]
+
+            async def serve(request: InferenceRequest, i: int = i) -> None:
+                try:
+                    await runner.infer(request, control_of(request))
+                except Exception as exc:
+                    raise failed_warmup(i, exc) from exc
+
+            async with trio.open_nursery() as nursery:
+                for request in copies:
+                    nursery.start_soon(serve, request)
 
     async def set_workers(self, workers: int, grace: float) -> None:
         """Scale to ``workers`` replicas at run time (one change at a time).

@@ -63,6 +63,12 @@ class WorkItem:
             self.progressed.set()
 
     @property
+    def priority(self) -> int | None:
+        """Triton's ``priority`` of the request (1 highest; None or 0: the default)."""
+        control = self.request.control
+        return None if control is None else control.priority
+
+    @property
     def exclusive_key(self) -> str | None:
         """What the scheduler keeps from running together with this item: its sequence,
         unless the sequence lets requests overlap (its actor then orders them)."""

@@ -196,3 +196,27 @@ async def test_thousand_interleaved_sequences_sum_exactly(autojump_clock: trio.t
                 nursery.start_soon(client, sid)
         assert len(sums) == 1000
         assert (await engine.statistics("accumulator")).open_sequences == 0
+
+
+async def test_waiting_requests_start_in_priority_order_when_a_slot_frees(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A full batch (max_batch_size 1, its item held: its reader takes nothing and its
+    reply buffer is 1), five requests waiting with mixed Triton priorities: they start
+    highest first (1 before 2; none and 0 are the default, last), first come first
+    served within one priority."""
+    settings = recording_settings(max_batch_size=1, reply_buffer=1)
+    async with actorserve.open_engine([settings]) as engine:
+        model = model_of(engine)
+        waiting = [("d1", None), ("p2a", 2), ("d0", 0), ("p1", 1), ("p2b", 2)]
+        async with trio.open_nursery() as nursery:
+            async with engine.infer_stream(request("hold", 3)) as stream:
+                await stream.__anext__()  # admitted: the only slot is held
+                for rid, priority in waiting:
+                    parameters = {} if priority is None else {"priority": priority}
+                    nursery.start_soon(engine.infer, request(rid, 1, **parameters))
+                    await trio.testing.wait_all_tasks_blocked()
+                assert model.steps == [["hold"], ["hold"]]  # then paused: the slot stays held
+                assert len([r async for r in stream]) == 2  # the rest of "hold": the slot frees
+    started = list(dict.fromkeys(step[0] for step in model.steps))
+    assert started == ["hold", "p1", "p2a", "p2b", "d1", "d0"]

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from actorserve.actors.scheduler import Scheduler
+from actorserve.actors.scheduler import Scheduler, rank_of
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -18,17 +18,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.scheduler: Scheduler[int] = Scheduler(self.max)
         self.next_key = 0
         self.sequence_of: dict[int, int | None] = {}
+        self.rank: dict[int, int] = {}
         self.submitted_order: list[int] = []
         self.admitted: set[int] = set()
         self.paused: set[int] = set()
         self.missed_steps: dict[int, int] = {}
 
-    @rule(sequence=st.one_of(st.none(), st.integers(0, 3)))
-    def submit(self, sequence: int | None) -> None:
+    @rule(sequence=st.one_of(st.none(), st.integers(0, 3)), priority=st.one_of(st.none(), st.integers(0, 3)))
+    def submit(self, sequence: int | None, priority: int | None) -> None:
         key = self.next_key
         self.next_key += 1
-        self.scheduler.submit(key, sequence)
+        self.scheduler.submit(key, sequence, priority)
         self.sequence_of[key] = sequence
+        self.rank[key] = rank_of(priority)
         self.submitted_order.append(key)
 
     @rule()
@@ -38,19 +40,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not set(new) & before
         self.admitted |= set(new)
         waiting = [k for k in self.submitted_order if k not in self.admitted]
-        # Admission fills every free slot unless the waiting items' sequences are busy.
         busy = {self.sequence_of[k] for k in self.admitted} - {None}
-        admissible = [k for k in waiting if self.sequence_of[k] is None or self.sequence_of[k] not in busy]
-        if admissible:
+
+        def admissible(key: int) -> bool:
+            """Free to run now: no sequence, or its sequence idle and no earlier request
+            of it waiting."""
+            sequence = self.sequence_of[key]
+            if sequence is None:
+                return True
+            return sequence not in busy and not any(
+                self.sequence_of[k] == sequence for k in waiting if k < key
+            )
+
+        left = [k for k in waiting if admissible(k)]
+        # Admission fills every free slot unless the waiting items' sequences are busy.
+        if left:
             assert len(self.admitted) == self.max
-        # First come, first served among admissible items.
+        # By priority, then first come, first served, among admissible items.
         for key in new:
-            earlier = [
-                k
-                for k in waiting
-                if k < key and (self.sequence_of[k] is None or self.sequence_of[k] not in busy)
-            ]
-            assert not earlier, (key, earlier)
+            better = [k for k in left if (self.rank[k], k) < (self.rank[key], key)]
+            assert not better, (key, better)
+            # a sequence's requests are admitted in the order they came
+            sequence = self.sequence_of[key]
+            assert sequence is None or not any(self.sequence_of[k] == sequence for k in waiting if k < key)
 
     @rule()
     def step(self) -> None:
@@ -116,3 +128,29 @@ def test_finished_slot_refilled_next_admit() -> None:
     assert scheduler.plan() == [1]
     assert scheduler.admit() == [2]
     assert scheduler.plan() == [1, 2]
+
+
+def test_higher_priorities_are_admitted_first_and_fifo_within_one() -> None:
+    """Triton's priority: 1 is the highest; none (or 0) is the default, below them all."""
+    scheduler: Scheduler[str] = Scheduler(1)
+    for key, priority in [("d1", None), ("p3a", 3), ("d2", 0), ("p1", 1), ("p3b", 3)]:
+        scheduler.submit(key, priority=priority)
+    order = []
+    for _ in range(5):
+        (key,) = scheduler.admit()
+        order.append(key)
+        scheduler.finish(key)
+    assert order == ["p1", "p3a", "p3b", "d1", "d2"]
+
+
+def test_a_sequence_runs_in_order_whatever_its_priorities() -> None:
+    scheduler: Scheduler[str] = Scheduler(2)
+    scheduler.submit("a1", "a", priority=5)
+    scheduler.submit("a2", "a", priority=1)
+    scheduler.submit("b1", "b", priority=2)
+    assert scheduler.admit() == ["b1", "a1"]
+    scheduler.cancel("b1")
+    assert scheduler.admit() == []
+    scheduler.finish("a1")
+    assert scheduler.admit() == ["a2"]
+    assert len(scheduler) == 1

@@ -240,9 +240,15 @@ async def test_autoscaling_totals_count_what_waits_and_runs(nursery: trio.Nurser
     url = "/v2/models/gate/infer"
 
     def totals(text: str) -> tuple[str, str]:
+        """The server's totals, checked against the gate model's own series (the only
+        model with work)."""
         lines = text.splitlines()
         waiting = next(line for line in lines if line.startswith("actorserve_num_requests_waiting "))
         running = next(line for line in lines if line.startswith("actorserve_num_requests_running "))
+        labels = '{model="gate",version="1"}'
+        model_waiting = f"actorserve_model_num_requests_waiting{labels} {waiting.split()[1]}"
+        model_running = f"actorserve_model_num_requests_running{labels} {running.split()[1]}"
+        assert model_waiting in lines and model_running in lines
         return waiting.split()[1], running.split()[1]
 
     async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:

@@ -24,7 +24,9 @@ import actorserve
 from actorserve import InferenceRequest, Overloaded
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
+from actorserve.engine.gauges import watch_engine
 from actorserve.models.llm import TransformersModel
+from actorserve.models.llm.forward import kv_bytes
 from actorserve.models.llm.prefix import BLOCK
 from actorserve.modelsettings import model_settings_from_dict
 from actorserve.server import serve
@@ -335,3 +337,24 @@ async def test_a_cancelled_request_releases_its_reservation_and_leaves_its_block
         )
         assert await text(engine, prompt, max_tokens=6, **GREEDY) == generate(folders["gpt2"], prompt, 6)
         assert model.cache_statistics().reused_tokens > 0
+
+
+async def test_kv_cache_usage_is_the_bytes_held_over_the_budget(folders: dict[str, Path]) -> None:
+    """The gauge the Inference Extension's endpoint picker reads: an idle sequence's
+    cache over ``kv_cache_budget_mb`` (the prefix cache off, so that is all it holds),
+    exported per model version and as the server's fullest."""
+    budget = 300 * 1024
+    async with llm_engine(folders["gpt2"], kv_cache_budget_mb=300 / 1024, prefix_cache=False) as (
+        engine,
+        model,
+    ):
+        watch_engine(engine)
+        assert model.kv_cache_usage() == 0.0
+        await text(engine, "ROMEO:\nI", sequence_id="a", sequence_start=True, max_tokens=4, **GREEDY)
+        held = kv_bytes(model.sequences["a"].kv)
+        assert 0 < held < budget
+        assert model.kv_cache_usage() == held / budget
+        engine.metrics.refresh()
+        exposed = engine.metrics.expose().decode().splitlines()
+        assert f'actorserve_model_kv_cache_usage_ratio{{model="llm",version="1"}} {held / budget}' in exposed
+        assert f"actorserve_kv_cache_usage_ratio {held / budget}" in exposed

@@ -217,6 +217,8 @@ async def test_cancel_frees_vllms_request(folder: Path) -> None:
             async with engine.infer_stream(request("ROMEO:\n", **greedy), model="llm") as responses:
                 await responses.__anext__()
                 assert model.vllm_requests() == 2
+                usage = model.kv_cache_usage()  # vLLM's own: two running requests hold blocks
+                assert usage is not None and 0 < usage <= 1
             await until_vllm_holds(model, 1)
             nursery.cancel_scope.cancel()
         await until_vllm_holds(model, 0)  # the last one left with nothing else stepping

@@ -191,6 +191,16 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
     def cache_statistics(self) -> CacheStatistics:
         return self.budget.statistics()
 
+    def kv_cache_usage(self) -> float:
+        """The bytes of KV held now (idle sequences, running requests' reservations, the
+        prefix cache) over ``kv_cache_budget_mb``, at most 1 (a request that alone passes
+        the budget runs); with a budget of 0, 1 while anything is held."""
+        stats = self.budget.statistics()
+        held = stats.sequence_bytes + stats.reserved_bytes + stats.prefix_bytes
+        if self.kv_budget <= 0:
+            return 1.0 if held else 0.0
+        return min(1.0, held / self.kv_budget)
+
     # -- requests -----------------------------------------------------------------------------
 
     async def prepare(self, request: InferenceRequest, state: LLMState | None) -> None:

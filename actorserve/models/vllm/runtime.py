@@ -172,6 +172,20 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         with self._lock:
             return int(self._scheduler().get_num_unfinished_requests())
 
+    def kv_cache_usage(self) -> float | None:
+        """vLLM's own KV usage (its scheduler's ``kv_cache_manager.usage``: the fraction of
+        KV blocks in use, what ``vllm:kv_cache_usage_perc`` exports), read without the
+        engine's lock (a step holds it; the value is a count a step updates, read whole);
+        None before the engine is loaded or in a vLLM that does not say."""
+        engine = self.engine
+        if engine is None:
+            return None
+        try:
+            usage = float(engine.engine_core.engine_core.scheduler.kv_cache_manager.usage)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return min(1.0, max(0.0, usage))
+
     def _abort_pending(self) -> None:
         """Abort the requests that left (the lock is held)."""
         ids: list[str] = []

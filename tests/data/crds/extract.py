@@ -1,5 +1,5 @@
-"""Re-make the vendored schemas: ``python tests/data/crds/extract.py SRC`` where SRC holds
-the upstream CRD files named in README.md. Each file is the served version's
+"""Re-make the vendored schemas: ``python tests/data/crds/extract.py SRC [KIND]`` where SRC
+holds the upstream CRD files named in README.md (with KIND: only that kind's). Each file is the served version's
 ``openAPIV3Schema`` without its ``description`` texts; InferenceService's subtrees that
 deploy/ does not use are opened (``x-kubernetes-preserve-unknown-fields``) to keep the
 file small."""
@@ -21,6 +21,7 @@ JOBS = [
     ("crd-all.gen.yaml", "DestinationRule", "v1"),
     ("gateway.networking.k8s.io_httproutes.yaml", "HTTPRoute", "v1"),
     ("gateway.networking.k8s.io_grpcroutes.yaml", "GRPCRoute", "v1"),
+    ("inference.networking.k8s.io_inferencepools.yaml", "InferencePool", "v1"),
 ]
 OPEN: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 #: InferenceService: components and predictor frameworks deploy/ does not use
@@ -47,8 +48,10 @@ def schema_of(path: Path, kind: str, version: str) -> dict[str, Any]:
     raise LookupError(f"{kind} not in {path}")
 
 
-def main(src: Path) -> None:
+def main(src: Path, only: str | None = None) -> None:
     for name, kind, version in JOBS:
+        if only is not None and kind != only:
+            continue
         schema = schema_of(src / name, kind, version)
         if kind == "InferenceService":
             spec = schema["properties"]["spec"]["properties"]
@@ -59,4 +62,5 @@ def main(src: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    # SRC [KIND]: only KIND's file (when SRC holds only its upstream)
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
