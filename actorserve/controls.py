@@ -72,7 +72,10 @@ class RequestControl:
     start/end/cancel; ``owner``: the fingerprint of the token the request came with when
     sequences are bound to tokens (None: not bound); ``priority`` and ``timeout``:
     Triton's, when a client sent them as non-negative integers (carried, not acted on
-    yet: as before, a server that does not act on them takes them and ignores them)."""
+    yet: as before, a server that does not act on them takes them and ignores them);
+    ``trace``: the W3C ``traceparent`` of the span the engine's spans of this request are
+    children of, when tracing is on (:mod:`actorserve.tracing`; set by the doors' engine,
+    never read from a client)."""
 
     sequence_id: str | None = None
     start: bool = False
@@ -81,6 +84,7 @@ class RequestControl:
     owner: str | None = None
     priority: int | None = None
     timeout: int | None = None
+    trace: str | None = None
 
     @property
     def stateful(self) -> bool:

@@ -14,12 +14,15 @@ version was chosen under the version it asked for, or ``""``.
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..metrics import InFlight, Metrics
 from .access import AccessLog
+
+if TYPE_CHECKING:
+    from ..otel import RequestSpan, RequestTracer
 
 #: the ASGI scope key under which the REST app keeps a request's :class:`Exchange`
 #: (read by the shutdown's ``Drain`` to end a response it cut short)
@@ -44,6 +47,7 @@ class Exchange:
         "recorder",
         "route",
         "sequence_id",
+        "span",
         "started",
         "status",
         "stream_error",
@@ -79,6 +83,8 @@ class Exchange:
         self.in_flight: InFlight | None = None
         #: the host's recorder, which finishes this exchange: :meth:`model_request` opens it
         self.recorder: Recorder | None = None
+        #: the request's span (tracing on: :attr:`Recorder.tracer` started it), ended by the finish
+        self.span: RequestSpan | None = None
 
     def note_disconnect(self) -> None:
         """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
@@ -114,14 +120,19 @@ class Exchange:
 
 
 class Recorder:
-    """Turns finished exchanges into metrics and access lines. One per transport
-    instance; ``access`` is None when the access log is off."""
+    """Turns finished exchanges into metrics, access lines and spans. One per transport
+    instance; ``access`` is None when the access log is off, ``tracer`` when tracing is
+    (:func:`actorserve.tracing.request_tracer`: the host starts each request's span with
+    it, :meth:`finish` ends it)."""
 
-    __slots__ = ("access", "metrics")
+    __slots__ = ("access", "metrics", "tracer")
 
-    def __init__(self, metrics: Metrics, access: AccessLog | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, access: AccessLog | None = None, tracer: RequestTracer | None = None
+    ) -> None:
         self.metrics = metrics
         self.access = access
+        self.tracer = tracer
 
     def open(self, exchange: Exchange) -> None:
         """``exchange`` is an inference request being served: it counts in
@@ -144,6 +155,8 @@ class Recorder:
         if exchange.first_at is None:
             exchange.first_at = now
             series.first_response.observe(now - exchange.started)
+            if exchange.span is not None:
+                exchange.span.first_response()
         else:
             series.between_responses.observe(now - exchange.last_at)
         if count > 1:
@@ -170,6 +183,11 @@ class Recorder:
                 self.metrics.request(
                     model, version, exchange.transport, outcome_status, now - exchange.started
                 )
+        if exchange.span is not None:
+            span, exchange.span = exchange.span, None
+            span.finish(
+                exchange.model, exchange.version, exchange.sequence_id, exchange.status, outcome_status
+            )
         if self.access is not None:
             self.access.add(
                 (

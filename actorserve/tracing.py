@@ -1,0 +1,101 @@
+"""OpenTelemetry tracing, off by default (``--otel``): what the rest of the server calls,
+without importing OpenTelemetry.
+
+With tracing off nothing here imports ``opentelemetry`` and every request pays one
+``if`` where a host starts its span (:attr:`Recorder.tracer
+<actorserve.transport.exchange.Recorder.tracer>` is None) and one where the engine reads
+the request's control record (its ``trace`` is None). With it on, :mod:`actorserve.otel`
+(which needs the ``actorserve[otel]`` extra) does the work:
+
+- each host (REST, gRPC) starts the request's span with the parent the client sent
+  (W3C ``traceparent`` / ``tracestate``) and sets :data:`TRACE` to the span's own
+  ``traceparent`` for the task serving the request;
+- the engine every door is given (:class:`~actorserve.transport.owner.OwnerStamp`) writes
+  :data:`TRACE` into the request's control record (``RequestControl.trace``), which
+  crosses the engine link with the request's other controls;
+- the engine's model host starts its span as that record's child
+  (:func:`engine_span`), and a batched request's queue and batch spans are that span's
+  children (:func:`item_trace`, fed by the batcher).
+So one trace runs from the client through the front and the engine, in both process
+shapes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final, Protocol
+
+if TYPE_CHECKING:
+    from .otel import EngineSpan, RequestTracer
+    from .types import InferenceRequest
+
+#: The ``traceparent`` of the request span this task serves (None: not traced).
+TRACE: Final = contextvars.ContextVar[str | None]("actorserve_trace", default=None)
+
+
+class StepCount(Protocol):
+    """What an item's trace reads off its batcher: the steps it has made so far."""
+
+    @property
+    def steps(self) -> int: ...
+
+
+class ItemTrace(Protocol):
+    """A batched request's trace, fed by its batcher (:attr:`WorkItem.trace
+    <actorserve.actors.workitem.WorkItem.trace>`; None when the request is not traced)."""
+
+    def admitted(self, counts: StepCount) -> None:
+        """The item joined the running batch of the replica whose steps ``counts`` counts."""
+
+    def finished(self, submitted_at: float, responses: int, error: BaseException | None) -> None:
+        """The item left: it was submitted at ``submitted_at`` (trio's clock, 0: never
+        queued for a batch) and made ``responses`` responses."""
+
+
+def request_tracer(on: bool) -> RequestTracer | None:
+    """The hosts' tracer when tracing is ``on``, else None (and nothing imported)."""
+    if not on:
+        return None
+    from .otel import RequestTracer
+
+    return RequestTracer()
+
+
+@contextmanager
+def exporting(on: bool) -> Iterator[None]:
+    """While inside, this process exports its spans (when ``on``): an SDK tracer provider
+    made from the ``OTEL_*`` variables is installed unless the process has one already
+    (an application that set up its own, a test's in-memory one), and flushed and shut
+    down on the way out (the batch processor's last spans go out before the process ends)."""
+    if not on:
+        yield
+        return
+    from .otel import install_provider
+
+    provider = install_provider()
+    try:
+        yield
+    finally:
+        if provider is not None:
+            provider.shutdown()
+
+
+def engine_span(request: InferenceRequest, trace: str, model: str, version: str) -> EngineSpan:
+    """The engine's span of ``request`` (whose control record carries ``trace``), for
+    ``model`` ``version``; the record's ``trace`` becomes the new span's, so the
+    request's queue and batch spans are its children. The caller ends it."""
+    from .otel import EngineSpan
+
+    return EngineSpan(request, trace, model, version)
+
+
+def item_trace(trace: str) -> ItemTrace:
+    """The trace of a batched request whose control record carries ``trace``."""
+    from .otel import BatchedItemTrace
+
+    return BatchedItemTrace(trace)
+
+
+__all__ = ["TRACE", "ItemTrace", "StepCount", "engine_span", "exporting", "item_trace", "request_tracer"]
