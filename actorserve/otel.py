@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .tracing import TRACE, StepCount
+from .tracecontext import TRACE, StepCount
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
