@@ -181,6 +181,8 @@ class RequestSpan:
             span.update_name(_route_name(self.name, model, version))
             if version:
                 span.set_attribute("actorserve.version", version)
+        elif " /" in self.name:  # a REST path with no model: the method alone (a path is the client's)
+            span.update_name(self.name.partition(" ")[0])
         if sequence_id is not None:
             span.set_attribute("actorserve.sequence.hash", sequence_hash(sequence_id))
         if isinstance(status, int):

@@ -172,6 +172,16 @@ async def test_tracing_off_makes_no_span(launch: Launch, spans: InMemorySpanExpo
     assert list(spans.get_finished_spans()) == []
 
 
+async def test_probes_and_scrapes_make_no_span(launch: Launch, spans: InMemorySpanExporter) -> None:
+    server = await launch(otel=True)
+    async with httpx.AsyncClient(base_url=str(server.http_url), timeout=TIMEOUT) as client:
+        for path in ("/v2/health/live", "/v2/health/ready", "/metrics", "/v2/models/identity"):
+            assert (await client.get(path, headers={"traceparent": TRACEPARENT})).status_code == 200, path
+    found = await wait_for_spans(spans, "GET")
+    assert [s.name for s in found] == ["GET"]  # model metadata: not a probe (no model route: the method)
+    assert (found[0].attributes or {})["url.path"] == "/v2/models/identity"
+
+
 async def test_a_grpc_call_takes_its_parent_from_the_metadata(
     launch: Launch, spans: InMemorySpanExporter
 ) -> None:

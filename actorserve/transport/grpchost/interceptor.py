@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 #: The exchange of the call being served (set in the handler's asyncio task).
 CALL: Final = contextvars.ContextVar[Exchange | None]("actorserve_grpc_call", default=None)
 
+#: methods whose calls make no span (by the end of their path): probes, with no trace
+UNTRACED_METHODS: Final = ("/ServerLive", "/ServerReady", "/Ping", "/grpc.health.v1.Health/Check")
+
 #: gRPC status -> the HTTP status of the same outcome (for the metrics' ``outcome``).
 HTTP_OF: Final = {
     Status.OK: 200,
@@ -55,7 +58,7 @@ def guarded(
         exchange = Exchange("grpc", "POST", path)
         exchange.bytes = None
         exchange.recorder = recorder
-        if recorder.tracer is not None:
+        if recorder.tracer is not None and not path.endswith(UNTRACED_METHODS):
             exchange.span = _call_span(recorder.tracer, path, stream)
         token = CALL.set(exchange)
         owned = OWNER.set(None)
@@ -113,4 +116,4 @@ def call_exchange() -> Exchange | None:
     return CALL.get()
 
 
-__all__ = ["CALL", "HTTP_OF", "call_exchange", "guarded"]
+__all__ = ["CALL", "HTTP_OF", "UNTRACED_METHODS", "call_exchange", "guarded"]

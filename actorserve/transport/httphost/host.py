@@ -37,6 +37,8 @@ from .target import refusal
 if TYPE_CHECKING:
     from ...otel import RequestSpan, RequestTracer
 
+#: paths whose requests make no span: probes and scrapes, every few seconds, with no trace
+UNTRACED_PATHS: Final = frozenset({METRICS_PATH, "/v2/health/live", "/v2/health/ready", "/ping"})
 _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
 _FORBIDDEN_REPLY: Final = json_reply({"error": FORBIDDEN}, 403)
 
@@ -102,7 +104,7 @@ class HttpHost:
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
         exchange.recorder = self.recorder  # a door's model_request opens it (in flight)
-        if self.recorder.tracer is not None:
+        if self.recorder.tracer is not None and path not in UNTRACED_PATHS:
             exchange.span = _request_span(self.recorder.tracer, scope)
         scope[EXCHANGE_KEY] = exchange  # type: ignore[index]  # hypercorn's dict; what Drain reads if the shutdown ends this request
         scope[UNTIMED_RECEIVE_KEY] = receive  # type: ignore[index]  # Quart times its own body reads (BODY_TIMEOUT)
@@ -236,4 +238,4 @@ async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) 
             await send({"type": "websocket.close", "code": 1008, "reason": "WebSockets are not served"})
 
 
-__all__ = ["HttpHost"]
+__all__ = ["UNTRACED_PATHS", "HttpHost"]
