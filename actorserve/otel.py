@@ -212,15 +212,22 @@ def _route_name(name: str, model: str, version: str | None) -> str:
 
 
 class EngineSpan:
-    """The engine's span of one request (see :func:`actorserve.tracing.engine_span`)."""
+    """A span of one request on its way through the engine, whose children the request's
+    later spans are: the engine's (:func:`actorserve.tracing.engine_span`), or the
+    front's hop over the engine link (:func:`actorserve.tracing.link_span`)."""
 
     __slots__ = ("span",)
 
-    def __init__(self, request: InferenceRequest, trace_parent: str, model: str, version: str) -> None:
+    def __init__(
+        self,
+        request: InferenceRequest,
+        trace_parent: str,
+        name: str,
+        attributes: dict[str, str | int],
+        kind: SpanKind = SpanKind.INTERNAL,
+    ) -> None:
         self.span = trace.get_tracer(SCOPE).start_span(
-            "actorserve.engine",
-            context=_context_of(trace_parent),
-            attributes={"actorserve.model": model, "actorserve.version": version, "process.pid": os.getpid()},
+            name, context=_context_of(trace_parent), kind=kind, attributes=attributes
         )
         control = request.control
         if control is not None:

@@ -22,6 +22,7 @@ shapes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -67,7 +68,20 @@ def engine_span(request: InferenceRequest, trace: str, model: str, version: str)
     request's queue and batch spans are its children. The caller ends it."""
     from .otel import EngineSpan
 
-    return EngineSpan(request, trace, model, version)
+    attributes = {"actorserve.model": model, "actorserve.version": version, "process.pid": os.getpid()}
+    return EngineSpan(request, trace, "actorserve.engine", attributes)
+
+
+def link_span(request: InferenceRequest, trace: str) -> EngineSpan:
+    """The front's span of ``request``'s hop over the engine link (kind CLIENT: from
+    sending it to the engine process to its last response), a child of ``trace``; the
+    record's ``trace`` becomes the new span's, so the engine's span is its child. The
+    caller ends it."""
+    from opentelemetry.trace import SpanKind
+
+    from .otel import EngineSpan
+
+    return EngineSpan(request, trace, "engine link", {"process.pid": os.getpid()}, SpanKind.CLIENT)
 
 
 def item_trace(trace: str) -> ItemTrace:
@@ -77,4 +91,13 @@ def item_trace(trace: str) -> ItemTrace:
     return BatchedItemTrace(trace)
 
 
-__all__ = ["TRACE", "ItemTrace", "StepCount", "engine_span", "exporting", "item_trace", "request_tracer"]
+__all__ = [
+    "TRACE",
+    "ItemTrace",
+    "StepCount",
+    "engine_span",
+    "exporting",
+    "item_trace",
+    "link_span",
+    "request_tracer",
+]

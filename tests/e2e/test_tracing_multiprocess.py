@@ -1,7 +1,7 @@
 """OpenTelemetry traces across processes: ``python -m actorserve --otel --api-workers 2``
 exports with the OTLP exporter (HTTP/protobuf, configured by the standard ``OTEL_*``
 variables) to a collector this test runs on 127.0.0.1; one request's trace holds the
-front's span and the engine process's span, the engine's a child of the front's.
+front's span, its ``engine link`` span (the hop) and the engine process's spans below it.
 
 And with tracing off, no process imports ``opentelemetry`` at all.
 """
@@ -119,7 +119,7 @@ def test_one_trace_crosses_the_front_and_the_engine_process(tmp_path: Path, coll
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             names = {span.name for _, span in collector.received()}
-            if {"POST /v2/models/{model}/infer", "actorserve.engine", "batch"} <= names:
+            if {"POST /v2/models/{model}/infer", "engine link", "actorserve.engine", "batch"} <= names:
                 break
             time.sleep(0.05)
     finally:
@@ -129,7 +129,9 @@ def test_one_trace_crosses_the_front_and_the_engine_process(tmp_path: Path, coll
     assert service == "actorserve-under-test"
     assert front.trace_id.hex() == engine.trace_id.hex() == TRACE_ID
     assert front.parent_span_id.hex() == CLIENT_SPAN
-    assert engine.parent_span_id == front.span_id
+    link = spans["engine link"][1]  # the front's hop: from sending the request to its reply
+    assert link.parent_span_id == front.span_id
+    assert engine.parent_span_id == link.span_id
     assert spans["batch"][1].parent_span_id == engine.span_id
     engine_attributes = {a.key: a.value for a in engine.attributes}
     assert engine_attributes["process.pid"].int_value == engine_pid  # made in the engine process
