@@ -68,7 +68,11 @@ def engine_span(request: InferenceRequest, trace: str, model: str, version: str)
     request's queue and batch spans are its children. The caller ends it."""
     from .otel import EngineSpan
 
-    attributes = {"actorserve.model": model, "actorserve.version": version, "process.pid": os.getpid()}
+    attributes: dict[str, str | int] = {
+        "actorserve.model": model,
+        "actorserve.version": version,
+        "process.pid": os.getpid(),
+    }
     return EngineSpan(request, trace, "actorserve.engine", attributes)
 
 
