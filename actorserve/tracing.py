@@ -22,11 +22,14 @@ shapes.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .modelsettings import SettingsError
 from .tracecontext import TRACE, ItemTrace, StepCount
 
 if TYPE_CHECKING:
@@ -38,9 +41,19 @@ def request_tracer(on: bool) -> RequestTracer | None:
     """The hosts' tracer when tracing is ``on``, else None (and nothing imported)."""
     if not on:
         return None
-    from .otel import RequestTracer
+    tracer: RequestTracer = _otel().RequestTracer()
+    return tracer
 
-    return RequestTracer()
+
+def _otel() -> ModuleType:
+    """:mod:`actorserve.otel`; :class:`SettingsError` that says what to install if the
+    ``otel`` extra is not."""
+    try:
+        return importlib.import_module(".otel", __package__)
+    except ImportError as error:
+        raise SettingsError(
+            f"otel: tracing needs the otel extra (pip install -e '.[otel]'): {error}"
+        ) from None
 
 
 @contextmanager
@@ -52,9 +65,7 @@ def exporting(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    from .otel import install_provider
-
-    provider = install_provider()
+    provider = _otel().install_provider()
     try:
         yield
     finally:
