@@ -27,10 +27,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .modelsettings import SettingsError
 from .tracecontext import TRACE, ItemTrace, StepCount
+
+#: how long a stopping process waits for its last spans to be exported
+FLUSH_TIMEOUT_MS: Final = 2000
 
 if TYPE_CHECKING:
     from .otel import EngineSpan, RequestTracer
@@ -60,8 +63,11 @@ def _otel() -> ModuleType:
 def exporting(on: bool) -> Iterator[None]:
     """While inside, this process exports its spans (when ``on``): an SDK tracer provider
     made from the ``OTEL_*`` variables is installed unless the process has one already
-    (an application that set up its own, a test's in-memory one), and flushed and shut
-    down on the way out (the batch processor's last spans go out before the process ends)."""
+    (an application that set up its own, a test's in-memory one), and flushed on the way
+    out (the batch processor's last spans go out before the process ends; for at most
+    :data:`FLUSH_TIMEOUT_MS`: an unreachable collector must not hold up a stop). It stays
+    installed (a process has one provider for good), so a later server in the same
+    process exports through it too; the SDK shuts it down at exit."""
     if not on:
         yield
         return
@@ -70,7 +76,7 @@ def exporting(on: bool) -> Iterator[None]:
         yield
     finally:
         if provider is not None:
-            provider.shutdown()
+            provider.force_flush(FLUSH_TIMEOUT_MS)
 
 
 def engine_span(request: InferenceRequest, trace: str, model: str, version: str) -> EngineSpan:
@@ -107,6 +113,7 @@ def item_trace(trace: str) -> ItemTrace:
 
 
 __all__ = [
+    "FLUSH_TIMEOUT_MS",
     "TRACE",
     "ItemTrace",
     "StepCount",
