@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..metrics import InFlight, Metrics
+from ..tracing import TRACE
 from .access import AccessLog
 
 if TYPE_CHECKING:
@@ -143,6 +144,14 @@ class Recorder:
             counter = self.metrics.in_flight(exchange.transport)
             counter.count += 1
             exchange.in_flight = counter
+
+    def traced_part(self, exchange: Exchange, name: str) -> None:
+        """With tracing on, ``exchange`` (one request of a call that carries many, as a
+        gRPC ``ModelStreamInfer``) gets a span ``name`` of its own, a child of the call's
+        (this task's :data:`~actorserve.tracing.TRACE`), ended by :meth:`finish`; call it
+        in the task that finishes the exchange, before the request goes to the engine."""
+        if self.tracer is not None:
+            exchange.span = self.tracer.start(name, exchange.transport, {}, TRACE.get(), None)
 
     def responses(self, exchange: Exchange, count: int) -> None:
         """``count`` responses of a stream went out together just now: the first ever is

@@ -6,7 +6,9 @@ request's queue and batch spans below it. The SDK's in-memory exporter collects 
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -212,3 +214,38 @@ async def test_a_grpc_call_takes_its_parent_from_the_metadata(
         "actorserve.version": "1",
         "rpc.grpc.status": "OK",
     }
+
+
+async def test_a_grpc_stream_has_its_first_response_event_and_batch_spans(
+    launch: Launch, spans: InMemorySpanExporter
+) -> None:
+    server = await launch(otel=True, grpc_port=0)
+    assert server.grpc_address is not None
+    host, port = server.grpc_address[:2]
+
+    def scenario() -> list[Any]:
+        results: queue.Queue[Any] = queue.Queue()
+        with grpcclient.InferenceServerClient(f"{host}:{port}") as client:
+            client.start_stream(
+                callback=lambda result, error: results.put(error or result),
+                headers={"traceparent": TRACEPARENT},
+            )
+            tensor = grpcclient.InferInput("x", [1], "INT64")
+            tensor.set_data_from_numpy(np.array([0], np.int64))
+            client.async_stream_infer("counter", [tensor], parameters={"n": 3})
+            got = [results.get(timeout=TIMEOUT) for _ in range(3)]
+            client.stop_stream()
+        return got
+
+    got = await in_thread(scenario)
+    assert all(not isinstance(r, Exception) for r in got), got
+    name = "inference.GRPCInferenceService/ModelStreamInfer"
+    found = await wait_for_spans(spans, name, "ModelStreamInfer request", "actorserve.engine", "batch")
+    call, request = one(found, name), one(found, "ModelStreamInfer request")
+    engine, batch = one(found, "actorserve.engine"), one(found, "batch")
+    assert parent_id(call) == CLIENT_SPAN and trace_id(batch) == TRACE_ID
+    assert parent_id(request) == span_id(call)  # one span per request of the call
+    assert parent_id(engine) == span_id(request) and parent_id(batch) == span_id(engine)
+    assert [e.name for e in request.events] == ["first_response"]
+    assert (request.attributes or {})["actorserve.model"] == "counter"
+    assert (batch.attributes or {})["actorserve.batch.responses"] == 3
