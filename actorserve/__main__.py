@@ -87,6 +87,7 @@ _SETTINGS_OPTIONS: dict[str, click.ParamType[Any]] = {
     "poll_repository": click.FLOAT,
     "log_format": click.Choice(LOG_FORMATS),
     "access_log": click.BOOL,
+    "otel": click.BOOL,
     "no_auth": click.BOOL,
     "auth_inference": click.BOOL,
     "auth_metrics": click.BOOL,

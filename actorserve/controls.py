@@ -73,7 +73,10 @@ class RequestControl:
     sequences are bound to tokens (None: not bound); ``priority`` and ``timeout``:
     Triton's, when a client sent them as non-negative integers (``priority`` orders a
     BatchModel's admissions, :mod:`actorserve.actors.scheduler`; ``timeout`` is carried,
-    not acted on yet: a server that does not act on it takes it and ignores it)."""
+    not acted on yet: a server that does not act on it takes it and ignores it);
+    ``trace``: the W3C ``traceparent`` of the span the engine's spans of this request are
+    children of, when tracing is on (:mod:`actorserve.tracing`; set by the doors' engine,
+    never read from a client)."""
 
     sequence_id: str | None = None
     start: bool = False
@@ -82,6 +85,7 @@ class RequestControl:
     owner: str | None = None
     priority: int | None = None
     timeout: int | None = None
+    trace: str | None = None
 
     @property
     def stateful(self) -> bool:

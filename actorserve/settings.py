@@ -377,6 +377,15 @@ class Settings:
         validator=_bool,
         metadata=_help("log one structured line per request (logger actorserve.access; see docs/logging.md)"),
     )
+    otel: bool = attrs.field(
+        default=False,
+        validator=_bool,
+        metadata=_help(
+            "export OpenTelemetry traces: a span per request, W3C traceparent taken from the client, "
+            "the engine's spans in the same trace; the exporter is configured by the standard OTEL_* "
+            "variables (OTLP by default); needs the actorserve[otel] extra (see docs/metrics.md#traces)"
+        ),
+    )
     no_auth: bool = attrs.field(
         default=False,
         validator=_bool,

@@ -11,7 +11,8 @@ using pre-serialised requests, so the client costs little:
 - 64 concurrent ``ModelStreamInfer`` streams, each sending ``streamer`` requests of 64
   tokens one after another on its own long-lived stream: tokens/s.
 
-``--baseline CHECKOUT`` also starts the same server on the actorserve of another
+``--otel`` also measures this checkout with tracing on (the SDK making every span, an
+exporter that drops them). ``--baseline CHECKOUT`` also starts the same server on the actorserve of another
 checkout (e.g. ``git worktree add /tmp/base main``) and measures both; rounds are
 interleaved so background load hits both alike. Every phase is bounded (warm-up + fixed
 window + timeouts); the script prints numbers and is not a test.
@@ -212,19 +213,51 @@ def serve() -> None:
     from actorserve.models import builtin_settings as builtin_models
     from actorserve.server.doors import serve_grpc
     from actorserve.settings import Settings
+    from actorserve.transport.owner import OwnerStamp
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
+    traced = os.environ.get("BENCH_OTEL") == "1"
+    if traced:
+        _discarding_tracer_provider()
+
     async def run() -> None:
         settings = Settings(models=tuple(builtin_models()), host="127.0.0.1", http_port=None, grpc_port=0)
+        if traced:
+            settings = _with_otel(settings)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with actorserve.open_engine(settings) as engine, trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(serve_grpc, engine, settings))
+                # the doors' engine, as serve_transports gives it (it carries a trace to the engine)
+                doors = OwnerStamp(engine, bind=False)
+                nursery.start_soon(functools.partial(serve_grpc, doors, settings))
                 async for _ in signals:  # stop: serve_grpc drains, then the engine closes
                     nursery.cancel_scope.cancel()
                     break
 
     trio.run(run)
+
+
+def _with_otel(settings: Any) -> Any:
+    import attrs
+
+    return attrs.evolve(settings, otel=True)
+
+
+def _discarding_tracer_provider() -> None:
+    """``--otel``'s server: the SDK with a batch span processor whose exporter drops what
+    it gets, so every span is made, ended and handed to the exporter's thread; only the
+    network is left out."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    trace.set_tracer_provider(provider)
 
 
 # --------------------------------------------------------------------------- main
@@ -241,6 +274,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring window per point (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed (default 3)")
     parser.add_argument("--baseline", metavar="CHECKOUT", help="also measure the actorserve in this checkout")
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="also measure this checkout with tracing on (--otel, spans discarded)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -260,6 +298,8 @@ def main() -> None:
             baseline = os.path.abspath(args.baseline)
             env = {**ENV, "PYTHONPATH": os.pathsep.join([baseline, ENV.get("PYTHONPATH", "")])}
             servers["baseline"] = ServerProcess([sys.executable, __file__, "--serve"], env)
+        if args.otel:
+            servers["otel"] = ServerProcess([sys.executable, __file__, "--serve"], {**ENV, "BENCH_OTEL": "1"})
         calls: dict[tuple[str, int], list[float]] = {}
         p50: dict[tuple[str, int], list[float]] = {}
         tokens: dict[str, list[float]] = {}

@@ -22,6 +22,8 @@ than the rate, and it is what a transport change changes.
 Each scenario runs ``--rounds`` times per server, alternating servers round by round
 (so load from elsewhere on the machine hits both alike), and the median run is printed.
 Every unary run lasts ``--duration`` seconds; a stream run, its token count.
+``--baseline CHECKOUT`` adds a server on another checkout's actorserve (``base``), ``--otel``
+one with tracing on (``otel``: the SDK makes every span, an exporter drops them).
 """
 
 from __future__ import annotations
@@ -123,6 +125,10 @@ def serve_forever(fast_path: bool) -> None:
     from actorserve.models import builtin_settings as builtin_models
     from actorserve.server.composition import serve
 
+    traced = os.environ.get("BENCH_OTEL") == "1"
+    if traced:
+        discarding_tracer_provider()
+
     async def main() -> None:
         settings = actorserve.Settings(
             models=(*builtin_models(), ticker_settings()),
@@ -130,6 +136,7 @@ def serve_forever(fast_path: bool) -> None:
             http_port=0,
             grpc_port=None,
             grace_period=1.0,
+            **({"otel": True} if traced else {}),
         )
         async with trio.open_nursery() as nursery:
             server = await nursery.start(partial(serve, settings, rest_fast_path=fast_path))
@@ -140,9 +147,33 @@ def serve_forever(fast_path: bool) -> None:
     trio.run(main)
 
 
-def start_server(fast_path: bool) -> tuple[subprocess.Popen[str], str]:
+def discarding_tracer_provider() -> None:
+    """``--otel``'s server: the SDK with a batch span processor whose exporter drops what
+    it gets, so every span is made, ended and handed to the exporter's thread; only the
+    network is left out."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    trace.set_tracer_provider(provider)
+
+
+#: a variant's environment: ``--baseline``'s checkout, ``--otel``'s tracing
+VARIANT_ENV: dict[str, dict[str, str]] = {}
+
+
+def start_server(fast_path: bool, name: str = "") -> tuple[subprocess.Popen[str], str]:
     args = [sys.executable, __file__, "--serve"] + ([] if fast_path else ["--no-fast-path"])
-    process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    env = {**os.environ, **VARIANT_ENV.get(name, {})}
+    process = subprocess.Popen(
+        args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
     assert process.stdout is not None
     url = process.stdout.readline().strip()
     if not url.startswith("http://127.0.0.1:"):
@@ -267,7 +298,7 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 def run(modes: list[tuple[str, bool]], duration: float, rounds: int, only: str) -> dict[str, dict[str, Any]]:
     """Every scenario runs ``rounds`` times, alternating the servers round by round so
     that load from elsewhere on the machine hits both alike; the median run is reported."""
-    servers = {name: start_server(fast) for name, fast in modes}
+    servers = {name: start_server(fast, name) for name, fast in modes}
     results: dict[str, dict[str, Any]] = {name: {} for name, _ in modes}
     raw, binary_headers = binary_unary()
     scenarios: list[tuple[str, int, bytes, dict[str, str]]] = [
@@ -366,6 +397,12 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="comma-separated parts of scenario names to run (default: all)"
     )
+    parser.add_argument(
+        "--baseline", metavar="CHECKOUT", help="also measure the actorserve of this checkout (fast path)"
+    )
+    parser.add_argument(
+        "--otel", action="store_true", help="also measure this checkout with tracing on (spans discarded)"
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-fast-path", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -373,8 +410,15 @@ def main() -> None:
         serve_forever(fast_path=not args.no_fast_path)
         return
     modes = [("fast", True), ("quart", False)] if args.mode == "both" else [(args.mode, args.mode == "fast")]
+    if args.baseline:
+        pythonpath = os.pathsep.join([os.path.abspath(args.baseline), os.environ.get("PYTHONPATH", "")])
+        VARIANT_ENV["base"] = {"PYTHONPATH": pythonpath}
+        modes.append(("base", True))
+    if args.otel:
+        VARIANT_ENV["otel"] = {"BENCH_OTEL": "1"}
+        modes.append(("otel", True))
     summary = run(modes, args.duration, args.rounds, args.only)
-    if len(summary) == 2:
+    if "fast" in summary and "quart" in summary:
         for key in ("json c=1", "json c=16", "json c=64", "binary c=16"):
             if key not in summary["fast"]:
                 continue

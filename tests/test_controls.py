@@ -113,7 +113,10 @@ def test_with_control_is_what_a_door_reads_never_the_owner_and_no_id_cap() -> No
 
 
 def test_the_record_crosses_the_engine_link_as_one_field() -> None:
-    control = RequestControl(sequence_id="s", start=True, end=True, owner="fp", priority=2, timeout=10)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    control = RequestControl(
+        sequence_id="s", start=True, end=True, owner="fp", priority=2, timeout=10, trace=traceparent
+    )
     assert control_from_plain(control_to_plain(control)) == control
     assert control_from_plain(control_to_plain(NO_CONTROL)) is NO_CONTROL
     assert control_from_plain(None) is None
@@ -126,7 +129,8 @@ def test_the_record_crosses_the_engine_link_as_one_field() -> None:
     unread = InferenceRequest(inputs=[], parameters={"sequence_id": "s"})
     assert request_from_plain(request_to_plain(unread)).control is None  # the engine reads it
     for bad in (
-        [None, "yes", False, False, None, None, None],
+        [None, "yes", False, False, None, None, None, None],
+        [None, False, False, False, None, None, None, 7],  # a trace is a traceparent's text
         ["a\nb", *control_to_plain(NO_CONTROL)[1:]],
         ["s", True],
         "s",

@@ -57,6 +57,11 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/torchserve.md", "python -m actorserve ./model_store"): "needs a model store and fixed ports",
     (
         "docs/deploy.md",
+        "docker run -p 4318:4318 otel/opentelemetry-collector:latest",
+    ): "runs a collector's container image (docker and the network); the spans' export is tested by "
+    "tests/e2e/test_tracing_multiprocess.py against a collector of its own",
+    (
+        "docs/deploy.md",
         "python -c 'import secrets; print(secrets.token_urlsafe(32))' > management",
     ): "makes a Kubernetes Secret: needs kubectl and a cluster",
     (

@@ -181,6 +181,8 @@ class ContinuousBatcher:
         for item in report.admitted:
             item.admitted = True
             self._running += 1
+            if item.trace is not None:
+                item.trace.admitted(self.counters)
         self.counters.admitted(report.admitted)
         for item in report.left:
             self._release(item)

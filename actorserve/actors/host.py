@@ -22,6 +22,7 @@ from ..errors import BadInput, ModelNotReady, Overloaded, ShuttingDown
 from ..metrics import ModelMetrics
 from ..model import BatchModel, Model
 from ..settings import ModelSettings
+from ..tracing import engine_span
 from ..types import InferenceRequest, InferenceResponse
 from ..warmup import failed_warmup, warmup_requests
 from .batched import BatchedRunner
@@ -244,9 +245,12 @@ class ModelHost:
         """Responses for one request, as they are produced. Leaving the block (or being
         cancelled) cancels the request; its sequence, if any, stays open."""
         runner = self._enter()
-        started, ok = self.counters.started(), False
+        started, ok, span = self.counters.started(), False, None
         try:
             control = control_of(request).checked(self.settings.sequence.max_id_length)
+            if control.trace is not None:
+                span = engine_span(request, control.trace, self.name, self.version)
+                control = control_of(request)  # now naming the engine's span
             if control.cancel:
                 yield OneByOne(_single(self._cancel(request, control)))
             else:
@@ -259,13 +263,18 @@ class ModelHost:
         finally:
             self.counters.ended(started, ok)
             self._requests.leave()
+            if span is not None:
+                span.end(ok)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """One response for one request (a stream's responses merged)."""
         runner = self._enter()
-        started, ok = self.counters.started(), False
+        started, ok, span = self.counters.started(), False, None
         try:
             control = control_of(request).checked(self.settings.sequence.max_id_length)
+            if control.trace is not None:
+                span = engine_span(request, control.trace, self.name, self.version)
+                control = control_of(request)  # now naming the engine's span
             if control.cancel:
                 response = self._cancel(request, control)
             else:
@@ -278,6 +287,8 @@ class ModelHost:
         finally:
             self.counters.ended(started, ok)
             self._requests.leave()
+            if span is not None:
+                span.end(ok)
 
     @asynccontextmanager
     async def stream(self, requests: AsyncIterator[InferenceRequest]) -> AsyncIterator[ResponseIterator]:

@@ -3,6 +3,7 @@ its responses, and the answer to a ``sequence_cancel``."""
 
 from __future__ import annotations
 
+from ..tracing import item_trace
 from ..types import InferenceRequest, InferenceResponse
 from .batcher import WorkItem
 from .mailbox import Mailbox
@@ -11,9 +12,13 @@ from .mailbox import Mailbox
 def new_item(request: InferenceRequest, reply_buffer: int, sequence_id: str | None = None) -> WorkItem:
     """A :class:`WorkItem` for ``request`` whose reply mailbox holds ``reply_buffer``
     responses. The caller owns it and must :meth:`~WorkItem.cancel` it when it leaves."""
-    return WorkItem(
+    item = WorkItem(
         request, Mailbox(reply_buffer, name=f"replies of {request.id or 'a request'}"), sequence_id
     )
+    control = request.control
+    if control is not None and control.trace is not None:
+        item.trace = item_trace(control.trace)
+    return item
 
 
 def stamp(

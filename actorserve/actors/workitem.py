@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from ..tracing import ItemTrace
 from ..types import InferenceRequest, InferenceResponse
 from .mailbox import Mailbox
 
@@ -52,6 +53,8 @@ class WorkItem:
     progressed: trio.Event | None = None
     #: called once when the item finishes (its sequence actor's bookkeeping)
     on_finish: Callable[[], None] | None = None
+    #: the request's queue and batch spans, when it is traced (:func:`actorserve.tracing.item_trace`)
+    trace: ItemTrace | None = None
 
     def delivered(self, *, streamed: bool, end_sequence: bool) -> None:
         """A step's output was handed to the reader: ``streamed`` a response and the item
@@ -101,6 +104,9 @@ class WorkItem:
             self.finished = True
             self.replies.close()
             self.done.set()
+            if self.trace is not None:
+                # delivered: what the reader took and what still waits for it
+                self.trace.finished(self.submitted_at, self.consumed + len(self.replies), self.error)
             if self.progressed is not None:
                 self.progressed.set()
             if self.on_finish is not None:

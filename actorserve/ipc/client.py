@@ -47,6 +47,7 @@ from ..api import (
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
 from ..limits import PARSE_IN_THREAD_BYTES
+from ..tracing import link_span
 from ..types import InferenceRequest, InferenceResponse
 from ..unary import (
     UNARY_CALLS,
@@ -343,12 +344,17 @@ class EngineClient:
     async def infer(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> InferenceResponse:
-        call = self._open()
+        control = request.control
+        link = None if control is None or control.trace is None else link_span(request, control.trace)
+        call, ok = self._open(), False
         try:
             await self._send(Infer(call.id, request, model, version))
             reply = await call.next_message(self)
+            ok = isinstance(reply, Reply)
         finally:
             self._leave(call)
+            if link is not None:
+                link.end(ok)
         if isinstance(reply, Failed):
             raise error_from_plain(reply.kind, reply.message)
         if not isinstance(reply, Reply):
@@ -364,13 +370,18 @@ class EngineClient:
         """The responses of one request. Errors at the start (no such model, a bad
         sequence) are raised here, later ones by the iterator, as in process. Leaving the
         block cancels the request in the engine."""
-        call = self._open()
+        control = request.control
+        link = None if control is None or control.trace is None else link_span(request, control.trace)
+        call, ok = self._open(), False
         try:
             await self._send(OpenStream(call.id, request, model, version, self._limits.window))
             await self._opened(call)
             yield RemoteResponses(self, call)
+            ok = True
         finally:
             self._leave(call)
+            if link is not None:
+                link.end(ok)
 
     @asynccontextmanager
     async def stream(

@@ -109,7 +109,7 @@ def request_from_plain(plain: Plain) -> InferenceRequest:
 def control_to_plain(control: RequestControl | None) -> Plain:
     """A request's controls as one field: None (not read yet: the engine reads them from
     the parameters) or the record's fields in declaration order (``[sequence_id, start,
-    end, cancel, owner, priority, timeout]`` today)."""
+    end, cancel, owner, priority, timeout, trace]`` today)."""
     if control is None:
         return None
     return list(attrs.astuple(control, recurse=False))

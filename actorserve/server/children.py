@@ -18,6 +18,7 @@ from ..engine.gauges import watch_engine
 from ..engine.repository import ModelRepository
 from ..engine.scalein import drain_sequences
 from ..settings import Settings
+from ..tracing import exporting
 from .composition import Server, serve_transports
 from .heaptrim import freeze_startup_objects, trim_heap_when_idle
 from .listeners import Listeners
@@ -29,10 +30,19 @@ log = logging.getLogger(__name__)
 async def run_engine_child(settings: Settings, repository: ModelRepository) -> None:
     """The engine process: load every model, serve the fronts on the Unix socket the
     parent named, until SIGTERM (drain within the grace period) or the parent's death."""
-    from ..ipc.engine_side import open_unix_listener, serve_fronts
+    from ..ipc.engine_side import open_unix_listener
 
     listener = await open_unix_listener(engine_socket(), backlog=BACKLOG)
     repository = repository.with_archive_limits(settings)
+    with exporting(settings.otel):
+        await _serve_engine(settings, repository, listener)
+
+
+async def _serve_engine(
+    settings: Settings, repository: ModelRepository, listener: trio.SocketListener
+) -> None:
+    from ..ipc.engine_side import serve_fronts
+
     async with open_engine(settings, repository=repository) as engine, trio.open_nursery() as nursery:
         nursery.start_soon(watch_parent, nursery.cancel_scope)
         watch_engine(engine)
@@ -65,23 +75,28 @@ async def _scale_in_then_tell(engine: Engine, drain_timeout: float, parent: int)
 async def run_front_child(settings: Settings) -> None:
     """A front process: the transports on the inherited sockets, an engine client to the
     engine process; SIGTERM drains (a second one stops at once)."""
-    from ..ipc.client import open_engine_client
-
     listeners = Listeners.inherited()
     try:
-        async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
-
-            async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
-                await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch_parent, nursery.cancel_scope, list(listeners.sockets().values()))
-            server: Server = await nursery.start(transports)
-            freeze_startup_objects()
-            say_ready()
-            nursery.start_soon(_front_signals, server, nursery.cancel_scope)
+        with exporting(settings.otel):
+            await _serve_front(settings, listeners)
     finally:
         listeners.close()
+
+
+async def _serve_front(settings: Settings, listeners: Listeners) -> None:
+    from ..ipc.client import open_engine_client
+
+    async with open_engine_client(engine_socket()) as client, trio.open_nursery() as nursery:
+
+        async def transports(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
+            await serve_transports(client, settings, listeners, announce=False, task_status=task_status)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch_parent, nursery.cancel_scope, list(listeners.sockets().values()))
+        server: Server = await nursery.start(transports)
+        freeze_startup_objects()
+        say_ready()
+        nursery.start_soon(_front_signals, server, nursery.cancel_scope)
 
 
 async def _front_signals(server: Server, scope: trio.CancelScope) -> None:

@@ -41,6 +41,7 @@ from ..models import builtin_settings as builtin_models
 from ..replica import replica_id
 from ..settings import Settings, SettingsError
 from ..tempdirs import remove_stale
+from ..tracing import exporting
 from ..transport.access import AccessLog
 from ..transport.auth import Guard
 from ..transport.httphost import Drain
@@ -128,22 +129,8 @@ async def serve(
     generated = None
     try:
         settings, generated = with_token(settings)
-        async with open_engine(settings, repository=repository) as engine:
-            watch_engine(engine)  # its live-work gauges, read at each scrape
-            if freeze_heap:
-                freeze_startup_objects()
-            await serve_transports(
-                engine,
-                settings,
-                listeners,
-                drain=engine.aclose,
-                scale_in=partial(drain_sequences, engine, settings.drain_timeout)
-                if settings.drain_timeout
-                else None,
-                rest_fast_path=rest_fast_path,
-                metrics=engine.metrics,  # the engine's and the transports' series in one registry
-                task_status=task_status,
-            )
+        with exporting(settings.otel):
+            await _serve_in_process(settings, repository, listeners, rest_fast_path, freeze_heap, task_status)
     except BaseExceptionGroup as group:  # e.g. a model that fails to load: raise it itself
         raise_single(group)
     finally:
@@ -151,6 +138,33 @@ async def serve(
         if generated is not None:
             remove_token_file(generated)
     log.info("actorserve stopped")
+
+
+async def _serve_in_process(
+    settings: Settings,
+    repository: ModelRepository,
+    listeners: Listeners,
+    rest_fast_path: bool,
+    freeze_heap: bool,
+    task_status: trio.TaskStatus[Server],
+) -> None:
+    """:func:`serve`'s engine and transports in this process."""
+    async with open_engine(settings, repository=repository) as engine:
+        watch_engine(engine)  # its live-work gauges, read at each scrape
+        if freeze_heap:
+            freeze_startup_objects()
+        await serve_transports(
+            engine,
+            settings,
+            listeners,
+            drain=engine.aclose,
+            scale_in=partial(drain_sequences, engine, settings.drain_timeout)
+            if settings.drain_timeout
+            else None,
+            rest_fast_path=rest_fast_path,
+            metrics=engine.metrics,  # the engine's and the transports' series in one registry
+            task_status=task_status,
+        )
 
 
 async def serve_transports(

@@ -18,6 +18,7 @@ import trio
 from ..api import EngineAPI
 from ..metrics import Metrics
 from ..settings import Settings
+from ..tracing import request_tracer
 from ..transport.access import AccessLog
 from ..transport.auth import Guard
 from ..transport.exchange import Recorder
@@ -60,7 +61,7 @@ def create_app(
     scopes need a bearer token (None: none). ``fast_path=False`` sends ``infer`` through
     Quart too (for comparison). ``torchserve_management``: TorchServe's management paths
     and ``/ping`` alone (its management port)."""
-    recorder = Recorder(metrics if metrics is not None else Metrics(), access)
+    recorder = Recorder(metrics if metrics is not None else Metrics(), access, request_tracer(settings.otel))
     if torchserve_management:
         door = TorchServeRest(engine, settings.max_body_bytes, management_port=True)
         return HttpHost([door], settings, recorder, guard=guard, metrics=False)

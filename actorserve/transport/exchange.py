@@ -14,12 +14,16 @@ version was chosen under the version it asked for, or ``""``.
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..metrics import InFlight, Metrics
+from ..tracing import TRACE
 from .access import AccessLog
+
+if TYPE_CHECKING:
+    from ..otel import RequestSpan, RequestTracer
 
 #: the ASGI scope key under which the REST app keeps a request's :class:`Exchange`
 #: (read by the shutdown's ``Drain`` to end a response it cut short)
@@ -44,6 +48,7 @@ class Exchange:
         "recorder",
         "route",
         "sequence_id",
+        "span",
         "started",
         "status",
         "stream_error",
@@ -79,6 +84,8 @@ class Exchange:
         self.in_flight: InFlight | None = None
         #: the host's recorder, which finishes this exchange: :meth:`model_request` opens it
         self.recorder: Recorder | None = None
+        #: the request's span (tracing on: :attr:`Recorder.tracer` started it), ended by the finish
+        self.span: RequestSpan | None = None
 
     def note_disconnect(self) -> None:
         """The client went away (for :func:`~actorserve.transport.receive.cancel_on_disconnect`)."""
@@ -114,14 +121,19 @@ class Exchange:
 
 
 class Recorder:
-    """Turns finished exchanges into metrics and access lines. One per transport
-    instance; ``access`` is None when the access log is off."""
+    """Turns finished exchanges into metrics, access lines and spans. One per transport
+    instance; ``access`` is None when the access log is off, ``tracer`` when tracing is
+    (:func:`actorserve.tracing.request_tracer`: the host starts each request's span with
+    it, :meth:`finish` ends it)."""
 
-    __slots__ = ("access", "metrics")
+    __slots__ = ("access", "metrics", "tracer")
 
-    def __init__(self, metrics: Metrics, access: AccessLog | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, access: AccessLog | None = None, tracer: RequestTracer | None = None
+    ) -> None:
         self.metrics = metrics
         self.access = access
+        self.tracer = tracer
 
     def open(self, exchange: Exchange) -> None:
         """``exchange`` is an inference request being served: it counts in
@@ -132,6 +144,14 @@ class Recorder:
             counter = self.metrics.in_flight(exchange.transport)
             counter.count += 1
             exchange.in_flight = counter
+
+    def traced_part(self, exchange: Exchange, name: str) -> None:
+        """With tracing on, ``exchange`` (one request of a call that carries many, as a
+        gRPC ``ModelStreamInfer``) gets a span ``name`` of its own, a child of the call's
+        (this task's :data:`~actorserve.tracing.TRACE`), ended by :meth:`finish`; call it
+        in the task that finishes the exchange, before the request goes to the engine."""
+        if self.tracer is not None:
+            exchange.span = self.tracer.start(name, exchange.transport, {}, TRACE.get(), None)
 
     def responses(self, exchange: Exchange, count: int) -> None:
         """``count`` responses of a stream went out together just now: the first ever is
@@ -144,6 +164,8 @@ class Recorder:
         if exchange.first_at is None:
             exchange.first_at = now
             series.first_response.observe(now - exchange.started)
+            if exchange.span is not None:
+                exchange.span.first_response()
         else:
             series.between_responses.observe(now - exchange.last_at)
         if count > 1:
@@ -170,6 +192,11 @@ class Recorder:
                 self.metrics.request(
                     model, version, exchange.transport, outcome_status, now - exchange.started
                 )
+        if exchange.span is not None:
+            span, exchange.span = exchange.span, None
+            span.finish(
+                exchange.model, exchange.version, exchange.sequence_id, exchange.status, outcome_status
+            )
         if self.access is not None:
             self.access.add(
                 (

@@ -27,7 +27,8 @@ from typing import Any, Final
 
 import attrs
 
-from ..api import OWNER_PARAMETER, EngineAPI, ResponseStream
+from ..api import OWNER_PARAMETER, EngineAPI, ResponseStream, control_of
+from ..tracing import TRACE
 from ..types import InferenceRequest, InferenceResponse
 from .auth import Guard
 from .httphost.replies import ASGIReceive, ASGIScope, ASGISend
@@ -105,26 +106,34 @@ class OwnerStamp:
     async def infer(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> InferenceResponse:
-        request = self._stamped(request, OWNER.get())
+        request = _traced(self._stamped(request, OWNER.get()), TRACE.get())
         return await self._engine.infer(request, model=model, version=version)
 
     def infer_stream(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> ResponseStream:
-        request = self._stamped(request, OWNER.get())
+        request = _traced(self._stamped(request, OWNER.get()), TRACE.get())
         return self._engine.infer_stream(request, model=model, version=version)
 
     def stream(
         self, requests: AsyncIterator[InferenceRequest], *, model: str, version: str | None = None
     ) -> ResponseStream:
         # read now: the requests may be pulled by a task of the engine's
-        owner = OWNER.get()
+        owner, traced = OWNER.get(), TRACE.get()
 
         async def stamped() -> AsyncIterator[InferenceRequest]:
             async for request in requests:
-                yield self._stamped(request, owner)
+                yield _traced(self._stamped(request, owner), traced)
 
         return self._engine.stream(stamped(), model=model, version=version)
+
+
+def _traced(request: InferenceRequest, traced: str | None) -> InferenceRequest:
+    """``request``, its control record naming the span ``traced`` (tracing on: the
+    ``traceparent`` of the request's span at its host), so the engine's spans join it."""
+    if traced is not None:
+        request.control = attrs.evolve(control_of(request), trace=traced)
+    return request
 
 
 __all__ = ["OWNER", "OwnerScope", "OwnerStamp", "fingerprint", "owner_of"]

@@ -121,6 +121,10 @@ async def _recorded(
             recorder.finish(exchange, outcome)
 
 
+#: the span of one request of a ModelStreamInfer call (tracing on), a child of the call's
+STREAM_REQUEST_SPAN: Final = "ModelStreamInfer request"
+
+
 def _stream_exchange(request: InferenceRequest, sequence_id: str | None = None) -> Exchange:
     exchange = Exchange("grpc", "POST", STREAM_ROUTE)
     exchange.bytes = None
@@ -317,6 +321,8 @@ class TritonStream(StreamCall):
 
     async def _one(self, request: InferenceRequest, outbox: Outbox, sequence_id: str | None) -> None:
         exchange = _stream_exchange(request, sequence_id)
+        if self.recorder is not None:
+            self.recorder.traced_part(exchange, STREAM_REQUEST_SPAN)
         await _recorded(
             self.engine.infer_stream(request), self.recorder, exchange, outbox, stream_response_message
         )

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpclib.utils
 import trio_asyncio
 
+from ...tracing import TRACE
 from ..owner import OWNER
 
 # grpclib binds ``asyncio.current_task`` once, when it is imported. Imported before
@@ -32,16 +33,19 @@ T = TypeVar("T")
 
 def to_trio(afn: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
     """From asyncio: ``await to_trio(afn, *args)`` runs ``afn(*args)`` as a trio task,
-    which sees the calling task's :data:`~actorserve.transport.owner.OWNER` (trio_asyncio
-    carries no context variable over)."""
-    owner = OWNER.get()
-    if owner is not None:
-        return trio_asyncio.trio_as_aio(_as_owner)(owner, afn, *args)  # type: ignore[no-any-return]
+    which sees the calling task's :data:`~actorserve.transport.owner.OWNER` and
+    :data:`~actorserve.tracing.TRACE` (trio_asyncio carries no context variable over)."""
+    owner, traced = OWNER.get(), TRACE.get()
+    if owner is not None or traced is not None:
+        return trio_asyncio.trio_as_aio(_as_caller)(owner, traced, afn, *args)  # type: ignore[no-any-return]
     return trio_asyncio.trio_as_aio(afn)(*args)  # type: ignore[no-any-return]
 
 
-async def _as_owner(owner: str, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+async def _as_caller(
+    owner: str | None, traced: str | None, afn: Callable[..., Awaitable[T]], *args: Any
+) -> T:
     OWNER.set(owner)  # this trio task's own context: nothing else sees it
+    TRACE.set(traced)
     return await afn(*args)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
@@ -21,8 +21,14 @@ from ..auth import FORBIDDEN, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import Exchange, Recorder
 from ..owner import OWNER, owner_of
 
+if TYPE_CHECKING:
+    from ...otel import RequestSpan, RequestTracer
+
 #: The exchange of the call being served (set in the handler's asyncio task).
 CALL: Final = contextvars.ContextVar[Exchange | None]("actorserve_grpc_call", default=None)
+
+#: methods whose calls make no span (by the end of their path): probes, with no trace
+UNTRACED_METHODS: Final = ("/ServerLive", "/ServerReady", "/Ping", "/grpc.health.v1.Health/Check")
 
 #: gRPC status -> the HTTP status of the same outcome (for the metrics' ``outcome``).
 HTTP_OF: Final = {
@@ -52,6 +58,8 @@ def guarded(
         exchange = Exchange("grpc", "POST", path)
         exchange.bytes = None
         exchange.recorder = recorder
+        if recorder.tracer is not None and not path.endswith(UNTRACED_METHODS):
+            exchange.span = _call_span(recorder.tracer, path, stream)
         token = CALL.set(exchange)
         owned = OWNER.set(None)
         status = Status.OK
@@ -87,9 +95,25 @@ def guarded(
     return Handler(call, handler.cardinality, handler.request_type, handler.reply_type)
 
 
+def _call_span(tracer: RequestTracer, path: str, stream: Stream[Any, Any]) -> RequestSpan:
+    """The span of the gRPC call of method ``path``, child of the client's ``traceparent``."""
+    metadata: Any = stream.metadata or {}
+    parent, state = metadata.get("traceparent"), metadata.get("tracestate")
+    name = path.lstrip("/")
+    service, _, method = name.partition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    return tracer.start(
+        name,
+        "grpc",
+        attributes,
+        parent if isinstance(parent, str) else None,
+        state if isinstance(state, str) else None,
+    )
+
+
 def call_exchange() -> Exchange | None:
     """The exchange of the call this task serves (None outside a wrapped call)."""
     return CALL.get()
 
 
-__all__ = ["CALL", "HTTP_OF", "call_exchange", "guarded"]
+__all__ = ["CALL", "HTTP_OF", "UNTRACED_METHODS", "call_exchange", "guarded"]

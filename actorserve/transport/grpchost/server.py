@@ -20,6 +20,7 @@ import trio_asyncio
 from ...addresses import BACKLOG, log_extra_address
 from ...metrics import Metrics
 from ...settings import Settings
+from ...tracing import request_tracer
 from ..access import AccessLog
 from ..auth import Guard
 from ..exchange import Recorder
@@ -63,7 +64,8 @@ async def serve_grpc(
     them and no ``sock``, gRPC serves on them alone. ``task_status`` then gets the first
     one's address.
     """
-    host = GrpcHost(settings, Recorder(metrics if metrics is not None else Metrics(), access), guard)
+    recorder = Recorder(metrics if metrics is not None else Metrics(), access, request_tracer(settings.otel))
+    host = GrpcHost(settings, recorder, guard)
     handlers = host.handlers(doors)
     extra = dict(ports or {})
     # grpclib's close() closes the socket it serves on: give it a duplicate of the

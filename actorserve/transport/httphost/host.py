@@ -19,7 +19,7 @@ so every door's requests are in the metrics and the access log. The drain
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -34,6 +34,11 @@ from .openapi import DOCUMENT_PATH, document, host_part
 from .replies import ASGIReceive, ASGIScope, ASGISend, Reply, json_reply, send_reply
 from .target import refusal
 
+if TYPE_CHECKING:
+    from ...otel import RequestSpan, RequestTracer
+
+#: paths whose requests make no span: probes and scrapes, every few seconds, with no trace
+UNTRACED_PATHS: Final = frozenset({METRICS_PATH, "/v2/health/live", "/v2/health/ready", "/ping"})
 _UNAUTHORIZED_REPLY: Final = json_reply({"error": UNAUTHORIZED}, 401, [CHALLENGE])
 _FORBIDDEN_REPLY: Final = json_reply({"error": FORBIDDEN}, 403)
 
@@ -99,6 +104,8 @@ class HttpHost:
         path: str = scope["path"]
         exchange = Exchange("rest", scope["method"], path)
         exchange.recorder = self.recorder  # a door's model_request opens it (in flight)
+        if self.recorder.tracer is not None and path not in UNTRACED_PATHS:
+            exchange.span = _request_span(self.recorder.tracer, scope)
         scope[EXCHANGE_KEY] = exchange  # type: ignore[index]  # hypercorn's dict; what Drain reads if the shutdown ends this request
         scope[UNTIMED_RECEIVE_KEY] = receive  # type: ignore[index]  # Quart times its own body reads (BODY_TIMEOUT)
         receive = body_deadline(receive, self.settings.read_timeout)
@@ -199,6 +206,20 @@ class HttpHost:
         await send_reply(send, Reply(200, [("Content-Type", CONTENT_TYPE)], body))
 
 
+def _request_span(tracer: RequestTracer, scope: ASGIScope) -> RequestSpan:
+    """The span of the HTTP request ``scope``, child of the client's ``traceparent``."""
+    parent = state = None
+    for key, value in scope["headers"]:
+        if key == b"traceparent":
+            parent = value.decode("latin-1")
+        elif key == b"tracestate":
+            state = value.decode("latin-1")
+    method: str = scope["method"]
+    path: str = scope["path"]
+    attributes = {"http.request.method": method, "url.path": path}
+    return tracer.start(f"{method} {path}", "rest", attributes, parent, state)
+
+
 async def _only_get(scope: ASGIScope, send: ASGISend) -> bool:
     """True for a GET or HEAD; anything else is answered 405 here."""
     if scope["method"] in ("GET", "HEAD"):
@@ -217,4 +238,4 @@ async def _refuse_other(scope: ASGIScope, receive: ASGIReceive, send: ASGISend) 
             await send({"type": "websocket.close", "code": 1008, "reason": "WebSockets are not served"})
 
 
-__all__ = ["HttpHost"]
+__all__ = ["UNTRACED_PATHS", "HttpHost"]
