@@ -208,7 +208,7 @@ async def test_the_grpc_door_fills_it_from_the_message() -> None:
         },
     )
     with pytest.raises(GRPCError):
-        await service._infer(message, None)
+        await service._infer(message, None, None)
     assert recorder.seen == [RequestControl(sequence_id="g1", start=True, priority=2)]
 
 

@@ -81,7 +81,7 @@ async def test_server_made_id(autojump_clock: trio.testing.MockClock) -> None:
 
 async def test_unknown_sequence_and_conflict(autojump_clock: trio.testing.MockClock) -> None:
     async with actorserve.open_engine([recording_settings()]) as engine:
-        with pytest.raises(SequenceNotFound, match="'nope' is not open"):
+        with pytest.raises(SequenceNotFound, match="unknown sequence 'nope': it is not open"):
             await engine.infer(seq("r", "nope"))
         await engine.infer(seq("r", 7, start=True))
         with pytest.raises(SequenceConflict, match="'7' is already open"):
