@@ -7,10 +7,18 @@ request hears *why* its sequence is gone.
 
 Server-made ids carry 128 random bits (:func:`actorserve.replica.new_sequence_id`): an
 id is a bearer secret, whoever holds it may continue, end or cancel the sequence. When sequences are bound to
-tokens, a request names its ``owner`` (the fingerprint of its token): a sequence opened
-by one owner is unknown to every other (the same 404 as an id never opened), an owner
-holds at most ``max_sequences_per_token`` open sequences, and eviction makes room only
-among the sequences of the owner asking.
+tokens, a request names its ``owner`` (the fingerprint of its token) and each owner has
+an id space of its own: sequences are kept per (owner, id), so a sequence opened by one
+owner is unknown to every other (the same 404 as an id never opened) and another owner's
+start of the same id opens that owner's own sequence (never a 409 that would tell the id
+is in use). An owner holds at most ``max_sequences_per_token`` open sequences, and
+eviction makes room only among the sequences of the owner asking.
+
+The model knows a sequence by its :attr:`~.sequence.SequenceActor.model_id`, unique
+among the open sequences: the client's id when unbound, ``<id>@<first 12 hex digits of
+the owner>`` when bound (``#<n>`` added in the unlikely case that another sequence's
+model id reads the same), so two owners' sequences of one name never share a model's
+state; every answer names the client's id (see :func:`.replies.stamp`).
 """
 
 from __future__ import annotations
@@ -81,7 +89,10 @@ class Supervisor:
         self.settings = settings
         self.name = name
         self._pick_replica = pick_replica
-        self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
+        #: (owner, client id) -> its actor, least recently used first (owner None: unbound)
+        self._actors: OrderedDict[tuple[str | None, str], SequenceActor] = OrderedDict()
+        #: model id -> the same actors (what a model's eviction names)
+        self._by_model_id: dict[str, SequenceActor] = {}
         #: ended ids, to explain a late request (to its owner only)
         self._ended = EndedIds()
         #: owner -> its open sequences, least recently used first (bound to tokens only)
@@ -110,8 +121,8 @@ class Supervisor:
             len(self._actors), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
         )
 
-    def actor(self, sequence_id: str) -> SequenceActor | None:
-        return self._actors.get(sequence_id)
+    def actor(self, sequence_id: str, owner: str | None = None) -> SequenceActor | None:
+        return self._actors.get((owner, sequence_id))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -207,6 +218,9 @@ class Supervisor:
             actor = await self._open(control.sequence_id, control.owner)
         else:
             actor = self._find(control.sequence_id, control.owner)
+        params = job.item.request.parameters
+        if actor.model_id != actor.id and "sequence_id" in params:
+            params["sequence_id"] = actor.model_id  # the model sees one id for its sequence
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:
@@ -218,7 +232,7 @@ class Supervisor:
             ) from None
         if control.end:
             job.end = True
-        self._actors.move_to_end(actor.id)
+        self._actors.move_to_end((actor.owner, actor.id))
         if actor.owner is not None:
             self._owned[actor.owner].move_to_end(actor.id)
         return actor
@@ -234,11 +248,11 @@ class Supervisor:
     def _find(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:
         if sequence_id is None:
             raise SequenceNotFound("a request without sequence_start must carry a sequence_id")
-        actor = self._actors.get(sequence_id)
-        if actor is not None and actor.owner == owner:
+        actor = self._actors.get((owner, sequence_id))
+        if actor is not None:
             return actor
-        # another owner's sequence is told apart from an unknown id by nothing
-        why = self._ended.error(sequence_id, owner) if actor is None else None
+        # another owner's sequence of this id is told apart from an unknown id by nothing
+        why = self._ended.error(sequence_id, owner)
         if why is not None:
             raise why
         # never ended here: the engine names this replica (replica.not_held); never fresh state
@@ -251,12 +265,14 @@ class Supervisor:
             raise ShuttingDown(f"{self.name} is shutting down")
         if sequence_id is None:
             sequence_id = new_sequence_id()
-        elif sequence_id in self._actors:
-            if self._actors[sequence_id].ending is None:
+        key = (owner, sequence_id)
+        old = self._actors.get(key)
+        if old is not None:  # the asker's own (bound: another owner's id is free to it)
+            if old.ending is None:
                 raise SequenceConflict(f"sequence {sequence_id!r} is already open")
             # Ending (expired, ended, ...) but its actor has not finished yet: the id is
             # free again. The old actor still ends once, with its own reason.
-            self._disown(self._actors.pop(sequence_id))
+            self._unregister(old)
         owned = self._owned.get(owner) if owner is not None else None
         per_token = self.settings.max_sequences_per_token
         if owned is not None and per_token and len(owned) >= per_token:
@@ -268,21 +284,23 @@ class Supervisor:
         # sequence's state (replicas are replaced when they hang or are recycled).
         replica = self._pick_replica()
         model = replica.model if replica is not None else self.model
+        model_id = self._model_id(sequence_id, owner)
         state: Any = None
         if isinstance(model, BatchModel):
             try:
-                state = model.new_state(sequence_id)
+                state = model.new_state(model_id)
             except Exception as exc:
                 raise ModelFailed.wrap(model.name, exc, f"to start sequence {sequence_id!r}") from None
             if model.evictions.listener is None:  # woken on the event loop, from any thread
                 wake = trio.lowlevel.current_trio_token().run_sync_soon
                 model.evictions.listen(functools.partial(wake, self.evict_requested, model))
-        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner)
-        self._actors[sequence_id] = actor
+        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner, model_id)
+        self._actors[key] = actor
+        self._by_model_id[model_id] = actor
         if owner is not None:
             self._owned.setdefault(owner, OrderedDict())[sequence_id] = actor
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
-        self._ended.reopened(sequence_id)
+        self._ended.reopened(sequence_id, owner)
         self.started += 1
         if self.metrics is not None:
             self.metrics.sequences_started.inc()
@@ -293,19 +311,32 @@ class Supervisor:
         self.became_idle(actor)
         return actor
 
+    def _model_id(self, sequence_id: str, owner: str | None) -> str:
+        """The id the model will know ``owner``'s new ``sequence_id`` by: the client's
+        id when unbound, else ``<id>@<owner's first 12 hex digits>``; ``#<n>`` is added
+        while another open sequence's model id reads the same (an unbound id spelt like
+        a bound one, or two owners' fingerprints that begin alike), so a model never
+        sees two open sequences under one id. Bounded: each try skips an open one."""
+        base = sequence_id if owner is None else f"{sequence_id}@{owner[:12]}"
+        model_id, n = base, 0
+        while model_id in self._by_model_id:
+            n += 1
+            model_id = f"{base}#{n}"
+        return model_id
+
     def evict_requested(self, model: BatchModel[Any, Any]) -> None:
         """End, with reason ``evicted``, the sequences ``model`` asked to evict (see
         :meth:`BatchModel.evict_sequence`) that are still open, its own and idle; a busy
         one stays open. Runs as a ``run_sync_soon`` callback: it must not raise."""
-        for sequence_id, why in model.evictions.take().items():
-            actor = self._actors.get(sequence_id)
+        for model_id, why in model.evictions.take().items():  # the ids the model knows
+            actor = self._by_model_id.get(model_id)
             if actor is not None and actor.model is model and actor.ending is None and actor.idle:
                 try:
                     self._let_go(actor, EndReason.EVICTED, why)
                 except Exception:
-                    log.exception("%s: evicting sequence %r failed", self.name, sequence_id)
+                    log.exception("%s: evicting sequence %r failed", self.name, model_id)
 
-    def _make_room(self, candidates: Mapping[str, SequenceActor], limit: str) -> None:
+    def _make_room(self, candidates: Mapping[Any, SequenceActor], limit: str) -> None:
         """Evict the least recently used idle sequence of ``candidates`` (with
         ``evict_idle``), or refuse with :class:`Overloaded` naming ``limit``, with a
         ``retry_after`` that tells when the first of them can expire."""
@@ -365,11 +396,19 @@ class Supervisor:
             if not owned:
                 del self._owned[owner]
 
+    def _unregister(self, actor: SequenceActor) -> None:
+        """Free ``actor``'s id (and its model id) now, if they still name it."""
+        key = (actor.owner, actor.id)
+        if self._actors.get(key) is actor:
+            del self._actors[key]
+        if self._by_model_id.get(actor.model_id) is actor:
+            del self._by_model_id[actor.model_id]
+        self._disown(actor)
+
     def _let_go(self, actor: SequenceActor, reason: EndReason, detail: str | None = None) -> None:
         """Stop ``actor`` and free its id now (its request may take a step to leave the
         batch): a request for that id meanwhile hears why the sequence is gone."""
-        del self._actors[actor.id]
-        self._disown(actor)
+        self._unregister(actor)
         why = actor.ending or reason  # ``ending`` first: it may settle ``ended``
         actor.stop(reason, detail=detail)
         self._ended.remember(actor.id, why, actor.owner, actor.end_detail)
@@ -377,10 +416,8 @@ class Supervisor:
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         self._pinned[actor.replica] -= 1
-        if self._actors.get(actor.id) is actor:
-            del self._actors[actor.id]
-        self._disown(actor)
-        if actor.id not in self._actors:  # not opened again meanwhile
+        self._unregister(actor)
+        if (actor.owner, actor.id) not in self._actors:  # not opened again meanwhile
             self._ended.remember(actor.id, reason, actor.owner, actor.end_detail)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1
