@@ -164,7 +164,9 @@ def total(response: actorserve.InferenceResponse) -> int:
     return int(response.outputs[1].data[-1])
 
 
-def counted(request_id: str, sid: str, owner: str, n_tokens: int, **flags: Any) -> actorserve.InferenceRequest:
+def counted(
+    request_id: str, sid: str, owner: str, n_tokens: int, **flags: Any
+) -> actorserve.InferenceRequest:
     """A request of ``owner``'s sequence ``sid`` that adds ``n_tokens`` to its count."""
     made = seq(request_id, sid, owner=owner, **flags)
     made.parameters["n_tokens"] = n_tokens
