@@ -8,17 +8,12 @@ request hears *why* its sequence is gone.
 Server-made ids carry 128 random bits (:func:`actorserve.replica.new_sequence_id`): an
 id is a bearer secret, whoever holds it may continue, end or cancel the sequence. When sequences are bound to
 tokens, a request names its ``owner`` (the fingerprint of its token) and each owner has
-an id space of its own: sequences are kept per (owner, id), so a sequence opened by one
-owner is unknown to every other (the same 404 as an id never opened) and another owner's
-start of the same id opens that owner's own sequence (never a 409 that would tell the id
-is in use). An owner holds at most ``max_sequences_per_token`` open sequences, and
-eviction makes room only among the sequences of the owner asking.
-
-The model knows a sequence by its :attr:`~.sequence.SequenceActor.model_id`, unique
-among the open sequences: the client's id when unbound, ``<id>@<first 12 hex digits of
-the owner>`` when bound (``#<n>`` added in the unlikely case that another sequence's
-model id reads the same), so two owners' sequences of one name never share a model's
-state; every answer names the client's id (see :func:`.replies.stamp`).
+an id space of its own (:mod:`.registry`: sequences are kept per (owner, id), the model
+knows each by an id unique per (owner, id)): a sequence opened by one owner is unknown
+to every other (the same 404 as an id never opened), and another owner's start of the
+same id opens that owner's own sequence (never a 409 that would tell the id is in use).
+An owner holds at most ``max_sequences_per_token`` open sequences, and eviction makes
+room only among the sequences of the owner asking.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ import functools
 import itertools
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
@@ -50,6 +44,7 @@ from ..replica import new_sequence_id
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
 from .ended import EndedIds
+from .registry import SequenceIds
 from .sequence import Job, SequenceActor, ended
 
 log = logging.getLogger(__name__)
@@ -89,14 +84,9 @@ class Supervisor:
         self.settings = settings
         self.name = name
         self._pick_replica = pick_replica
-        #: (owner, client id) -> its actor, least recently used first (owner None: unbound)
-        self._actors: OrderedDict[tuple[str | None, str], SequenceActor] = OrderedDict()
-        #: model id -> the same actors (what a model's eviction names)
-        self._by_model_id: dict[str, SequenceActor] = {}
+        self._ids = SequenceIds()
         #: ended ids, to explain a late request (to its owner only)
         self._ended = EndedIds()
-        #: owner -> its open sequences, least recently used first (bound to tokens only)
-        self._owned: dict[str, OrderedDict[str, SequenceActor]] = {}
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self.started = 0
@@ -111,18 +101,18 @@ class Supervisor:
         self._reaper_wake = trio.Event()
 
     def __len__(self) -> int:
-        return len(self._actors)
+        return len(self._ids)
 
     def statistics(self) -> SupervisorStatistics:
         """Counters; ``queued`` walks every open sequence (fine for an occasional look,
         not for every request)."""
-        queued = sum(len(actor.mailbox) for actor in self._actors.values())
+        queued = sum(len(actor.mailbox) for actor in self._ids.actors())
         return SupervisorStatistics(
-            len(self._actors), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
+            len(self._ids), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
         )
 
     def actor(self, sequence_id: str, owner: str | None = None) -> SequenceActor | None:
-        return self._actors.get((owner, sequence_id))
+        return self._ids.get(sequence_id, owner)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -137,7 +127,7 @@ class Supervisor:
 
     def _schedule(self, when: float, actor: SequenceActor, max_duration: bool) -> None:
         heap = self._deadlines
-        if len(heap) > 2 * len(self._actors) + COMPACT_SLACK:
+        if len(heap) > 2 * len(self._ids) + COMPACT_SLACK:
             # the deadlines of ended sequences (at most 2 per open one otherwise) would
             # keep their actors, states and mailboxes alive until they are due: with a
             # 600 s idle timeout, RSS grew by ~0.7 KiB per sequence for 10 minutes
@@ -194,7 +184,7 @@ class Supervisor:
 
     def pinned(self, replica: ContinuousBatcher) -> list[SequenceActor]:
         """The open sequences whose requests ``replica`` steps."""
-        return [actor for actor in self._actors.values() if actor.replica is replica]
+        return [actor for actor in self._ids.actors() if actor.replica is replica]
 
     def end_pinned(self, replica: ContinuousBatcher, reason: EndReason, *, graceful: bool) -> None:
         """End the sequences pinned to ``replica`` (being removed) with ``reason``;
@@ -205,7 +195,7 @@ class Supervisor:
     def end_all(self, reason: EndReason) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
         self._closing = True
-        for actor in list(self._actors.values()):
+        for actor in list(self._ids.actors()):
             actor.stop(reason)
 
     async def submit(self, job: Job, control: RequestControl) -> SequenceActor:
@@ -232,9 +222,7 @@ class Supervisor:
             ) from None
         if control.end:
             job.end = True
-        self._actors.move_to_end((actor.owner, actor.id))
-        if actor.owner is not None:
-            self._owned[actor.owner].move_to_end(actor.id)
+        self._ids.touch(actor)
         return actor
 
     def cancel(self, sequence_id: str | None, owner: str | None = None) -> str:
@@ -248,7 +236,7 @@ class Supervisor:
     def _find(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:
         if sequence_id is None:
             raise SequenceNotFound("a request without sequence_start must carry a sequence_id")
-        actor = self._actors.get((owner, sequence_id))
+        actor = self._ids.get(sequence_id, owner)
         if actor is not None:
             return actor
         # another owner's sequence of this id is told apart from an unknown id by nothing
@@ -265,26 +253,24 @@ class Supervisor:
             raise ShuttingDown(f"{self.name} is shutting down")
         if sequence_id is None:
             sequence_id = new_sequence_id()
-        key = (owner, sequence_id)
-        old = self._actors.get(key)
+        old = self._ids.get(sequence_id, owner)
         if old is not None:  # the asker's own (bound: another owner's id is free to it)
             if old.ending is None:
                 raise SequenceConflict(f"sequence {sequence_id!r} is already open")
             # Ending (expired, ended, ...) but its actor has not finished yet: the id is
             # free again. The old actor still ends once, with its own reason.
-            self._unregister(old)
-        owned = self._owned.get(owner) if owner is not None else None
+            self._ids.remove(old)
         per_token = self.settings.max_sequences_per_token
-        if owned is not None and per_token and len(owned) >= per_token:
-            self._make_room(owned, "max_sequences_per_token")
-        elif len(self._actors) >= self.settings.max_sequences:
+        if owner is not None and per_token and self._ids.held_by(owner) >= per_token:
+            self._make_room(self._ids.least_recently_used(owner), "max_sequences_per_token")
+        elif len(self._ids) >= self.settings.max_sequences:
             # bound to tokens: room is made among the asker's own sequences only
-            self._make_room(self._actors if owner is None else owned or {}, "max_sequences")
+            self._make_room(self._ids.least_recently_used(owner), "max_sequences")
         # The replica first: its own model instance makes, begins and ends the
         # sequence's state (replicas are replaced when they hang or are recycled).
         replica = self._pick_replica()
         model = replica.model if replica is not None else self.model
-        model_id = self._model_id(sequence_id, owner)
+        model_id = self._ids.model_id(sequence_id, owner)
         state: Any = None
         if isinstance(model, BatchModel):
             try:
@@ -294,11 +280,10 @@ class Supervisor:
             if model.evictions.listener is None:  # woken on the event loop, from any thread
                 wake = trio.lowlevel.current_trio_token().run_sync_soon
                 model.evictions.listen(functools.partial(wake, self.evict_requested, model))
-        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner, model_id)
-        self._actors[key] = actor
-        self._by_model_id[model_id] = actor
-        if owner is not None:
-            self._owned.setdefault(owner, OrderedDict())[sequence_id] = actor
+        actor = SequenceActor(
+            sequence_id, self, model, replica, self.settings.max_queue, state, owner, model_id
+        )
+        self._ids.add(actor)
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
         self._ended.reopened(sequence_id, owner)
         self.started += 1
@@ -311,37 +296,24 @@ class Supervisor:
         self.became_idle(actor)
         return actor
 
-    def _model_id(self, sequence_id: str, owner: str | None) -> str:
-        """The id the model will know ``owner``'s new ``sequence_id`` by: the client's
-        id when unbound, else ``<id>@<owner's first 12 hex digits>``; ``#<n>`` is added
-        while another open sequence's model id reads the same (an unbound id spelt like
-        a bound one, or two owners' fingerprints that begin alike), so a model never
-        sees two open sequences under one id. Bounded: each try skips an open one."""
-        base = sequence_id if owner is None else f"{sequence_id}@{owner[:12]}"
-        model_id, n = base, 0
-        while model_id in self._by_model_id:
-            n += 1
-            model_id = f"{base}#{n}"
-        return model_id
-
     def evict_requested(self, model: BatchModel[Any, Any]) -> None:
         """End, with reason ``evicted``, the sequences ``model`` asked to evict (see
         :meth:`BatchModel.evict_sequence`) that are still open, its own and idle; a busy
         one stays open. Runs as a ``run_sync_soon`` callback: it must not raise."""
         for model_id, why in model.evictions.take().items():  # the ids the model knows
-            actor = self._by_model_id.get(model_id)
+            actor = self._ids.by_model_id(model_id)
             if actor is not None and actor.model is model and actor.ending is None and actor.idle:
                 try:
                     self._let_go(actor, EndReason.EVICTED, why)
                 except Exception:
                     log.exception("%s: evicting sequence %r failed", self.name, model_id)
 
-    def _make_room(self, candidates: Mapping[Any, SequenceActor], limit: str) -> None:
+    def _make_room(self, candidates: Collection[SequenceActor], limit: str) -> None:
         """Evict the least recently used idle sequence of ``candidates`` (with
         ``evict_idle``), or refuse with :class:`Overloaded` naming ``limit``, with a
         ``retry_after`` that tells when the first of them can expire."""
         if self.settings.evict_idle:
-            for actor in candidates.values():  # least recently used first
+            for actor in candidates:  # least recently used first
                 if actor.idle:
                     self._let_go(actor, EndReason.EVICTED)
                     return
@@ -350,7 +322,7 @@ class Supervisor:
             retry_after = self._retry_after_all()
         else:
             what = f"this token holds {self.settings.max_sequences_per_token} open sequences ({limit})"
-            retry_after = self._retry_after_of(candidates.values())
+            retry_after = self._retry_after_of(candidates)
         raise Overloaded(f"{self.name}: {what}", retry_after=retry_after, bound="max_sequences")
 
     def _retry_after_all(self) -> int:
@@ -387,28 +359,10 @@ class Supervisor:
                 due = min(due, actor.idle_since + settings.idle_timeout_ms / 1000)
         return _seconds_until(due)
 
-    def _disown(self, actor: SequenceActor) -> None:
-        """``actor`` no longer counts for its owner (its id was freed)."""
-        owner = actor.owner
-        owned = self._owned.get(owner) if owner is not None else None
-        if owner is not None and owned is not None and owned.get(actor.id) is actor:
-            del owned[actor.id]
-            if not owned:
-                del self._owned[owner]
-
-    def _unregister(self, actor: SequenceActor) -> None:
-        """Free ``actor``'s id (and its model id) now, if they still name it."""
-        key = (actor.owner, actor.id)
-        if self._actors.get(key) is actor:
-            del self._actors[key]
-        if self._by_model_id.get(actor.model_id) is actor:
-            del self._by_model_id[actor.model_id]
-        self._disown(actor)
-
     def _let_go(self, actor: SequenceActor, reason: EndReason, detail: str | None = None) -> None:
         """Stop ``actor`` and free its id now (its request may take a step to leave the
         batch): a request for that id meanwhile hears why the sequence is gone."""
-        self._unregister(actor)
+        self._ids.remove(actor)
         why = actor.ending or reason  # ``ending`` first: it may settle ``ended``
         actor.stop(reason, detail=detail)
         self._ended.remember(actor.id, why, actor.owner, actor.end_detail)
@@ -416,8 +370,8 @@ class Supervisor:
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         self._pinned[actor.replica] -= 1
-        self._unregister(actor)
-        if (actor.owner, actor.id) not in self._actors:  # not opened again meanwhile
+        self._ids.remove(actor)
+        if self._ids.get(actor.id, actor.owner) is None:  # not opened again meanwhile
             self._ended.remember(actor.id, reason, actor.owner, actor.end_detail)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1

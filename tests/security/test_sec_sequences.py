@@ -290,3 +290,29 @@ def test_binding_needs_auth_inference() -> None:
     with pytest.raises(BadSetting, match="bind_sequences_to_token needs auth_inference"):
         Settings(bind_sequences_to_token=True)
     assert Settings(bind_sequences_to_token=True, auth_inference=True, token="t").bind_sequences_to_token
+
+
+async def test_a_model_never_sees_two_open_sequences_under_one_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An unbound id spelt like a bound sequence's model id, or two owners whose
+    fingerprints begin alike, still give the model distinct ids (``#<n>`` added)."""
+    a, a2 = "a" * 32, "a" * 12 + "f" * 20
+    async with actorserve.open_engine([recording_settings()]) as engine:
+        await engine.infer(seq("1", "s", owner=a, start=True))
+        await engine.infer(seq("2", f"s@{a[:12]}", start=True))
+        await engine.infer(seq("3", "s", owner=a2, start=True))
+        totals = [
+            total(await engine.infer(seq(f"again{i}", sid, owner=owner)))
+            for i, (sid, owner) in enumerate([("s", a), (f"s@{a[:12]}", None), ("s", a2), ("s", a)])
+        ]
+        model = engine.model("rec")
+        assert isinstance(model, RecordingModel)
+        assert model.states == [f"s@{a[:12]}", f"s@{a[:12]}#1", f"s@{a[:12]}#2"]
+        # an eviction names the model's id: it ends that one sequence only
+        assert model.evict_sequence(f"s@{a[:12]}#1", "test")
+        await trio.sleep(0)
+        with pytest.raises(SequenceNotFound, match=r"'s@aaaaaaaaaaaa' was evicted \(test\)"):
+            await engine.infer(seq("late", f"s@{a[:12]}"))
+        assert total(await engine.infer(seq("on", "s", owner=a))) == 4
+    assert totals == [2, 2, 2, 3]
