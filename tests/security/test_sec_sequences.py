@@ -311,7 +311,7 @@ async def test_a_model_never_sees_two_open_sequences_under_one_id(
         assert model.states == [f"s@{a[:12]}", f"s@{a[:12]}#1", f"s@{a[:12]}#2"]
         # an eviction names the model's id: it ends that one sequence only
         assert model.evict_sequence(f"s@{a[:12]}#1", "test")
-        await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(SequenceNotFound, match=r"'s@aaaaaaaaaaaa' was evicted \(test\)"):
             await engine.infer(seq("late", f"s@{a[:12]}"))
         assert total(await engine.infer(seq("on", "s", owner=a))) == 4

@@ -468,3 +468,40 @@ async def test_two_tokens_open_one_id_apart_on_torchserve(nursery: trio.Nursery,
     as_held = {k: "s" if v == "t" else v for k, v in never.headers.items() if k != "date"}
     assert {k: v for k, v in held.headers.items() if k != "date"} == as_held
     assert held.headers["ts_request_sequence_end"] == "s"  # the handler's echo, the client's id
+
+
+async def test_two_tokens_chat_under_one_id_on_the_openai_api(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The OpenAI door: each token's chat sequence "s" is its own (the text model keeps
+    two conversations), the ``sequence-id`` header and ``sequence_id`` field name "s",
+    and a third token is told what an id nobody holds is told."""
+    text_model = tuple(m for m in builtin_settings() if m.name == "text")
+    settings = rest_settings(
+        models=text_model,
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=token_file(tmp_path),
+    )
+    server: Server = await nursery.start(partial(serve, settings))
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+
+        async def chat(headers: dict[str, str], content: str, sid: str, **extra: Any) -> httpx.Response:
+            body = {"model": "text", "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+            return await client.post(
+                "/v1/chat/completions", json={**body, **extra}, headers={**headers, "sequence-id": sid}
+            )
+
+        opened = [
+            await chat(ALICE, "Speak, friend.", "s", sequence_start=True, seed=2),
+            await chat(BOB, "Who is there?", "s", sequence_start=True, seed=2),
+            await chat(ALICE, "Whither?", "s", seed=2),
+        ]
+        held, never = await chat(CAROL, "Hello", "s"), await chat(CAROL, "Hello", "t")
+    for reply in opened:
+        assert reply.status_code == 200, reply.text
+        assert (reply.headers["sequence-id"], reply.json()["sequence_id"]) == ("s", "s")
+        assert "@" not in reply.text
+    # Alice's second turn was read against her own conversation, not Bob's
+    assert opened[2].json()["usage"]["prompt_tokens"] == len("USER:\nWhither?\n\nASSISTANT:\n")
+    assert held.status_code == never.status_code == 404
+    assert held.content == never.content.replace(b"'t'", b"'s'")
