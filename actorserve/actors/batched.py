@@ -51,20 +51,24 @@ class ItemResponses(ResponseIterator):
     def sequence_id(self) -> str | None:
         return self._item.sequence_id
 
+    @property
+    def model_sequence_id(self) -> str | None:
+        return self._item.model_sequence_id
+
     def __aiter__(self) -> ItemResponses:
         return self
 
     async def __anext__(self) -> InferenceResponse:
         item = self._item
-        return stamp(await item.next_reply(), item.request.id, item.sequence_id)
+        return stamp(await item.next_reply(), item.request.id, item.sequence_id, item.model_sequence_id)
 
     async def next_batch(self) -> list[InferenceResponse]:
         """The next response and every one already buffered behind it (not those that
         arrive while they are taken: a batch is bounded by the reply buffer)."""
         item = self._item
-        request_id, sequence_id = item.request.id, item.sequence_id
+        request_id, sequence_id, model_id = item.request.id, item.sequence_id, item.model_sequence_id
         batch = [await item.next_reply(), *item.take_waiting()]
-        return [stamp(response, request_id, sequence_id) for response in batch]
+        return [stamp(response, request_id, sequence_id, model_id) for response in batch]
 
 
 class BatchedRunner:
@@ -99,7 +103,7 @@ class BatchedRunner:
         if control.stateful:
             item = new_item(request, self.settings.reply_buffer)
             actor = await self.supervisor.submit(Job(item), control)
-            item.sequence_id = actor.id
+            item.sequence_id, item.model_sequence_id = actor.id, actor.model_id
             return item
         if self.model.requires_sequence:
             raise BadInput(
@@ -132,7 +136,8 @@ class BatchedRunner:
         async with self.infer_stream(request, control) as stream:
             responses = [r async for r in stream]
         assert isinstance(stream, ItemResponses)
-        return stamp(self.model.merge(request, responses), request.id, stream.sequence_id)
+        merged = self.model.merge(request, responses)
+        return stamp(merged, request.id, stream.sequence_id, stream.model_sequence_id)
 
     def _watch_leftover(self, item: WorkItem) -> None:
         if self.closed:  # the batchers are gone: they failed every item they held

@@ -200,7 +200,7 @@ class PlainRunner:
         item = new_item(request, self.settings.reply_buffer)
         job = Job(item, turn=trio.Event())
         actor = await self.supervisor.submit(job, control)
-        item.sequence_id = actor.id
+        item.sequence_id, item.model_sequence_id = actor.id, actor.model_id
         assert job.turn is not None
         try:
             await job.turn.wait()
@@ -247,6 +247,7 @@ class PlainRunner:
         timeout = model.step_timeout
         slack = 0.0 if timeout is None else timeout * DEADLINE_SLACK
         sequence_id = item.sequence_id if item is not None else None
+        model_id = item.model_sequence_id if item is not None else None
         name = self.settings.name
         current_time = trio.current_time
         async with aclosing(model.predict_stream(_one(request))) as responses:  # type: ignore[type-var]
@@ -273,7 +274,7 @@ class PlainRunner:
                         raise malformed(name, problem)
                     if item is not None and item.cancelled:
                         raise SequenceNotFound(f"sequence {sequence_id!r} was cancelled")
-                    out.put(stamp(response, request.id, sequence_id), now)
+                    out.put(stamp(response, request.id, sequence_id, model_id), now)
                     if out.due(now):
                         if armed != -math.inf:  # the reader's pace is not the model's
                             steps.deadline, armed = math.inf, -math.inf
@@ -292,7 +293,8 @@ class PlainRunner:
             raise
         model = self.replicas[index]
         try:
-            return stamp(await self._call(model, model.predict(request)), request.id, item.sequence_id)
+            response = await self._call(model, model.predict(request))
+            return stamp(response, request.id, item.sequence_id, item.model_sequence_id)
         except ModelFailed as exc:
             item.fail(exc)  # the sequence ends (failed): its state is suspect
             raise

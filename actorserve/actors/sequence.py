@@ -76,6 +76,7 @@ class SequenceActor:
         "idle_since",
         "mailbox",
         "model",
+        "model_id",
         "opened_at",
         "owner",
         "replica",
@@ -93,10 +94,15 @@ class SequenceActor:
         max_queue: int,
         state: Any = None,
         owner: str | None = None,
+        model_id: str | None = None,
     ) -> None:
+        #: the id its client named (every answer and error names this one)
         self.id = sequence_id
         #: the fingerprint of the token that opened it (bound to tokens), else None
         self.owner = owner
+        #: the id the model knows it by (``new_state``, evictions): unique per (owner,
+        #: id), so two owners' sequences of one name never share a model's state
+        self.model_id = sequence_id if model_id is None else model_id
         self.supervisor = supervisor
         self.model = model
         self.replica = replica
@@ -147,6 +153,13 @@ class SequenceActor:
             self.current.item.cancel(self._why())
         for item in list(self.streaming):
             item.cancel(self._why())
+
+    def _as_client(self, exc: ActorServeError) -> ActorServeError:
+        """``exc`` (the model's), naming the client's id where it named the model's."""
+        model_id = self.model_id
+        if model_id != self.id and exc.args and isinstance(exc.args[0], str) and model_id in exc.args[0]:
+            exc.args = (exc.args[0].replace(model_id, self.id), *exc.args[1:])
+        return exc
 
     def _why(self) -> SequenceNotFound:
         return ended(self.id, self.end_reason or EndReason.ENDED, self.end_detail)
@@ -217,7 +230,7 @@ class SequenceActor:
                 await model.prepare(item.request, state)
                 item.work = model.begin(item.request, state)
             except ActorServeError as exc:
-                item.fail(exc)  # a bad request fails itself, not the sequence
+                item.fail(self._as_client(exc))  # a bad request fails itself, not the sequence
                 return
             assert self.replica is not None
             if model.sequence_overlap:

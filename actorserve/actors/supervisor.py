@@ -7,10 +7,13 @@ request hears *why* its sequence is gone.
 
 Server-made ids carry 128 random bits (:func:`actorserve.replica.new_sequence_id`): an
 id is a bearer secret, whoever holds it may continue, end or cancel the sequence. When sequences are bound to
-tokens, a request names its ``owner`` (the fingerprint of its token): a sequence opened
-by one owner is unknown to every other (the same 404 as an id never opened), an owner
-holds at most ``max_sequences_per_token`` open sequences, and eviction makes room only
-among the sequences of the owner asking.
+tokens, a request names its ``owner`` (the fingerprint of its token) and each owner has
+an id space of its own (:mod:`.registry`: sequences are kept per (owner, id), the model
+knows each by an id unique per (owner, id)): a sequence opened by one owner is unknown
+to every other (the same 404 as an id never opened), and another owner's start of the
+same id opens that owner's own sequence (never a 409 that would tell the id is in use).
+An owner holds at most ``max_sequences_per_token`` open sequences, and eviction makes
+room only among the sequences of the owner asking.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import functools
 import itertools
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
@@ -42,6 +44,7 @@ from ..replica import new_sequence_id
 from ..settings import SequenceSettings
 from .batcher import ContinuousBatcher
 from .ended import EndedIds
+from .registry import SequenceIds
 from .sequence import Job, SequenceActor, ended
 
 log = logging.getLogger(__name__)
@@ -81,11 +84,9 @@ class Supervisor:
         self.settings = settings
         self.name = name
         self._pick_replica = pick_replica
-        self._actors: OrderedDict[str, SequenceActor] = OrderedDict()
+        self._ids = SequenceIds()
         #: ended ids, to explain a late request (to its owner only)
         self._ended = EndedIds()
-        #: owner -> its open sequences, least recently used first (bound to tokens only)
-        self._owned: dict[str, OrderedDict[str, SequenceActor]] = {}
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self.started = 0
@@ -100,18 +101,18 @@ class Supervisor:
         self._reaper_wake = trio.Event()
 
     def __len__(self) -> int:
-        return len(self._actors)
+        return len(self._ids)
 
     def statistics(self) -> SupervisorStatistics:
         """Counters; ``queued`` walks every open sequence (fine for an occasional look,
         not for every request)."""
-        queued = sum(len(actor.mailbox) for actor in self._actors.values())
+        queued = sum(len(actor.mailbox) for actor in self._ids.actors())
         return SupervisorStatistics(
-            len(self._actors), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
+            len(self._ids), self.settings.max_sequences, self.started, queued, dict(self.ended_by_reason)
         )
 
-    def actor(self, sequence_id: str) -> SequenceActor | None:
-        return self._actors.get(sequence_id)
+    def actor(self, sequence_id: str, owner: str | None = None) -> SequenceActor | None:
+        return self._ids.get(sequence_id, owner)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -126,7 +127,7 @@ class Supervisor:
 
     def _schedule(self, when: float, actor: SequenceActor, max_duration: bool) -> None:
         heap = self._deadlines
-        if len(heap) > 2 * len(self._actors) + COMPACT_SLACK:
+        if len(heap) > 2 * len(self._ids) + COMPACT_SLACK:
             # the deadlines of ended sequences (at most 2 per open one otherwise) would
             # keep their actors, states and mailboxes alive until they are due: with a
             # 600 s idle timeout, RSS grew by ~0.7 KiB per sequence for 10 minutes
@@ -183,7 +184,7 @@ class Supervisor:
 
     def pinned(self, replica: ContinuousBatcher) -> list[SequenceActor]:
         """The open sequences whose requests ``replica`` steps."""
-        return [actor for actor in self._actors.values() if actor.replica is replica]
+        return [actor for actor in self._ids.actors() if actor.replica is replica]
 
     def end_pinned(self, replica: ContinuousBatcher, reason: EndReason, *, graceful: bool) -> None:
         """End the sequences pinned to ``replica`` (being removed) with ``reason``;
@@ -194,7 +195,7 @@ class Supervisor:
     def end_all(self, reason: EndReason) -> None:
         """End every open sequence with ``reason`` and accept no new ones."""
         self._closing = True
-        for actor in list(self._actors.values()):
+        for actor in list(self._ids.actors()):
             actor.stop(reason)
 
     async def submit(self, job: Job, control: RequestControl) -> SequenceActor:
@@ -207,6 +208,9 @@ class Supervisor:
             actor = await self._open(control.sequence_id, control.owner)
         else:
             actor = self._find(control.sequence_id, control.owner)
+        params = job.item.request.parameters
+        if actor.model_id != actor.id and "sequence_id" in params:
+            params["sequence_id"] = actor.model_id  # the model sees one id for its sequence
         try:
             actor.deliver(job)
         except trio.ClosedResourceError:
@@ -218,9 +222,7 @@ class Supervisor:
             ) from None
         if control.end:
             job.end = True
-        self._actors.move_to_end(actor.id)
-        if actor.owner is not None:
-            self._owned[actor.owner].move_to_end(actor.id)
+        self._ids.touch(actor)
         return actor
 
     def cancel(self, sequence_id: str | None, owner: str | None = None) -> str:
@@ -234,11 +236,11 @@ class Supervisor:
     def _find(self, sequence_id: str | None, owner: str | None = None) -> SequenceActor:
         if sequence_id is None:
             raise SequenceNotFound("a request without sequence_start must carry a sequence_id")
-        actor = self._actors.get(sequence_id)
-        if actor is not None and actor.owner == owner:
+        actor = self._ids.get(sequence_id, owner)
+        if actor is not None:
             return actor
-        # another owner's sequence is told apart from an unknown id by nothing
-        why = self._ended.error(sequence_id, owner) if actor is None else None
+        # another owner's sequence of this id is told apart from an unknown id by nothing
+        why = self._ended.error(sequence_id, owner)
         if why is not None:
             raise why
         # never ended here: the engine names this replica (replica.not_held); never fresh state
@@ -251,38 +253,39 @@ class Supervisor:
             raise ShuttingDown(f"{self.name} is shutting down")
         if sequence_id is None:
             sequence_id = new_sequence_id()
-        elif sequence_id in self._actors:
-            if self._actors[sequence_id].ending is None:
+        old = self._ids.get(sequence_id, owner)
+        if old is not None:  # the asker's own (bound: another owner's id is free to it)
+            if old.ending is None:
                 raise SequenceConflict(f"sequence {sequence_id!r} is already open")
             # Ending (expired, ended, ...) but its actor has not finished yet: the id is
             # free again. The old actor still ends once, with its own reason.
-            self._disown(self._actors.pop(sequence_id))
-        owned = self._owned.get(owner) if owner is not None else None
+            self._ids.remove(old)
         per_token = self.settings.max_sequences_per_token
-        if owned is not None and per_token and len(owned) >= per_token:
-            self._make_room(owned, "max_sequences_per_token")
-        elif len(self._actors) >= self.settings.max_sequences:
+        if owner is not None and per_token and self._ids.held_by(owner) >= per_token:
+            self._make_room(self._ids.least_recently_used(owner), "max_sequences_per_token")
+        elif len(self._ids) >= self.settings.max_sequences:
             # bound to tokens: room is made among the asker's own sequences only
-            self._make_room(self._actors if owner is None else owned or {}, "max_sequences")
+            self._make_room(self._ids.least_recently_used(owner), "max_sequences")
         # The replica first: its own model instance makes, begins and ends the
         # sequence's state (replicas are replaced when they hang or are recycled).
         replica = self._pick_replica()
         model = replica.model if replica is not None else self.model
+        model_id = self._ids.model_id(sequence_id, owner)
         state: Any = None
         if isinstance(model, BatchModel):
             try:
-                state = model.new_state(sequence_id)
+                state = model.new_state(model_id)
             except Exception as exc:
                 raise ModelFailed.wrap(model.name, exc, f"to start sequence {sequence_id!r}") from None
             if model.evictions.listener is None:  # woken on the event loop, from any thread
                 wake = trio.lowlevel.current_trio_token().run_sync_soon
                 model.evictions.listen(functools.partial(wake, self.evict_requested, model))
-        actor = SequenceActor(sequence_id, self, model, replica, self.settings.max_queue, state, owner)
-        self._actors[sequence_id] = actor
-        if owner is not None:
-            self._owned.setdefault(owner, OrderedDict())[sequence_id] = actor
+        actor = SequenceActor(
+            sequence_id, self, model, replica, self.settings.max_queue, state, owner, model_id
+        )
+        self._ids.add(actor)
         self._pinned[actor.replica] = self._pinned.get(actor.replica, 0) + 1
-        self._ended.reopened(sequence_id)
+        self._ended.reopened(sequence_id, owner)
         self.started += 1
         if self.metrics is not None:
             self.metrics.sequences_started.inc()
@@ -297,20 +300,20 @@ class Supervisor:
         """End, with reason ``evicted``, the sequences ``model`` asked to evict (see
         :meth:`BatchModel.evict_sequence`) that are still open, its own and idle; a busy
         one stays open. Runs as a ``run_sync_soon`` callback: it must not raise."""
-        for sequence_id, why in model.evictions.take().items():
-            actor = self._actors.get(sequence_id)
+        for model_id, why in model.evictions.take().items():  # the ids the model knows
+            actor = self._ids.by_model_id(model_id)
             if actor is not None and actor.model is model and actor.ending is None and actor.idle:
                 try:
                     self._let_go(actor, EndReason.EVICTED, why)
                 except Exception:
-                    log.exception("%s: evicting sequence %r failed", self.name, sequence_id)
+                    log.exception("%s: evicting sequence %r failed", self.name, model_id)
 
-    def _make_room(self, candidates: Mapping[str, SequenceActor], limit: str) -> None:
+    def _make_room(self, candidates: Collection[SequenceActor], limit: str) -> None:
         """Evict the least recently used idle sequence of ``candidates`` (with
         ``evict_idle``), or refuse with :class:`Overloaded` naming ``limit``, with a
         ``retry_after`` that tells when the first of them can expire."""
         if self.settings.evict_idle:
-            for actor in candidates.values():  # least recently used first
+            for actor in candidates:  # least recently used first
                 if actor.idle:
                     self._let_go(actor, EndReason.EVICTED)
                     return
@@ -319,7 +322,7 @@ class Supervisor:
             retry_after = self._retry_after_all()
         else:
             what = f"this token holds {self.settings.max_sequences_per_token} open sequences ({limit})"
-            retry_after = self._retry_after_of(candidates.values())
+            retry_after = self._retry_after_of(candidates)
         raise Overloaded(f"{self.name}: {what}", retry_after=retry_after, bound="max_sequences")
 
     def _retry_after_all(self) -> int:
@@ -356,20 +359,10 @@ class Supervisor:
                 due = min(due, actor.idle_since + settings.idle_timeout_ms / 1000)
         return _seconds_until(due)
 
-    def _disown(self, actor: SequenceActor) -> None:
-        """``actor`` no longer counts for its owner (its id was freed)."""
-        owner = actor.owner
-        owned = self._owned.get(owner) if owner is not None else None
-        if owner is not None and owned is not None and owned.get(actor.id) is actor:
-            del owned[actor.id]
-            if not owned:
-                del self._owned[owner]
-
     def _let_go(self, actor: SequenceActor, reason: EndReason, detail: str | None = None) -> None:
         """Stop ``actor`` and free its id now (its request may take a step to leave the
         batch): a request for that id meanwhile hears why the sequence is gone."""
-        del self._actors[actor.id]
-        self._disown(actor)
+        self._ids.remove(actor)
         why = actor.ending or reason  # ``ending`` first: it may settle ``ended``
         actor.stop(reason, detail=detail)
         self._ended.remember(actor.id, why, actor.owner, actor.end_detail)
@@ -377,10 +370,8 @@ class Supervisor:
     def forget(self, actor: SequenceActor, reason: EndReason) -> None:
         """Called by an actor as it ends (exactly once)."""
         self._pinned[actor.replica] -= 1
-        if self._actors.get(actor.id) is actor:
-            del self._actors[actor.id]
-        self._disown(actor)
-        if actor.id not in self._actors:  # not opened again meanwhile
+        self._ids.remove(actor)
+        if self._ids.get(actor.id, actor.owner) is None:  # not opened again meanwhile
             self._ended.remember(actor.id, reason, actor.owner, actor.end_detail)
         key = reason.value
         self.ended_by_reason[key] = self.ended_by_reason.get(key, 0) + 1

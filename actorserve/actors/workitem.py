@@ -33,7 +33,10 @@ class WorkItem:
 
     request: InferenceRequest
     replies: Mailbox[InferenceResponse]
+    #: its sequence's id as its client named it (what its answers say)
     sequence_id: str | None = None
+    #: the id the model knows that sequence by (differs when bound to a token)
+    model_sequence_id: str | None = None
     work: Any = None
     batcher: ItemOwner | None = None
     cancelled: bool = False
@@ -75,7 +78,10 @@ class WorkItem:
     def exclusive_key(self) -> str | None:
         """What the scheduler keeps from running together with this item: its sequence,
         unless the sequence lets requests overlap (its actor then orders them)."""
-        return None if self.progressed is not None else self.sequence_id
+        if self.progressed is not None:
+            return None
+        # the model's id: two owners' sequences of one name are two sequences
+        return self.sequence_id if self.model_sequence_id is None else self.model_sequence_id
 
     def cancel(self, error: BaseException | None = None) -> None:
         """Leave the batch at the next step: the caller went away or, with ``error``,

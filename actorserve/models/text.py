@@ -122,8 +122,9 @@ class TextModel(BatchModel[TextState, Generation]):
     def on_sequence_end(self, state: TextState, reason: str) -> None:
         state.hidden = None
         state.pending = []
-        if state.sequence_id is not None:
-            self.sequences.pop(state.sequence_id, None)
+        # only its own entry: its id may have been opened again while it ended
+        if state.sequence_id is not None and self.sequences.get(state.sequence_id) is state:
+            del self.sequences[state.sequence_id]
 
     def on_request_cancelled(self, work: Generation) -> None:
         # Called between steps: the state keeps what was read and generated so far.

@@ -251,7 +251,10 @@ class TorchServeModel(BatchModel[SequenceState, TsWork]):
             data[name] = decode_input(value, content_type)
             headers[name] = {"content-type": content_type}
         if state is not None:
-            headers.setdefault(self.header_names.sequence_id, state.sequence_id)
+            # the id the engine gave the sequence, over the door's: when bound to a
+            # token it is unique per (token, id), so a handler's cache keyed by it never
+            # mixes two clients' sequences of one name (answers name the client's id)
+            headers[self.header_names.sequence_id] = state.sequence_id
             if HEADERS not in request.parameters:  # from an OIP client: its controls
                 control = control_of(request)
                 for flag, name in (

@@ -21,7 +21,7 @@ import trio
 from support.tiny_llm import build
 
 import actorserve
-from actorserve import InferenceRequest, Overloaded
+from actorserve import InferenceRequest, InferenceResponse, Overloaded
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.engine.gauges import watch_engine
@@ -233,7 +233,8 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
     drop another client's idle cache: they drop their own owner's, least recently used
     first, then are refused with Overloaded (429, Retry-After) while the other's cache
     is in the way."""
-    # gpt2 here: 1 KiB per token; the budget fits 40 tokens
+    # gpt2 here: 1 KiB per token; the budget fits 40 tokens. The model knows a bound
+    # sequence as "<id>@<owner>" (the owner's first 12 characters)
     async with llm_engine(folders["gpt2"], kv_cache_budget_mb=40 / 1024) as (engine, model):
 
         async def say(owner: str, sequence: str, prompt: str, max_tokens: int, **control: Any) -> str:
@@ -248,32 +249,61 @@ async def test_bound_sequences_drop_only_their_own_idle_caches_else_429(folders:
             )
 
         await say("alice", "a1", "ROMEO:\nI", 4, sequence_start=True)
-        held = model.sequences["a1"].kv
+        held = model.sequences["a1@alice"].kv
         assert held is not None
         alice = held[0][0].shape[-2]
         await say("bob", "b1", "JULIET:\nAy", 4, sequence_start=True)
-        assert model.sequences["b1"].kv is not None
+        assert model.sequences["b1@bob"].kv is not None
         # room for b2 drops bob's own b1 (though alice's a1 was used less recently)
-        room = 40 - alice - model.sequences["b1"].kv[0][0].shape[-2]  # type: ignore[index]
+        room = 40 - alice - model.sequences["b1@bob"].kv[0][0].shape[-2]  # type: ignore[index]
         await say("bob", "b2", "K", room + 2, sequence_start=True)
-        assert model.sequences["b1"].kv is None and model.sequences["a1"].kv is held
+        assert model.sequences["b1@bob"].kv is None and model.sequences["a1@alice"].kv is held
         # b3 cannot fit beside alice's cache even with none of bob's left: 429
         with pytest.raises(Overloaded, match="kv_cache_budget_mb") as refused:
             await say("bob", "b3", "K", 40 - alice + 2, sequence_start=True)
         assert refused.value.retry_after == 1 and refused.value.bound == "kv_cache_budget_mb"
-        assert model.sequences["a1"].kv is held and model.sequences["b2"].kv is None
+        assert model.sequences["a1@alice"].kv is held and model.sequences["b2@bob"].kv is None
         stats = model.cache_statistics()
         assert stats.refused == 1 and stats.dropped_caches == 2 and stats.reserved_bytes == 0
         # alice's sequence kept its cache: it reads only what is new (and ends)
-        history = model.sequences["a1"].text
+        history = model.sequences["a1@alice"].text
         before = model.cache_statistics().prefilled_tokens
         await say("alice", "a1", " me", 2, sequence_end=True)
         assert model.cache_statistics().prefilled_tokens - before < len(model.tokenizer(history)["input_ids"])
         # bob's sequences stay open and go on, reading their text again, and answer as
         # the whole text sent alone
-        history = model.sequences["b1"].text
+        history = model.sequences["b1@bob"].text
         more = await say("bob", "b1", " me", 2)
         assert more == await text(engine, history + " me", sequence_owner="bob", max_tokens=2, **GREEDY)
+
+
+async def test_two_owners_sequences_of_one_name_keep_their_own_text_and_cache(
+    folders: dict[str, Path],
+) -> None:
+    """Issue 30, finding 9: bound to tokens, two owners may each open a sequence "s";
+    the runtime gets two ids (the model's, unique per owner), so their texts and KV
+    caches stay apart, and each goes on from its own text."""
+    async with llm_engine(folders["gpt2"]) as (engine, model):
+
+        async def say(owner: str, prompt: str, **control: Any) -> InferenceResponse:
+            return await engine.infer(
+                request(prompt, sequence_id="s", sequence_owner=owner, max_tokens=3, **control, **GREEDY),
+                model="llm",
+            )
+
+        opened = [
+            await say("a" * 32, "ROMEO:\nI", sequence_start=True),
+            await say("b" * 32, "JULIET:\nAy", sequence_start=True),
+        ]
+        alice, bob = model.sequences[f"s@{'a' * 12}"], model.sequences[f"s@{'b' * 12}"]
+        assert sorted(model.sequences) == [f"s@{'a' * 12}", f"s@{'b' * 12}"]
+        assert alice.text.startswith("ROMEO:\nI") and bob.text.startswith("JULIET:\nAy")
+        assert alice.kv is not None and bob.kv is not None and alice.kv is not bob.kv
+        histories = [alice.text, bob.text]
+        more = [await say("a" * 32, " me"), await say("b" * 32, " me")]
+        alone = [await text(engine, history + " me", max_tokens=3, **GREEDY) for history in histories]
+    assert [r.parameters["sequence_id"] for r in opened + more] == ["s"] * 4
+    assert [str(r.outputs[0].data[0].decode()) for r in more] == alone
 
 
 async def test_over_rest_a_bound_client_gets_429_with_retry_after(

@@ -156,7 +156,88 @@ async def test_a_bound_sequence_is_unknown_to_every_other_token(
         assert str(other.value) == unknown("s")
         model = engine.model("rec")
         assert isinstance(model, RecordingModel)
-        assert model.ended == [("s", "ended")]
+        assert model.ended == [("s@A", "ended")]  # the model knows it by (id, owner)
+
+
+def total(response: actorserve.InferenceResponse) -> int:
+    """The recording model's count of its sequence's responses so far."""
+    return int(response.outputs[1].data[-1])
+
+
+def counted(
+    request_id: str, sid: str, owner: str, n_tokens: int, **flags: Any
+) -> actorserve.InferenceRequest:
+    """A request of ``owner``'s sequence ``sid`` that adds ``n_tokens`` to its count."""
+    made = seq(request_id, sid, owner=owner, **flags)
+    made.parameters["n_tokens"] = n_tokens
+    return made
+
+
+async def test_each_token_has_its_own_id_space(autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 30 finding 9: another token's start of an open id is no oracle (it used to
+    answer 409): it opens that token's own sequence, and the two never meet."""
+    a, b = "a" * 32, "b" * 32
+    async with actorserve.open_engine([recording_settings()]) as engine:
+        opened = [
+            await engine.infer(counted("a1", "s", a, 2, start=True)),
+            await engine.infer(counted("b1", "s", b, 5, start=True)),
+        ]
+        again = [await engine.infer(counted("a2", "s", a, 1)), await engine.infer(counted("b2", "s", b, 1))]
+        # a third token, and no token, hear what an id nobody holds is told
+        for owner in ("c" * 32, None):
+            for flags in ({}, {"end": True}, {"cancel": True}):
+                with pytest.raises(SequenceNotFound) as held:
+                    await engine.infer(seq("c", "s", owner=owner, **flags))
+                with pytest.raises(SequenceNotFound) as never:
+                    await engine.infer(seq("c", "t", owner=owner, **flags))
+                assert str(held.value) == str(never.value).replace("'t'", "'s'") == unknown("s")
+        # each owner's own start of its open id is still a conflict, told to it alone
+        with pytest.raises(actorserve.SequenceConflict, match="'s' is already open"):
+            await engine.infer(seq("a3", "s", owner=a, start=True))
+        ended = await engine.infer(seq("b3", "s", owner=b, end=True))
+        with pytest.raises(SequenceNotFound, match="'s' has ended"):
+            await engine.infer(seq("b4", "s", owner=b))
+        assert total(await engine.infer(seq("a4", "s", owner=a))) == 4  # A's is open on
+        model = engine.model("rec")
+    assert [r.parameters["sequence_id"] for r in [*opened, *again, ended]] == ["s"] * 5
+    assert [total(r) for r in opened + again] == [2, 5, 3, 6]
+    assert isinstance(model, RecordingModel)
+    assert model.states == [f"s@{a[:12]}", f"s@{b[:12]}"]
+    assert model.ended == [(f"s@{b[:12]}", "ended"), (f"s@{a[:12]}", "shutdown")]
+
+
+async def test_what_the_model_echoes_names_the_clients_id(autojump_clock: trio.testing.MockClock) -> None:
+    """A model sees a bound sequence by its own id (in ``new_state`` and the request's
+    ``sequence_id``); where it echoes that id, or names it in an error, the client reads
+    its own id."""
+    seen: list[object] = []
+
+    class Echo(RecordingModel):
+        def begin(self, request: actorserve.InferenceRequest, state: Any) -> Any:
+            seen.append(request.parameters.get("sequence_id"))
+            if request.parameters.get("n_tokens") == 0:
+                raise BadInput(f"sequence {state.sequence_id!r} refuses")
+            return super().begin(request, state)
+
+        def step(self, batch: list[Any]) -> list[Any]:
+            outputs = super().step(batch)
+            for work, output in zip(batch, outputs, strict=True):
+                if output.response is not None:
+                    output.response.parameters.update(
+                        sequence_id=work.state.sequence_id, echo=work.state.sequence_id
+                    )
+            return outputs
+
+    a = "a" * 32
+    async with actorserve.open_engine([recording_settings(implementation=Echo)]) as engine:
+        opened = await engine.infer(seq("a1", "s", owner=a, start=True))
+        with pytest.raises(BadInput) as refused:
+            await engine.infer(counted("a2", "s", a, 0))
+        unbound = await engine.infer(seq("u", "s", start=True))
+    assert seen == [f"s@{a[:12]}", f"s@{a[:12]}", "s"]
+    assert (opened.parameters["sequence_id"], opened.parameters["echo"]) == ("s", "s")
+    assert str(refused.value) == "sequence 's' refuses"
+    assert (unbound.parameters["sequence_id"], unbound.parameters["echo"]) == ("s", "s")
 
 
 async def test_the_model_never_sees_the_owner(autojump_clock: trio.testing.MockClock) -> None:
@@ -209,3 +290,29 @@ def test_binding_needs_auth_inference() -> None:
     with pytest.raises(BadSetting, match="bind_sequences_to_token needs auth_inference"):
         Settings(bind_sequences_to_token=True)
     assert Settings(bind_sequences_to_token=True, auth_inference=True, token="t").bind_sequences_to_token
+
+
+async def test_a_model_never_sees_two_open_sequences_under_one_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An unbound id spelt like a bound sequence's model id, or two owners whose
+    fingerprints begin alike, still give the model distinct ids (``#<n>`` added)."""
+    a, a2 = "a" * 32, "a" * 12 + "f" * 20
+    async with actorserve.open_engine([recording_settings()]) as engine:
+        await engine.infer(seq("1", "s", owner=a, start=True))
+        await engine.infer(seq("2", f"s@{a[:12]}", start=True))
+        await engine.infer(seq("3", "s", owner=a2, start=True))
+        totals = [
+            total(await engine.infer(seq(f"again{i}", sid, owner=owner)))
+            for i, (sid, owner) in enumerate([("s", a), (f"s@{a[:12]}", None), ("s", a2), ("s", a)])
+        ]
+        model = engine.model("rec")
+        assert isinstance(model, RecordingModel)
+        assert model.states == [f"s@{a[:12]}", f"s@{a[:12]}#1", f"s@{a[:12]}#2"]
+        # an eviction names the model's id: it ends that one sequence only
+        assert model.evict_sequence(f"s@{a[:12]}#1", "test")
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(SequenceNotFound, match=r"'s@aaaaaaaaaaaa' was evicted \(test\)"):
+            await engine.infer(seq("late", f"s@{a[:12]}"))
+        assert total(await engine.infer(seq("on", "s", owner=a))) == 4
+    assert totals == [2, 2, 2, 3]

@@ -26,9 +26,10 @@ from actorserve.server.composition import Server, serve
 from actorserve.settings import ModelSettings, SequenceSettings
 from actorserve.transport.owner import fingerprint
 
-TOKENS = ("token-of-alice-0123456789", "token-of-bob-9876543210")
+TOKENS = ("token-of-alice-0123456789", "token-of-bob-9876543210", "token-of-carol-5555555555")
 ALICE = {"Authorization": f"Bearer {TOKENS[0]}"}
 BOB = {"Authorization": f"Bearer {TOKENS[1]}"}
+CAROL = {"Authorization": f"Bearer {TOKENS[2]}"}
 LONG = "x" * 129
 CAP = "129 characters, over the limit of 128 (sequence.max_id_length)"
 
@@ -330,10 +331,177 @@ async def test_a_bound_sequence_answers_only_its_token_on_torchserve(
     async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
         opened = await client.post("/predictions/ts_stateful", content=b"2", headers=ALICE)
         sid = opened.headers[seq_id]
-        # Bob's request never reaches Alice's sequence: TorchServe's door tries to open
-        # the id for him, which is refused as the id is in use
+        # Bob's request never reaches Alice's sequence: TorchServe's door opens the id
+        # for him, as it would an id nobody holds (his own sequence, not a 409)
         bob = await client.post("/predictions/ts_stateful", content=b"4", headers={**BOB, seq_id: sid})
         alice = await client.post("/predictions/ts_stateful", content=b"4", headers={**ALICE, seq_id: sid})
     assert (opened.status_code, opened.text) == (200, "2")
-    assert bob.status_code == 409, bob.text
+    assert (bob.status_code, bob.text, bob.headers[seq_id]) == (200, "4", sid)
     assert (alice.status_code, alice.text) == (200, "6")  # Bob's 4 was never added
+
+
+# -- issue 30, finding 9: no oracle of the ids other tokens hold -----------------------------
+
+
+async def bound_server(nursery: trio.Nursery, tmp_path: Path) -> Server:
+    return await start(
+        nursery,
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=token_file(tmp_path),
+    )
+
+
+async def test_two_tokens_open_one_id_apart_over_rest(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Another token's start of an open id used to answer 409 (telling that the id is
+    in use): now each token opens its own sequence of that id; a third token's request
+    for it is answered as for an id nobody holds."""
+    server = await bound_server(nursery, tmp_path)
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+
+        async def post(headers: dict[str, str], value: int = 1, **params: Any) -> httpx.Response:
+            return await client.post(
+                "/v2/models/accumulator/infer", json={**add(value), "parameters": params}, headers=headers
+            )
+
+        replies = [
+            await post(ALICE, 5, sequence_id="s", sequence_start=True),
+            await post(BOB, 100, sequence_id="s", sequence_start=True),
+            await post(ALICE, 2, sequence_id="s"),
+            await post(BOB, 20, sequence_id="s"),
+        ]
+        by_header = await client.post(
+            "/v2/models/accumulator/infer", json=add(3), headers={**BOB, "sequence-id": "s"}
+        )
+        other = {}
+        for name, params in (
+            ("continue", {}),
+            ("end", {"sequence_end": True}),
+            ("cancel", {"sequence_cancel": True}),
+        ):
+            other[name] = (
+                await post(CAROL, sequence_id="s", **params),
+                await post(CAROL, sequence_id="t", **params),
+            )
+    assert [(r.status_code, r.json()["outputs"][0]["data"]) for r in replies] == [
+        (200, [5]),
+        (200, [100]),
+        (200, [7]),
+        (200, [120]),
+    ]
+    assert (by_header.json()["outputs"][0]["data"], by_header.headers["sequence-id"]) == ([123], "s")
+    for reply in [*replies, by_header]:
+        assert (reply.headers["sequence-id"], reply.json()["parameters"]["sequence_id"]) == ("s", "s")
+        assert "@" not in reply.text
+    for held, never in other.values():
+        assert held.status_code == never.status_code == 404
+        assert held.content == never.content.replace(b"'t'", b"'s'")
+
+
+def grpc_sum(
+    c: grpcclient.InferenceServerClient, headers: dict[str, str], value: int, sequence_id: str, **flags: Any
+) -> tuple[str, str]:
+    """ModelInfer on the accumulator: ('OK <sum>', the sequence id the response names),
+    or ('<status> <message>', '')."""
+    one = grpcclient.InferInput("INPUT", [1], "INT64")
+    one.set_data_from_numpy(np.array([value], dtype=np.int64))
+    metadata = {"authorization": headers["Authorization"]}
+    try:
+        result = c.infer("accumulator", [one], sequence_id=sequence_id, headers=metadata, **flags)
+    except InferenceServerException as exc:
+        return f"{exc.status()} {exc.message()}", ""
+    echoed = result.get_response().parameters["sequence_id"].string_param
+    return f"OK {int(result.as_numpy('OUTPUT')[0])}", echoed
+
+
+async def test_two_tokens_open_one_id_apart_over_grpc(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = await bound_server(nursery, tmp_path)
+
+    def calls() -> list[tuple[str, str]]:
+        with grpcclient.InferenceServerClient(grpc_target(server)) as c:
+            return [
+                grpc_sum(c, ALICE, 5, "g", sequence_start=True),
+                grpc_sum(c, BOB, 100, "g", sequence_start=True),
+                grpc_sum(c, ALICE, 2, "g"),
+                grpc_sum(c, BOB, 20, "g", sequence_end=True),
+                grpc_sum(c, CAROL, 1, "g"),
+                grpc_sum(c, CAROL, 1, "h"),
+            ]
+
+    *opened, carol_held, carol_never = await trio.to_thread.run_sync(calls)
+    assert opened == [("OK 5", "g"), ("OK 100", "g"), ("OK 7", "g"), ("OK 120", "g")]
+    assert carol_held == (carol_never[0].replace("'h'", "'g'"), "")
+    assert carol_held[0] == f"StatusCode.NOT_FOUND {not_held_message('g')}"
+
+
+async def test_two_tokens_open_one_id_apart_on_torchserve(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """TorchServe's door: each token's start of one id opens its own sequence; the
+    handler (which keys its cache by the id it is given) keeps them apart; every
+    header names the client's id; a third token's request without a start is
+    answered as for an id nobody holds (the door opens it for that token)."""
+    server = await bound_server(nursery, tmp_path)
+    seq_id, seq_start = "ts_request_sequence_id", "ts_request_sequence_start"
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+
+        async def predict(headers: dict[str, str], value: int, sid: str, **more: str) -> httpx.Response:
+            return await client.post(
+                "/predictions/ts_stateful",
+                content=str(value).encode(),
+                headers={**headers, seq_id: sid, **more},
+            )
+
+        replies = [
+            await predict(ALICE, 2, "s", **{seq_start: "true"}),
+            await predict(BOB, 40, "s", **{seq_start: "true"}),
+            await predict(ALICE, 4, "s"),
+            await predict(BOB, 20, "s"),
+        ]
+        held = await predict(CAROL, 6, "s")
+        never = await predict(CAROL, 6, "t")
+    assert [(r.status_code, r.text) for r in replies] == [(200, "2"), (200, "40"), (200, "6"), (200, "60")]
+    for reply in [*replies, held]:
+        assert reply.headers[seq_id] == "s"
+        assert not any("@" in value for value in reply.headers.values()), reply.headers
+    assert (held.status_code, held.content) == (never.status_code, never.content)
+    # the same headers, the id apart (and the clock's Date)
+    as_held = {k: "s" if v == "t" else v for k, v in never.headers.items() if k != "date"}
+    assert {k: v for k, v in held.headers.items() if k != "date"} == as_held
+    assert held.headers["ts_request_sequence_end"] == "s"  # the handler's echo, the client's id
+
+
+async def test_two_tokens_chat_under_one_id_on_the_openai_api(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The OpenAI door: each token's chat sequence "s" is its own (the text model keeps
+    two conversations), the ``sequence-id`` header and ``sequence_id`` field name "s",
+    and a third token is told what an id nobody holds is told."""
+    text_model = tuple(m for m in builtin_settings() if m.name == "text")
+    settings = rest_settings(
+        models=text_model,
+        no_auth=False,
+        auth_inference=True,
+        bind_sequences_to_token=True,
+        token_file=token_file(tmp_path),
+    )
+    server: Server = await nursery.start(partial(serve, settings))
+    async with httpx.AsyncClient(base_url=server.http_url or "", timeout=TIMEOUT) as client:
+
+        async def chat(headers: dict[str, str], content: str, sid: str, **extra: Any) -> httpx.Response:
+            body = {"model": "text", "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+            return await client.post(
+                "/v1/chat/completions", json={**body, **extra}, headers={**headers, "sequence-id": sid}
+            )
+
+        opened = [
+            await chat(ALICE, "Speak, friend.", "s", sequence_start=True, seed=2),
+            await chat(BOB, "Who is there?", "s", sequence_start=True, seed=2),
+            await chat(ALICE, "Whither?", "s", seed=2),
+        ]
+        held, never = await chat(CAROL, "Hello", "s"), await chat(CAROL, "Hello", "t")
+    for reply in opened:
+        assert reply.status_code == 200, reply.text
+        assert (reply.headers["sequence-id"], reply.json()["sequence_id"]) == ("s", "s")
+        assert "@" not in reply.text
+    # Alice's second turn was read against her own conversation, not Bob's
+    assert opened[2].json()["usage"]["prompt_tokens"] == len("USER:\nWhither?\n\nASSISTANT:\n")
+    assert held.status_code == never.status_code == 404
+    assert held.content == never.content.replace(b"'t'", b"'s'")

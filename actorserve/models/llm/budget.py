@@ -76,8 +76,9 @@ class KVBudget:
     def close(self, state: LLMState) -> None:
         with self.lock:
             state.kv, state.ids = None, []
-            if state.sequence_id is not None:
-                self.sequences.pop(state.sequence_id, None)
+            # only its own entry: its id may have been opened again while it ended
+            if state.sequence_id is not None and self.sequences.get(state.sequence_id) is state:
+                del self.sequences[state.sequence_id]
 
     def held_bytes(self) -> int:
         """The bytes of KV held now: the sequences' caches and the prefix cache."""
