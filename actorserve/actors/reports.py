@@ -55,8 +55,16 @@ def metadata(host: ModelHost, *, versions: tuple[str, ...]) -> ModelMetadata:
         platform=str(meta.get("platform", "")),
         inputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("inputs", ())),
         outputs=tuple(_tensor_metadata(t, any_datatype) for t in meta.get("outputs", ())),
-        parameters=declared_parameters(host.settings, host.model_class),
+        parameters={**declared_parameters(host.settings, host.model_class), **_shown(meta.get("parameters"))},
     )
+
+
+def _shown(parameters: Any) -> dict[str, str | bool]:
+    """What a model's own ``metadata()`` shows under ``parameters`` (strings and booleans:
+    e.g. the dtype an LLM runs in)."""
+    if not isinstance(parameters, dict):
+        return {}
+    return {str(k): v for k, v in parameters.items() if isinstance(v, str | bool)}
 
 
 def _tensor_metadata(spec: Any, any_datatype: frozenset[str]) -> TensorMetadata:

@@ -101,3 +101,29 @@ def build(
         settings["parameters"] = {"dtype": dtype}
     (folder / "model-settings.json").write_text(json.dumps(settings))
     return folder
+
+
+class Oracle:
+    """``transformers``' own greedy generation of a checkpoint (on ``device``)."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+        self.model = model.to(self.device).eval()
+        self.tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+    def text(self, prompt: str, max_tokens: int) -> str:
+        """The greedy continuation of ``prompt`` as the runtime streams it (EOS not shown)."""
+        ids = self.tok(prompt, return_tensors="pt").input_ids.to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+            )
+        prompt_ids, new = ids[0].tolist(), out[0, ids.shape[1] :].tolist()
+        if new and new[-1] == self.tok.eos_token_id:
+            new = new[:-1]
+        decode = self.tok.decode
+        whole = str(decode(prompt_ids + new, skip_special_tokens=True))
+        return whole[len(decode(prompt_ids, skip_special_tokens=True)) :]

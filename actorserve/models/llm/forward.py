@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from .compiled import Decoder
 
 RowT = TypeVar("RowT")
 
@@ -26,6 +29,9 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 #: positions a batch cache grows by when it is full (and holds free after a re-pad)
 ROOM = 64
+
+#: a zeroed buffer for keys (0) or values (1) of a shape, like a tensor
+Alloc = Callable[[int, tuple[int, int, int, int], torch.Tensor], torch.Tensor]
 
 
 def kv_length(kv: KV | None) -> int:
@@ -134,15 +140,21 @@ def _slab() -> type:
             self.keys, self.values = keys[:, :, :end], values[:, :, :end]
             return self.keys, self.values
 
-        def grow(self, capacity: int) -> None:
+        def grow(self, capacity: int, alloc: Alloc | None = None) -> None:
             """Move to buffers of ``capacity`` positions (one copy of the cache)."""
             grown = []
-            for old in self.buffers:
+            for which, old in enumerate(self.buffers):
                 shape = (old.shape[0], old.shape[1], capacity, old.shape[3])
-                new = old.new_zeros(shape)
+                new = old.new_zeros(shape) if alloc is None else alloc(which, shape, old)
                 new[:, :, : self.length] = old[:, :, : self.length]
                 grown.append(new)
             self.buffers = (grown[0], grown[1])
+
+        def moved(self, length: int) -> None:
+            """``length`` positions are used now (written by the compiled decode)."""
+            keys, values = self.buffers
+            self.length = length
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
 
         def get_seq_length(self) -> int:
             return int(self.length)
@@ -155,22 +167,31 @@ class Batch(Generic[RowT]):
     left padding, ``length`` (positions used, padding included), the attention mask
     (None without padding) and the next positions, kept on the device from step to step.
     While the next step decodes the same rows it goes on in place; a row's own cache is
-    ``row(i)``, a view (:func:`owned` before keeping it)."""
+    ``row(i)``, a view (:func:`owned` before keeping it).
 
-    __slots__ = ("cache", "index", "length", "mask", "pads", "positions", "rows")
+    With a ``decoder`` (:mod:`.compiled`) the buffers are bucketed: more rows than
+    ``rows`` (padding rows, which attend only to their own positions from ``length`` on)
+    and a capacity of a bucket; each step then runs the decoder's fixed-shape forward."""
 
-    def __init__(self, rows: list[RowT], cache: Any, pads: list[int], length: int) -> None:
+    __slots__ = ("cache", "decoder", "index", "length", "mask", "pad", "pads", "positions", "rows")
+
+    def __init__(
+        self, rows: list[RowT], cache: Any, pads: list[int], length: int, decoder: Decoder | None = None
+    ) -> None:
         self.rows = rows
         self.index = {id(row): i for i, row in enumerate(rows)}
         self.cache = cache
         self.pads = pads
         self.length = length
+        self.decoder = decoder
         device = cache.layers[0].device
-        pad = torch.tensor(pads, dtype=torch.long, device=device).unsqueeze(1)
-        self.positions = length - pad
+        size = int(cache.layers[0].buffers[0].shape[0])
+        every = pads + [length] * (size - len(pads))  # padding rows see only their own positions
+        self.pad = torch.tensor(every, dtype=torch.long, device=device).unsqueeze(1)
+        self.positions = length - self.pad
         self.mask: torch.Tensor | None = None
-        if any(pads):
-            self.mask = self._mask(pad, self.capacity)
+        if any(pads) and decoder is None:
+            self.mask = self._mask(self.pad, self.capacity)
 
     @property
     def capacity(self) -> int:
@@ -194,6 +215,8 @@ class Batch(Generic[RowT]):
 
     def step(self, model: Any, tokens: list[int]) -> torch.Tensor:
         """One forward of the batch reading ``tokens`` (in ``rows`` order): logits [B, V]."""
+        if self.decoder is not None:
+            return self._decode(self.decoder, tokens)
         if self.length + 1 > self.capacity:
             capacity = self.length + 1 + ROOM
             for layer in self.cache.layers:
@@ -215,13 +238,37 @@ class Batch(Generic[RowT]):
         logits: torch.Tensor = out.logits[:, -1]
         return logits
 
+    def _decode(self, decoder: Decoder, tokens: list[int]) -> torch.Tensor:
+        """One step of the bucketed forward (a bigger bucket of length when full)."""
+        from .compiled import capacity_bucket
 
-def new_batch(rows: Sequence[RowT], cache_of: Callable[[RowT], KV], last: Batch[RowT] | None) -> Batch[RowT]:
+        layers = self.cache.layers
+        if self.length + 1 > self.capacity:
+            capacity = capacity_bucket(self.length + 1)
+            for i, layer in enumerate(layers):
+                layer.grow(capacity, functools.partial(decoder.buffer, i))
+        logits = decoder.run(
+            [layer.buffers for layer in layers], tokens, self.positions, self.pad, self.length
+        )
+        self.length += 1
+        self.positions = self.positions + 1
+        for layer in layers:
+            layer.moved(self.length)
+        return logits
+
+
+def new_batch(
+    rows: Sequence[RowT],
+    cache_of: Callable[[RowT], KV],
+    last: Batch[RowT] | None,
+    decoder: Decoder | None = None,
+) -> Batch[RowT]:
     """A new batch cache for ``rows``: the rows of ``last`` that stay first (moved in one
     copy per layer), then the others (``cache_of(row)``), each left-padded to the longest
     so that every row writes its next position in the same column; the attention mask
     hides the padding and each row keeps its own positions, so a row's result is the one
-    it would have alone (up to the rounding of a wider matrix product)."""
+    it would have alone (up to the rounding of a wider matrix product). With a ``decoder``
+    the buffers have the rows and the capacity of its buckets."""
     wanted = {id(row) for row in rows}
     kept = [row for row in last.rows if id(row) in wanted] if last is not None else []
     known = {id(row) for row in kept}
@@ -233,11 +280,19 @@ def new_batch(rows: Sequence[RowT], cache_of: Callable[[RowT], KV], last: Batch[
         lengths[:0] = [last.length - last.pads[i] for i in sources]
     longest = max(lengths)
     pads = [longest - n for n in lengths]
-    capacity = longest + 1 + ROOM
+    capacity, size = longest + 1 + ROOM, len(rows)
+    if decoder is not None:
+        from .compiled import capacity_bucket, rows_bucket
+
+        capacity, size = capacity_bucket(longest + 1), rows_bucket(len(rows))
     layers = []
     for layer in range(len(caches[0]) if caches else len(last.cache.layers)):  # type: ignore[union-attr]
         like = caches[0][layer] if caches else last.cache.layers[layer].buffers  # type: ignore[union-attr]
-        keys, values = (t.new_zeros((len(rows), t.shape[1], capacity, t.shape[3])) for t in like)
+        shapes = [(size, t.shape[1], capacity, t.shape[3]) for t in like]
+        if decoder is None:
+            keys, values = (t.new_zeros(shape) for t, shape in zip(like, shapes, strict=True))
+        else:
+            keys, values = (decoder.buffer(layer, w, shapes[w], like[w]) for w in (0, 1))
         if last is not None and kept:
             # the kept rows' positions move by ``shift`` columns (< 0 when the longest row
             # left: the padding shrinks; every kept row had at least that much)
@@ -256,4 +311,4 @@ def new_batch(rows: Sequence[RowT], cache_of: Callable[[RowT], KV], last: Batch[
     cache = DynamicCache()
     cache.layers = layers
     cache.layer_class_to_replicate = None
-    return Batch([*kept, *fresh], cache, pads, longest)
+    return Batch([*kept, *fresh], cache, pads, longest, decoder)

@@ -11,6 +11,7 @@ those of the built-in ``text`` model (:mod:`actorserve.models.text`) plus vLLM's
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +32,8 @@ from ..textlm.generation import sample_rows
 from .budget import CacheStatistics, KVBudget
 from .checkpoint import chat_template, source_of
 from .echo import prompt_logprobs
-from .forward import Batch, crop, kv_bytes, new_batch, prefill
+from .compiled import Decoder, choose_compile, choose_dtype
+from .forward import Batch, crop, kv_bytes, new_batch, owned, prefill
 from .prefix import BLOCK, joined
 from .prompt import Prompts
 from .requests import (
@@ -44,6 +46,8 @@ from .requests import (
     tokenizer_outputs,
 )
 from .state import LLMState, LLMWork, raw_logprobs, token_logprobs, without_eos
+
+log = logging.getLogger(__name__)
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
 
@@ -62,6 +66,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             "max_prompt_chars",
             "kv_cache_budget_mb",
             "threads",
+            "compile",
+            "compile_after",
             "prefix_cache",
         }
     )
@@ -79,13 +85,18 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         reuse = bool_parameter(params.get("prefix_cache", True), "prefix_cache")
         self.device_name: str | None = params.get("device")
         self.dtype_name: str | None = params.get("dtype")
+        self.compile_name = str(params.get("compile", "auto"))
+        self.compile_after = int(params.get("compile_after", 256))
+        self.compile_mode = "eager"  # what ``compile`` means on the device (at load)
+        self.decoder: Decoder | None = None
         if (
             self.prefill_chunk < 1
             or min(self.max_tokens_limit, self.max_context, self.max_prompt_chars, self.kv_budget) < 0
+            or self.compile_after < 0
         ):
             raise ValueError(
                 f"model {self.name!r}: prefill_chunk must be >= 1; max_tokens_limit, max_context, "
-                "max_prompt_chars and kv_cache_budget_mb >= 0"
+                "max_prompt_chars, kv_cache_budget_mb and compile_after >= 0"
             )
         #: open sequences, least recently used first (changed by the budget, under its lock)
         self.sequences: OrderedDict[str, LLMState] = OrderedDict()
@@ -114,10 +125,18 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
 
     def metadata(self) -> dict[str, Any]:
         """The settings' inputs and outputs, else the contract's: ``text_input`` and
-        ``text_output`` (BYTES [1]), as the built-in ``text`` model declares them."""
+        ``text_output`` (BYTES [1]), as the built-in ``text`` model declares them; the
+        dtype, device and decode the model runs with once loaded."""
         meta = super().metadata()
         meta["inputs"] = meta["inputs"] or [{"name": "text_input", "datatype": "BYTES", "shape": [1]}]
         meta["outputs"] = meta["outputs"] or [{"name": "text_output", "datatype": "BYTES", "shape": [1]}]
+        if self.model is not None:
+            meta["parameters"] = {
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "device": str(self.device),
+                "compile": self.compile_mode,
+                **(self.decoder.shown() if self.decoder is not None else {}),
+            }
         return meta
 
     async def load(self) -> None:
@@ -134,7 +153,11 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
             torch.set_num_threads(self.threads)
         device = self.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
-        self.dtype = self._dtype()
+        try:
+            self.dtype = choose_dtype(self.dtype_name, self.device)
+            self.compile_mode = choose_compile(self.compile_name, self.device)
+        except ValueError as exc:
+            raise BadInput(f"model {self.name!r}: {exc}") from None
         source = self.source()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -159,17 +182,22 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = self.budget.token_bytes = kv_bytes(kv)
+        if self.compile_mode != "eager":
+            self.decoder = Decoder(self.model, self.device, self.compile_mode, self.compile_after)
+        log.info(
+            "model %r: %s on %s, decode %s",
+            self.name,
+            str(self.dtype).removeprefix("torch."),
+            self.device,
+            self.compile_mode,
+        )
 
-    def _dtype(self) -> torch.dtype:
-        name = self.dtype_name
-        if name is None:
-            if self.device.type == "cuda":
-                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            return torch.float32
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        if name not in dtypes:
-            raise BadInput(f"model {self.name!r}: parameter dtype {name!r}: expected one of {sorted(dtypes)}")
-        return dtypes[name]
+    async def unload(self) -> None:
+        if self.decoder is not None:
+            import trio
+
+            # a compile under way holds the model: let it end (bounded) before it goes
+            await trio.to_thread.run_sync(self.decoder.close, 60.0)
 
     # -- sequences ----------------------------------------------------------------------------
 
@@ -341,7 +369,12 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         if decoding:
             current = self._batch
             if current is None or not current.same_rows(decoding):
-                current = self._batch = new_batch(decoding, LLMWork.cache, current)
+                if current is not None and self.decoder is not None and self.decoder.pool is not None:
+                    # the new batch may reuse these buffers: a row left out keeps a copy
+                    for work in current.rows:
+                        if work.slot is current and work not in decoding:
+                            work.kv, work.slot = owned(work.cache()), None
+                current = self._batch = new_batch(decoding, LLMWork.cache, current, self.decoder)
                 for work in decoding:
                     work.slot, work.kv = current, None
             tokens_in = [0] * len(decoding)
