@@ -14,10 +14,10 @@ parameters) starts ``python -m actorserve`` on it (pinned with ``taskset -c PIN`
 sends N concurrent streamed ``/v1/completions`` (``--prompt`` tokens of Shakespeare, a
 different passage per client, ``--tokens`` generated, greedy, ``ignore``-free: the
 tokens counted are the ones streamed, as ``usage`` reports them). A compiled config
-first warms up: the round is repeated until one passes in which no bucket had to be
-compiled (the model's metadata shows its compiled buckets and whether a compile is
-under way; ``compile_after`` is 0), so the figures are the compiled decode's, and the
-time that took is printed. Tokens/s = generated tokens / the wall time of the round;
+first warms up: the round is repeated until one passes in which no bucket started a
+compile (the server's log says when a compile starts and ends; ``compile_after`` is 0),
+so the figures are the compiled decode's; the warm-up's time and each compile's are
+printed. Tokens/s = generated tokens / the wall time of the round;
 TTFT = the time to the first streamed text; the best of ``--rounds``. The configs run
 one after the other; on a shared machine compare the ratios of one run.
 """
@@ -84,24 +84,26 @@ async def measure(url: str, texts: list[str], tokens: int) -> tuple[float, float
         return generated / (time.perf_counter() - started), statistics.median(ttfts) * 1000
 
 
-async def compiled_state(url: str) -> tuple[str, bool]:
-    async with httpx.AsyncClient(timeout=30.0) as client:
-        shown = (await client.get(f"{url}/v2/models/llm")).json().get("parameters", {})
-    return str(shown.get("compiled_buckets", "")), bool(shown.get("compiling", False))
+def compiles(log: Path) -> tuple[int, int]:
+    """Compiles started and ended (or failed) so far, from the server's log."""
+    text = log.read_text(errors="replace")
+    return text.count("compiling the decode of bucket"), text.count(
+        "compiled the decode of bucket"
+    ) + text.count("torch.compile failed")
 
 
-async def warm(url: str, texts: list[str], tokens: int) -> float:
-    """Repeat the round until no bucket gets compiled during one; the seconds it took."""
+async def warm(url: str, texts: list[str], tokens: int, log: Path) -> float:
+    """Repeat the round until no bucket starts a compile during one; the seconds it took."""
     started = time.perf_counter()
     for _ in range(WARM_ROUNDS):
-        before, _ = await compiled_state(url)
+        before = compiles(log)[0]
         await measure(url, texts, tokens)
         for _ in range(int(ROUND_TIMEOUT)):  # a compile under way: wait for it
-            state = await compiled_state(url)
-            if not state[1]:
+            begun, ended = compiles(log)
+            if begun == ended:
                 break
             await trio.sleep(1.0)
-        if state[0] == before:
+        if begun == before:
             break
     return time.perf_counter() - started
 
@@ -130,7 +132,7 @@ async def run(
         for n in args.streams:
             texts = prompts(folder, n, args.prompt)
             if mode != "eager":
-                seconds = await warm(url, texts, args.tokens)
+                seconds = await warm(url, texts, args.tokens, log)
                 print(f"  {config} {n:>3}: warm-up (compiles) {seconds:6.1f} s", flush=True)
             else:
                 await measure(url, texts[:1], 8)
@@ -142,9 +144,9 @@ async def run(
                 f"  {config} {n:>3} streams: {results[n][0]:7.1f} tok/s  TTFT p50 {results[n][1]:8.1f} ms",
                 flush=True,
             )
-        buckets, _ = await compiled_state(url)
-        if buckets:
-            print(f"  {config}: compiled buckets {buckets}", flush=True)
+        for line in log.read_text(errors="replace").splitlines():
+            if "compiled the decode" in line or "torch.compile failed" in line:
+                print(f"  {config}: {line.split(' ', 2)[-1]}", flush=True)
     finally:
         stop(process)
     return results

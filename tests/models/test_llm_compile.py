@@ -135,7 +135,7 @@ async def test_compiled_decode_equals_eager_and_generate_without_recompiles(
         assert decoder.compiled_steps - before >= 10
         assert decoder.ready == {(0, 64)} and len(decoder.compile_seconds) == 1
         meta = await engine.metadata("llm")
-        assert meta.parameters["compile"] == "inductor" and meta.parameters["compiled_buckets"] == "*x64"
+        assert meta.parameters["compile"] == "inductor"
         assert meta.parameters["dtype"] == "float32" and meta.parameters["device"] == "cpu"
 
 
@@ -155,7 +155,6 @@ async def test_a_failing_compile_falls_back_to_eager_with_one_warning(
             await trio.to_thread.run_sync(model.decoder.close, 30.0)
             assert model.decoder.failed
             assert await concurrent(engine, cases) == expected
-            assert (await engine.metadata("llm")).parameters["compile_failed"] is True
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no C++ compiler (test)" in warnings[0].getMessage()
 

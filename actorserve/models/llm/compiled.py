@@ -277,6 +277,7 @@ class Decoder:
         import time
 
         started = time.perf_counter()
+        log.info("compiling the decode of bucket %s (rows, length; 0 rows: any)", bucket)
         try:
             with torch.inference_mode():
                 if self.fast is None:
@@ -303,7 +304,7 @@ class Decoder:
             return
         seconds = time.perf_counter() - started
         self.compile_seconds[bucket] = seconds
-        log.info("compiled the decode of bucket %s (rows, length) in %.1f s", bucket, seconds)
+        log.info("compiled the decode of bucket %s in %.1f s", bucket, seconds)
         self.ready.add(bucket)
 
     def _fail(self, exc: BaseException) -> None:
@@ -315,18 +316,6 @@ class Decoder:
         log.warning(
             "torch.compile failed; the model decodes uncompiled from now on: %s: %s", type(exc).__name__, exc
         )
-
-    def shown(self) -> dict[str, str | bool]:
-        """What the model's metadata shows of its compile: the length buckets compiled
-        (``rows x length``; rows ``*`` when the batch dimension is dynamic), whether a
-        compile is under way, whether one failed."""
-        ready = sorted(self.ready)
-        thread = self.compiling
-        return {
-            "compiled_buckets": ",".join(f"{r or '*'}x{c}" for r, c in ready),
-            "compiling": thread is not None and thread.is_alive(),
-            "compile_failed": self.failed,
-        }
 
     def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a compile under way (unload)."""

@@ -135,7 +135,6 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "device": str(self.device),
                 "compile": self.compile_mode,
-                **(self.decoder.shown() if self.decoder is not None else {}),
             }
         return meta
 
