@@ -76,12 +76,15 @@ def choose_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 def choose_compile(name: str, device: torch.device) -> str:
     """What the ``compile`` parameter means on ``device``: ``eager`` (the unbucketed
-    decode), ``inductor`` or ``cudagraphs`` (``auto``: CUDA graphs on a GPU, inductor on
-    the CPU)."""
+    decode), ``inductor`` or ``cudagraphs``. ``auto``: CUDA graphs on a GPU (where a step
+    of a small model is host time), eager on the CPU, where the inductor decode measured
+    about 2x slower than eager (docs/llm.md#compiled-decode: the functionalized cache
+    write copies the whole cache each step, and the attention runs over the padded
+    bucket with a mask, while eager's step is already 94% matrix products and attention)."""
     if name not in COMPILE_MODES:
         raise ValueError(f"parameter compile {name!r}: expected one of {list(COMPILE_MODES)}")
     if name == "auto":
-        return "cudagraphs" if device.type == "cuda" else "inductor"
+        return "cudagraphs" if device.type == "cuda" else "eager"
     if name == "cudagraphs" and device.type != "cuda":
         raise ValueError("parameter compile 'cudagraphs' needs a CUDA device")
     return name
