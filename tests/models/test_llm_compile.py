@@ -25,7 +25,7 @@ from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.models.llm import TransformersModel, compiled
-from actorserve.models.llm.compiled import capacity_bucket, choose_dtype, rows_bucket
+from actorserve.models.llm.compiled import capacity_bucket, choose_compile, choose_dtype, rows_bucket
 from actorserve.modelsettings import model_settings_from_dict
 
 pytest.importorskip("transformers")
@@ -157,6 +157,16 @@ async def test_a_failing_compile_falls_back_to_eager_with_one_warning(
             assert await concurrent(engine, cases) == expected
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no C++ compiler (test)" in warnings[0].getMessage()
+
+
+def test_auto_compile_is_cuda_graphs_on_a_gpu_and_eager_on_the_cpu() -> None:
+    assert choose_compile("auto", torch.device("cpu")) == "eager"
+    assert choose_compile("auto", torch.device("cuda")) == "cudagraphs"
+    assert choose_compile("inductor", torch.device("cpu")) == "inductor"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        choose_compile("cudagraphs", torch.device("cpu"))
+    with pytest.raises(ValueError, match="expected one of"):
+        choose_compile("fast", torch.device("cpu"))
 
 
 def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,16 @@ def choose_compile(name: str, device: torch.device) -> str:
     return name
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def decoder_for(name: str, model: Any, device: torch.device, mode: str, compile_after: int) -> Decoder | None:
+    """The decoder of a loaded model (None: eager); logs the dtype, device and decode."""
+    log.info("model %r: %s on %s, decode %s", name, dtype_name(model.dtype), device, mode)
+    return None if mode == "eager" else Decoder(model, device, mode, compile_after)
+
+
 @functools.cache
 def _fixed_layer() -> type:
     """The cache layer the bucketed decode gives the model (made on first use:
@@ -147,7 +157,7 @@ class Decoder:
         self.failed = False
         self.compiling: threading.Thread | None = None
         self.compile_seconds: dict[tuple[int, int], float] = {}
-        self.compiled_steps = 0  # steps the compiled forward ran (tests, metadata)
+        self.compiled_steps = 0  # steps the compiled forward ran (tests)
         #: CUDA graphs want the same buffers at every replay: one pool per bucket
         self.pool: dict[tuple[int, int, int, int, int, int], torch.Tensor] | None = (
             {} if mode == "cudagraphs" else None
@@ -160,8 +170,10 @@ class Decoder:
     def buffer(
         self, layer: int, which: int, shape: tuple[int, int, int, int], like: torch.Tensor
     ) -> torch.Tensor:
-        """A zeroed buffer of ``shape`` for layer ``layer``'s keys (0) or values (1): from
-        the bucket's pool under CUDA graphs (same address at every replay), else new."""
+        """A buffer of ``shape`` for layer ``layer``'s keys (0) or values (1): from the
+        bucket's pool under CUDA graphs (same address at every replay; zeroed when new,
+        what a batch left in it after: every position a row reads it wrote), else new and
+        zeroed. A pool keeps every bucket it made until the model unloads."""
         if self.pool is None:
             return like.new_zeros(shape)
         key = (layer, which, *shape)

@@ -11,7 +11,6 @@ those of the built-in ``text`` model (:mod:`actorserve.models.text`) plus vLLM's
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,8 +30,8 @@ from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import sample_rows
 from .budget import CacheStatistics, KVBudget
 from .checkpoint import chat_template, source_of
+from .compiled import Decoder, choose_compile, choose_dtype, decoder_for, dtype_name
 from .echo import prompt_logprobs
-from .compiled import Decoder, choose_compile, choose_dtype
 from .forward import Batch, crop, kv_bytes, new_batch, owned, prefill
 from .prefix import BLOCK, joined
 from .prompt import Prompts
@@ -46,8 +45,6 @@ from .requests import (
     tokenizer_outputs,
 )
 from .state import LLMState, LLMWork, raw_logprobs, token_logprobs, without_eos
-
-log = logging.getLogger(__name__)
 
 EXTRA_HINT = "the transformers runtime needs the extra: pip install 'actorserve[llm]'"
 
@@ -132,7 +129,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         meta["outputs"] = meta["outputs"] or [{"name": "text_output", "datatype": "BYTES", "shape": [1]}]
         if self.model is not None:
             meta["parameters"] = {
-                "dtype": str(self.dtype).removeprefix("torch."),
+                "dtype": dtype_name(self.dtype),
                 "device": str(self.device),
                 "compile": self.compile_mode,
             }
@@ -181,15 +178,7 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         with torch.inference_mode():  # warms the kernels up and measures a token's cache
             (kv,), _ = prefill(self.model, None, [[self.start_token]], self.device)
         self.token_bytes = self.budget.token_bytes = kv_bytes(kv)
-        if self.compile_mode != "eager":
-            self.decoder = Decoder(self.model, self.device, self.compile_mode, self.compile_after)
-        log.info(
-            "model %r: %s on %s, decode %s",
-            self.name,
-            str(self.dtype).removeprefix("torch."),
-            self.device,
-            self.compile_mode,
-        )
+        self.decoder = decoder_for(self.name, self.model, self.device, self.compile_mode, self.compile_after)
 
     async def unload(self) -> None:
         if self.decoder is not None:
