@@ -3,34 +3,36 @@ bf16, over ``/v1/completions`` streamed from a local actorserve (prints numbers;
 test).
 
     python benchmarks/llm_compile.py [--streams 1,8,32] [--prompt 128] [--tokens 128]
-        [--width 512] [--layers 8] [--threads 1] [--pin 0] [--rounds 1]
+        [--width 512] [--layers 8] [--threads 1] [--pin 0] [--rounds 3]
         [--configs eager/float32,inductor/float32,eager/bfloat16,inductor/bfloat16]
 
 Builds a Llama checkpoint from a config with random weights (width 512, 8 layers, a
 4096-token byte-level BPE vocabulary: about 30 M parameters, the shape of issue 36;
-nothing is downloaded), then for each config (``compile``/``dtype`` of the model's
-parameters) starts ``python -m actorserve`` on it (pinned with ``taskset -c PIN`` when
-``--pin`` is given, ``--api-workers 0``, ``--threads`` torch threads) and, for each N,
-sends N concurrent streamed ``/v1/completions`` (``--prompt`` tokens of Shakespeare, a
-different passage per client, ``--tokens`` generated, greedy, ``ignore``-free: the
-tokens counted are the ones streamed, as ``usage`` reports them). A compiled config
-first warms up: the round is repeated until one passes in which no bucket started a
-compile (the server's log says when a compile starts and ends; ``compile_after`` is 0),
-so the figures are the compiled decode's; the warm-up's time and each compile's are
-printed. Tokens/s = generated tokens / the wall time of the round;
-TTFT = the time to the first streamed text; the best of ``--rounds``. The configs run
-one after the other; on a shared machine compare the ratios of one run.
+nothing is downloaded), starts one ``python -m actorserve`` per config (``compile`` /
+``dtype`` of the model's parameters, ``compile_after`` 0), all at once (pinned with
+``taskset -c PIN`` when ``--pin`` is given; ``--api-workers 0``, ``--threads`` torch
+threads), and for each N sends N concurrent streamed ``/v1/completions`` (``--prompt``
+tokens of Shakespeare, a different passage per client, ``--tokens`` generated, greedy;
+the tokens counted are the ``usage`` the last chunk reports). A compiled config first
+warms up: the round is repeated until one passes in which no bucket started a compile
+(the server's log says when a compile starts and ends), so its figures are the compiled
+decode's; the warm-up's time and each compile's are printed. Then ``--rounds`` rounds,
+the configs interleaved in each (a change of the shared machine's load falls on all of
+them). Tokens/s = generated tokens / the wall time of a round; TTFT = the time to the
+first streamed text; the medians of the rounds, and their ratios to the first config.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -108,48 +110,25 @@ async def warm(url: str, texts: list[str], tokens: int, log: Path) -> float:
     return time.perf_counter() - started
 
 
-async def run(
-    args: argparse.Namespace, folder: Path, work: Path, config: str
-) -> dict[int, tuple[float, float]]:
+async def serve(args: argparse.Namespace, folder: Path, work: Path, config: str) -> tuple[str, Any, Path]:
+    """Start a server of ``config`` on a copy of the checkpoint folder: (url, process, log)."""
     mode, dtype = config.split("/")
+    served = work / config.replace("/", "-")
+    shutil.copytree(folder, served)
     settings = {
         "name": "llm",
         "implementation": "transformers",
         "max_batch_size": max(args.streams),
         "parameters": {"threads": args.threads, "dtype": dtype, "compile": mode, "compile_after": 0},
     }
-    (folder / "model-settings.json").write_text(json.dumps(settings))
+    (served / "model-settings.json").write_text(json.dumps(settings))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     pin = ["taskset", "-c", args.pin] if args.pin else []
     command = [*pin, sys.executable, "-m", "actorserve", "--host", "127.0.0.1", "--http-port", str(port)]
-    command += ["--grpc-port", "off", "--api-workers", "0", str(folder)]
+    command += ["--grpc-port", "off", "--api-workers", "0", str(served)]
     log = work / f"{mode}-{dtype}.log"
-    process = start(command, log, {"PYTHONPATH": str(ROOT)})
-    results: dict[int, tuple[float, float]] = {}
-    try:
-        await wait_ready(url, process, log)
-        for n in args.streams:
-            texts = prompts(folder, n, args.prompt)
-            if mode != "eager":
-                seconds = await warm(url, texts, args.tokens, log)
-                print(f"  {config} {n:>3}: warm-up (compiles) {seconds:6.1f} s", flush=True)
-            else:
-                await measure(url, texts[:1], 8)
-            for _ in range(args.rounds):
-                rate, ttft = await measure(url, texts, args.tokens)
-                if rate > results.get(n, (0.0, 0.0))[0]:
-                    results[n] = (rate, ttft)
-            print(
-                f"  {config} {n:>3} streams: {results[n][0]:7.1f} tok/s  TTFT p50 {results[n][1]:8.1f} ms",
-                flush=True,
-            )
-        for line in log.read_text(errors="replace").splitlines():
-            if "compiled the decode" in line or "torch.compile failed" in line:
-                print(f"  {config}: {line.split(' ', 2)[-1]}", flush=True)
-    finally:
-        stop(process)
-    return results
+    return url, start(command, log, {"PYTHONPATH": str(ROOT)}), log
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -168,19 +147,49 @@ async def main(args: argparse.Namespace) -> None:
             f"llama {args.layers} layers, width {args.width}, vocab 4096; {args.threads} torch thread(s)",
             end="",
         )
-        print(f"; server pinned to core {args.pin}" if args.pin else "; server not pinned")
+        print(f"; servers pinned to core {args.pin}" if args.pin else "; servers not pinned")
         print(f"{args.prompt}-token prompts, {args.tokens} generated, greedy, /v1/completions streamed")
-        table = {config: await run(args, folder, work, config) for config in args.configs}
+        servers = {config: await serve(args, folder, work, config) for config in args.configs}
+        table: dict[str, dict[int, list[tuple[float, float]]]] = {config: {} for config in args.configs}
+        try:
+            for url, process, log in servers.values():
+                await wait_ready(url, process, log)
+            for n in args.streams:
+                texts = prompts(folder, n, args.prompt)
+                for config, (url, _, log) in servers.items():  # warm-up: compiles, caches
+                    if config.startswith("eager"):
+                        await measure(url, texts, 8)
+                    else:
+                        seconds = await warm(url, texts, args.tokens, log)
+                        print(f"  {config} c={n}: warm-up {seconds:.1f} s", flush=True)
+                for _ in range(args.rounds):  # the configs interleaved: the machine's load falls on all
+                    for config, (url, _, _) in servers.items():
+                        table[config].setdefault(n, []).append(await measure(url, texts, args.tokens))
+                for config in args.configs:
+                    rates = [rate for rate, _ in table[config][n]]
+                    ttft = statistics.median(t for _, t in table[config][n])
+                    print(f"  {config:>18} c={n:>2}: {statistics.median(rates):7.1f} tok/s (rounds ", end="")
+                    print(f"{', '.join(f'{r:.0f}' for r in rates)})  TTFT p50 {ttft:7.1f} ms", flush=True)
+            for config, (_, _, log) in servers.items():
+                for line in log.read_text(errors="replace").splitlines():
+                    if "compiled the decode" in line or "torch.compile failed" in line:
+                        print(f"  {config}: {line.split(' ', 2)[-1]}", flush=True)
+        finally:
+            for _, process, _ in servers.values():
+                stop(process)
+        print(f"\nratios to {args.configs[0]}, medians of the rounds (tok/s; TTFT p50)")
         base = table[args.configs[0]]
-        print(f"\nratios to {args.configs[0]} (tok/s; TTFT p50)")
-        for config, results in table.items():
-            cells = [
-                f"{results[n][0] / base[n][0]:.2f}; {results[n][1] / base[n][1]:.2f}" for n in args.streams
-            ]
-            print(
-                f"  {config:>20}: "
-                + " | ".join(f"c={n}: {c}" for n, c in zip(args.streams, cells, strict=True))
-            )
+        for config in args.configs:
+            cells = []
+            for n in args.streams:
+                rate = statistics.median(r for r, _ in table[config][n]) / statistics.median(
+                    r for r, _ in base[n]
+                )
+                ttft = statistics.median(t for _, t in table[config][n]) / statistics.median(
+                    t for _, t in base[n]
+                )
+                cells.append(f"c={n}: {rate:.2f}; {ttft:.2f}")
+            print(f"  {config:>18}: " + " | ".join(cells))
 
 
 if __name__ == "__main__":
@@ -193,8 +202,8 @@ if __name__ == "__main__":
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--pin", default="", help="taskset the server to these cores (e.g. 0)")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pin", default="", help="taskset the servers to these cores (e.g. 0)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--configs",
         default="eager/float32,inductor/float32,eager/bfloat16,inductor/bfloat16",
