@@ -106,7 +106,7 @@ def _fixed_layer() -> type:
     ``transformers`` is an optional extra)."""
     from transformers.cache_utils import StaticLayer
 
-    class Fixed(StaticLayer):  # type: ignore[misc]
+    class Fixed(StaticLayer):  # type: ignore[no-untyped-call]
         """A ``StaticLayer`` over buffers of ours: ``update`` writes the new position of
         every row at ``column`` (a tensor: no recompile as it moves) and returns the
         whole buffers; the mask hides what is not a row's."""
@@ -114,15 +114,17 @@ def _fixed_layer() -> type:
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor) -> None:
             super().__init__(max_cache_len=int(keys.shape[-2]))
             self.keys, self.values, self.column = keys, values, column
+            self.buffers = (keys, values)
             self.device = keys.device
             self.is_initialized = True
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            self.keys.index_copy_(2, self.column, key_states)
-            self.values.index_copy_(2, self.column, value_states)
-            return self.keys, self.values
+            keys, values = self.buffers
+            keys.index_copy_(2, self.column, key_states)
+            values.index_copy_(2, self.column, value_states)
+            return keys, values
 
     return Fixed
 
@@ -285,7 +287,7 @@ class Decoder:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode = "reduce-overhead" if self.mode == "cudagraphs" else None
         dynamic = None if self.dynamic_rows else False  # None: as marked (mark_dynamic)
-        return torch.compile(self._forward, dynamic=dynamic, fullgraph=True, mode=mode)  # type: ignore[no-any-return]
+        return torch.compile(self._forward, dynamic=dynamic, fullgraph=True, mode=mode)
 
     def _compile(self, bucket: tuple[int, int], shapes: list[tuple[Any, Any, torch.dtype]]) -> None:
         """Compile ``bucket`` by running it on buffers of its shape (a thread of its own)."""
