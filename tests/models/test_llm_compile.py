@@ -159,9 +159,10 @@ async def test_a_failing_compile_falls_back_to_eager_with_one_warning(
     assert len(warnings) == 1 and "no C++ compiler (test)" in warnings[0].getMessage()
 
 
-def test_auto_compile_is_cuda_graphs_on_a_gpu_and_eager_on_the_cpu() -> None:
+def test_auto_compile_is_eager_until_compiling_measured_faster() -> None:
     assert choose_compile("auto", torch.device("cpu")) == "eager"
-    assert choose_compile("auto", torch.device("cuda")) == "cudagraphs"
+    assert choose_compile("auto", torch.device("cuda")) == "eager"
+    assert choose_compile("cudagraphs", torch.device("cuda")) == "cudagraphs"
     assert choose_compile("inductor", torch.device("cpu")) == "inductor"
     with pytest.raises(ValueError, match="needs a CUDA device"):
         choose_compile("cudagraphs", torch.device("cpu"))

@@ -16,7 +16,8 @@ thread of its own while the uncompiled bucketed forward answers, so the load sta
 and no step waits for the compiler. A compile that fails (no C++ compiler, an inductor
 error) is logged once as a WARNING and the model stays on the uncompiled forward.
 
-On CUDA the decode is compiled with ``mode="reduce-overhead"`` (CUDA graphs): the
+With ``compile: cudagraphs`` (CUDA only; ``auto`` is eager everywhere until it is measured
+faster) the decode is compiled with ``mode="reduce-overhead"`` (CUDA graphs): the
 buffers of each bucket are kept from batch to batch (one pool per bucket) and marked
 static, so a graph is recorded once per bucket and replayed at every step.
 """
@@ -76,18 +77,17 @@ def choose_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 def choose_compile(name: str, device: torch.device) -> str:
     """What the ``compile`` parameter means on ``device``: ``eager`` (the unbucketed
-    decode), ``inductor`` or ``cudagraphs``. ``auto``: CUDA graphs on a GPU (where a step
-    of a small model is host time), eager on the CPU, where the inductor decode measured
-    about 2x slower than eager (docs/llm.md#compiled-decode: the functionalized cache
-    write copies the whole cache each step, and the attention runs over the padded
-    bucket with a mask, while eager's step is already 94% matrix products and attention)."""
+    decode), ``inductor`` or ``cudagraphs``. ``auto`` is what measured fastest where it was
+    measured: eager on the CPU, where the inductor decode measured about 2x slower
+    (docs/llm.md#compiled-decode: the functionalized cache write copies the whole cache
+    each step, and attention runs over the padded bucket with a mask, while eager's step
+    is already 94% matrix products and attention); eager on a GPU too until the CUDA-graphs
+    path has run on one (it is written and tested only where CUDA is)."""
     if name not in COMPILE_MODES:
         raise ValueError(f"parameter compile {name!r}: expected one of {list(COMPILE_MODES)}")
-    if name == "auto":
-        return "cudagraphs" if device.type == "cuda" else "eager"
     if name == "cudagraphs" and device.type != "cuda":
         raise ValueError("parameter compile 'cudagraphs' needs a CUDA device")
-    return name
+    return "eager" if name == "auto" else name
 
 
 def dtype_name(dtype: torch.dtype) -> str:
