@@ -78,8 +78,19 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         self.engine_args: dict[str, Any] = dict(engine)
         self.max_tokens_limit = int(params.get("max_tokens_limit", 4096))
         self.kv_budget_mb = float(params.get("kv_cache_budget_mb", 512))
+        threads = params.get("threads", 0)
         if self.max_tokens_limit < 0 or self.kv_budget_mb <= 0:
             raise BadInput(f"model {self.name!r}: max_tokens_limit must be >= 0 and kv_cache_budget_mb > 0")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise BadInput(
+                f"model {self.name!r}: parameters.threads: expected an integer >= 0, got {threads!r}"
+            )
+        #: torch's intra-op threads for the steps (0: vLLM's own rule, see :meth:`_set_threads`)
+        self.threads = threads
+        #: what the step thread runs with, once it stepped (torch's count, read there)
+        self.running_threads = 0
+        #: calls of vLLM's ``engine.step()`` so far (the step thread's)
+        self.engine_steps = 0
         self.engine: Any = None
         self.tokenizer: Any = None
         self.max_context = 0
@@ -270,6 +281,8 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
     # -- the step (the replica's step-loop thread) ----------------------------------------------
 
     def step(self, batch: list[VLLMWork]) -> list[StepOutput]:
+        if not self.running_threads:
+            self._set_threads()
         with self._lock:
             try:
                 outputs = self._step(batch)
@@ -282,6 +295,22 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
                 raise
         self._drain_aborts()
         return outputs
+
+    def _set_threads(self) -> None:
+        """Give the step thread ``threads`` OpenMP threads, on its first step (the count
+        is the calling thread's). 0 is vLLM's own rule: on a CPU the CPUs less one
+        (:func:`step_threads`); on a GPU what vLLM's GPU worker set (one). torch's default,
+        one per CPU, shares the CPUs with the event loop, the front and the step's own
+        Python, and every barrier of a decode step's hundreds of small ops waits for a
+        CPU: at one stream a token cost 29 ms of CPU here instead of 7 (docs/llm.md)."""
+        import torch
+        from vllm.platforms import current_platform
+
+        threads = self.threads or (step_threads() if current_platform.is_cpu() else 0)
+        if threads:
+            # vLLM's CPU worker made torch.set_num_threads a no-op; torch._C's is the real one
+            torch._C.set_num_threads(threads)
+        self.running_threads = torch.get_num_threads()
 
     def _step(self, batch: list[VLLMWork]) -> list[StepOutput]:
         from vllm import SamplingParams
@@ -304,6 +333,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
                 )
                 self.engine.add_request(work.rid, {"prompt_token_ids": work.ids}, params)
                 work.added = True
+        self.engine_steps += 1
         produced: dict[str, Any] = {out.request_id: out for out in self.engine.step()}
         for i, work in enumerate(batch):
             if outputs[i] is not None:
@@ -365,3 +395,13 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
 
 
 _NOTHING = StepOutput()
+
+
+def step_threads() -> int:
+    """vLLM's own rule for its CPU worker (``vllm serve``): the CPUs this process may run
+    on, less one kept for the scheduler and the API (at least one)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - 1)
