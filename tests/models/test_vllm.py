@@ -30,7 +30,7 @@ from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.models.vllm import VLLMModel
-from actorserve.models.vllm.runtime import step_threads
+from actorserve.models.vllm.threads import step_threads
 from actorserve.modelsettings import model_settings_from_dict
 from actorserve.server.composition import serve
 from actorserve.settings import Settings

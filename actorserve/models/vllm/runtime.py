@@ -38,6 +38,7 @@ from ..textlm.generation import (
     stop_strings,
 )
 from .state import VLLMState, VLLMWork
+from .threads import set_step_threads
 
 EXTRA_HINT = (
     "the vllm runtime needs vLLM: pip install 'actorserve[vllm]' and then vLLM itself "
@@ -85,7 +86,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
             raise BadInput(
                 f"model {self.name!r}: parameters.threads: expected an integer >= 0, got {threads!r}"
             )
-        #: torch's intra-op threads for the steps (0: vLLM's own rule, see :meth:`_set_threads`)
+        #: torch's intra-op threads for the steps (0: vLLM's own rule, see :mod:`.threads`)
         self.threads = threads
         #: what the step thread runs with, once it stepped (torch's count, read there)
         self.running_threads = 0
@@ -297,20 +298,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         return outputs
 
     def _set_threads(self) -> None:
-        """Give the step thread ``threads`` OpenMP threads, on its first step (the count
-        is the calling thread's). 0 is vLLM's own rule: on a CPU the CPUs less one
-        (:func:`step_threads`); on a GPU what vLLM's GPU worker set (one). torch's default,
-        one per CPU, shares the CPUs with the event loop, the front and the step's own
-        Python, and every barrier of a decode step's hundreds of small ops waits for a
-        CPU: at one stream a token cost 29 ms of CPU here instead of 7 (docs/llm.md)."""
-        import torch
-        from vllm.platforms import current_platform
-
-        threads = self.threads or (step_threads() if current_platform.is_cpu() else 0)
-        if threads:
-            # vLLM's CPU worker made torch.set_num_threads a no-op; torch._C's is the real one
-            torch._C.set_num_threads(threads)
-        self.running_threads = torch.get_num_threads()
+        self.running_threads = set_step_threads(self.threads)
 
     def _step(self, batch: list[VLLMWork]) -> list[StepOutput]:
         from vllm import SamplingParams
@@ -395,13 +383,3 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
 
 
 _NOTHING = StepOutput()
-
-
-def step_threads() -> int:
-    """vLLM's own rule for its CPU worker (``vllm serve``): the CPUs this process may run
-    on, less one kept for the scheduler and the API (at least one)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus - 1)
