@@ -2,7 +2,7 @@
 same engine arguments, the same client, back to back on loopback (prints numbers; not a test).
 
     .venv-vllm/bin/python benchmarks/vllm_compare.py [--points 1,8,32] [--prompt 128]
-        [--tokens 128] [--turns 10] [--width 512] [--layers 8] [--eager]
+        [--tokens 128] [--turns 10] [--width 512] [--layers 8] [--eager] [--threads N]
 
 Runs in vLLM's environment (.ci/install-vllm). Builds a Llama of realistic CPU shape (width
 512, 8 layers, a 4,096-token byte-level BPE vocabulary: ~30 M parameters) in a temporary
@@ -210,6 +210,9 @@ def main() -> None:
     parser.add_argument("--kv-mb", type=int, default=512)
     parser.add_argument("--eager", action="store_true", help="no torch.compile in either server")
     parser.add_argument("--only", choices=["actorserve", "vllm"], default=None)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="actorserve's parameters.threads (0: the runtime's default)"
+    )
     args = parser.parse_args()
     points = [int(c) for c in args.points.split(",")]
     folder = build(
@@ -233,7 +236,7 @@ def main() -> None:
         "name": "llama",
         "implementation": "vllm",
         "max_batch_size": 32,
-        "parameters": {"engine": engine, "kv_cache_budget_mb": args.kv_mb},
+        "parameters": {"engine": engine, "kv_cache_budget_mb": args.kv_mb, "threads": args.threads},
         "sequence": {"idle_timeout_ms": 600_000},
     }
     (folder / "model-settings.json").write_text(json.dumps(settings))

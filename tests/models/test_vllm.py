@@ -30,6 +30,7 @@ from actorserve import InferenceRequest
 from actorserve.codecs import tensor_from_numpy
 from actorserve.engine import Engine
 from actorserve.models.vllm import VLLMModel
+from actorserve.models.vllm.threads import step_threads
 from actorserve.modelsettings import model_settings_from_dict
 from actorserve.server.composition import serve
 from actorserve.settings import Settings
@@ -105,10 +106,10 @@ def request(prompt: str, **parameters: Any) -> InferenceRequest:
 
 
 @asynccontextmanager
-async def vllm_engine(folder: Path) -> AsyncIterator[tuple[Engine, VLLMModel]]:
+async def vllm_engine(folder: Path, **parameters: Any) -> AsyncIterator[tuple[Engine, VLLMModel]]:
     with trio.fail_after(TIMEOUT):
         async with actorserve.open_engine(
-            [model_settings_from_dict(settings_data(), folder=folder)]
+            [model_settings_from_dict(settings_data(**parameters), folder=folder)]
         ) as engine:
             model = engine.model("llm")
             assert isinstance(model, VLLMModel)
@@ -152,6 +153,29 @@ async def test_greedy_equals_generate_alone_and_16_at_once(folder: Path, oracle:
                 nursery.start_soon(one, i)
         assert ["".join(got[i]) for i in range(16)] == expected
         assert model.vllm_requests() == 0
+
+
+async def test_one_engine_step_per_token_no_step_when_idle_and_the_step_threads(
+    folder: Path, oracle: Oracle
+) -> None:
+    """A stream is stepped once per token (plus the one step vLLM's async scheduling
+    spends before its first output), an idle engine is not stepped, and the step thread
+    runs torch with ``parameters.threads`` OpenMP threads (default: the CPUs less one,
+    vLLM's own rule; at torch's default of one per CPU a token cost 4x the CPU)."""
+    cpus = len(os.sched_getaffinity(0))
+    assert step_threads() == max(1, cpus - 1)
+    async with vllm_engine(folder, threads=2) as (engine, model):
+        before = model.engine_steps
+        response = await engine.infer(
+            request("ROMEO:\n", temperature=0, max_tokens=24, usage=True), model="llm"
+        )
+        assert response.outputs[0].data[0].decode() == oracle.text("ROMEO:\n", 24)
+        tokens = response.parameters["completion_tokens"]
+        assert 0 < model.engine_steps - before <= tokens + 1
+        assert model.running_threads == 2
+        idle = model.engine_steps
+        await trio.sleep(0.05)
+        assert model.engine_steps == idle
 
 
 async def test_stop_usage_seed_and_max_tokens_zero(folder: Path, oracle: Oracle) -> None:

@@ -38,6 +38,7 @@ from ..textlm.generation import (
     stop_strings,
 )
 from .state import VLLMState, VLLMWork
+from .threads import set_step_threads
 
 EXTRA_HINT = (
     "the vllm runtime needs vLLM: pip install 'actorserve[vllm]' and then vLLM itself "
@@ -78,8 +79,19 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         self.engine_args: dict[str, Any] = dict(engine)
         self.max_tokens_limit = int(params.get("max_tokens_limit", 4096))
         self.kv_budget_mb = float(params.get("kv_cache_budget_mb", 512))
+        threads = params.get("threads", 0)
         if self.max_tokens_limit < 0 or self.kv_budget_mb <= 0:
             raise BadInput(f"model {self.name!r}: max_tokens_limit must be >= 0 and kv_cache_budget_mb > 0")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise BadInput(
+                f"model {self.name!r}: parameters.threads: expected an integer >= 0, got {threads!r}"
+            )
+        #: torch's intra-op threads for the steps (0: vLLM's own rule, see :mod:`.threads`)
+        self.threads = threads
+        #: what the step thread runs with, once it stepped (torch's count, read there)
+        self.running_threads = 0
+        #: calls of vLLM's ``engine.step()`` so far (the step thread's)
+        self.engine_steps = 0
         self.engine: Any = None
         self.tokenizer: Any = None
         self.max_context = 0
@@ -284,6 +296,8 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
     # -- the step (the replica's step-loop thread) ----------------------------------------------
 
     def step(self, batch: list[VLLMWork]) -> list[StepOutput]:
+        if not self.running_threads:
+            self._set_threads()
         with self._lock:
             try:
                 outputs = self._step(batch)
@@ -296,6 +310,9 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
                 raise
         self._drain_aborts()
         return outputs
+
+    def _set_threads(self) -> None:
+        self.running_threads = set_step_threads(self.threads)
 
     def _step(self, batch: list[VLLMWork]) -> list[StepOutput]:
         from vllm import SamplingParams
@@ -318,6 +335,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
                 )
                 self.engine.add_request(work.rid, {"prompt_token_ids": work.ids}, params)
                 work.added = True
+        self.engine_steps += 1
         produced: dict[str, Any] = {out.request_id: out for out in self.engine.step()}
         for i, work in enumerate(batch):
             if outputs[i] is not None:
