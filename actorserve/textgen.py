@@ -243,6 +243,16 @@ def chat_turn_request(
     return request
 
 
+def merged_text(responses: Sequence[InferenceResponse]) -> tuple[Tensor, dict[str, Any]]:
+    """A text stream's responses as one answer (a text model's ``merge``): its
+    ``text_output``, BYTES [1] holding the texts joined, and the last response's
+    parameters (the finish reason and usage are the last one's)."""
+    data = np.empty(1, dtype=object)
+    data[0] = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
+    parameters = dict(responses[-1].parameters) if responses else {}
+    return Tensor("text_output", (1,), "BYTES", data), parameters
+
+
 def element_text(value: object) -> str:
     """One BYTES element as text (UTF-8, undecodable bytes replaced)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -41,7 +41,7 @@ import torch
 from ..api import bool_parameter
 from ..errors import BadInput
 from ..model import BatchModel, StepOutput, float_parameter, int_parameter
-from ..textgen import TextGeneration
+from ..textgen import TextGeneration, merged_text
 from ..types import InferenceRequest, InferenceResponse, Tensor
 from .textlm.generation import (
     DEFAULT_MAX_TOKENS,
@@ -177,9 +177,8 @@ class TextModel(BatchModel[TextState, Generation]):
 
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
         """The whole generated text as one ``text_output`` BYTES [1]."""
-        text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
-        parameters = dict(responses[-1].parameters) if responses else {}
-        return self.response(request, [Tensor("text_output", (1,), "BYTES", self._bytes(text))], parameters)
+        output, parameters = merged_text(responses)
+        return self.response(request, [output], parameters)
 
     # -- the step (worker thread) --------------------------------------------------------------
 

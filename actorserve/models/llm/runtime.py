@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
-import numpy as np
 import torch
 
 from ...api import bool_parameter
@@ -24,7 +23,7 @@ from ...declarations import text_generation_of
 from ...errors import BadInput
 from ...model import BatchModel, StepOutput
 from ...modelsettings import ModelSettings
-from ...textgen import TextGeneration, longest_stop_prefix
+from ...textgen import TextGeneration, longest_stop_prefix, merged_text
 from ...texttokens import LOGPROBS_PARAMETER, TOKEN_IDS, logprobs_to_parameter
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..textlm.generation import sample_rows
@@ -296,11 +295,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         request's one answer as it is)."""
         if len(responses) == 1 and responses[0].outputs and responses[0].outputs[0].name == TOKEN_IDS:
             return responses[0]
-        text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
-        parameters = dict(responses[-1].parameters) if responses else {}
-        data = np.empty(1, dtype=object)
-        data[0] = text
-        return self.response(request, [Tensor("text_output", (1,), "BYTES", data)], parameters)
+        output, parameters = merged_text(responses)
+        return self.response(request, [output], parameters)
 
     # -- the step (worker thread) ---------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from ...api import bool_parameter
 from ...errors import BadInput
 from ...model import BatchModel, StepOutput, float_parameter, int_parameter
 from ...modelsettings import ModelSettings
-from ...textgen import TextGeneration, longest_stop_prefix
+from ...textgen import TextGeneration, longest_stop_prefix, merged_text
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..llm.checkpoint import chat_template, source_of
 from ..llm.torchserve import TS_BODY, from_torchserve
@@ -285,13 +285,8 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
 
     def merge(self, request: InferenceRequest, responses: list[InferenceResponse]) -> InferenceResponse:
         """The whole generated text as one ``text_output`` BYTES [1]."""
-        import numpy as np
-
-        text = b"".join(r.outputs[0].data[0] for r in responses if r.outputs)
-        parameters = dict(responses[-1].parameters) if responses else {}
-        data = np.empty(1, dtype=object)
-        data[0] = text
-        return self.response(request, [Tensor("text_output", (1,), "BYTES", data)], parameters)
+        output, parameters = merged_text(responses)
+        return self.response(request, [output], parameters)
 
     # -- the step (the replica's step-loop thread) ----------------------------------------------
 
