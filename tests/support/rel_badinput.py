@@ -66,15 +66,16 @@ def parse_answer(data: bytes, closed: bool) -> Answer:
     return Answer(status, headers, body, closed)
 
 
-async def send_head(port: int, head: bytes, *, wait: float = TIMEOUT) -> Answer:
+async def send_head(port: int, head: bytes, *, wait: float = TIMEOUT, whole_answer: bool = False) -> Answer:
     """Send ``head`` (and nothing more) on a new connection; read until the server closes
-    it or ``wait`` s pass."""
+    it or ``wait`` s pass (``whole_answer``: or until one whole answer with a
+    ``Content-Length`` has arrived, for a connection the server may keep alive)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     data, closed = b"", False
     async with stream:
         await stream.send_all(head)
         with trio.move_on_after(wait):
-            while True:
+            while not (whole_answer and _complete(data)):
                 try:
                     chunk = await stream.receive_some(65536)
                 except trio.BrokenResourceError:  # a reset after the answer
@@ -84,6 +85,18 @@ async def send_head(port: int, head: bytes, *, wait: float = TIMEOUT) -> Answer:
                     break
                 data += chunk
     return parse_answer(data, closed)
+
+
+def _complete(data: bytes) -> bool:
+    """``data`` holds an answer's head and as much body as its Content-Length says."""
+    head, found, body = data.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value.strip())
+    return False
 
 
 def head_of(method: str, path: str, length: int, content_type: str = "application/json") -> bytes:
