@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import grpc
 import httpx
 import psutil
 import pytest
-from support.servers import ServerProcess, start_server
+from support.servers import Served, identity_folder, serving
 
 from actorserve.limits import MAX_BYTES_ELEMENTS, MAX_PARAMETER_DEPTH
 from actorserve.proto import inference as pb
@@ -40,37 +39,19 @@ SLACK = 24 * 1024 * 1024
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-@attrs.frozen
-class Served:
-    process: ServerProcess
-    http: str
-    grpc: str
-
-
 @pytest.fixture(scope="module", params=[0, 1], ids=["api-workers-0", "api-workers-1"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    folder = tmp_path_factory.mktemp("models")
-    (folder / "identity").mkdir()
-    (folder / "identity" / "model-settings.json").write_text(
-        json.dumps({"name": "identity", "implementation": "actorserve.models.identity.IdentityModel"})
-    )
+    folder = identity_folder(tmp_path_factory.mktemp("models"))
     if _has_transformers():
         from support.tiny_llm import build
 
         build(folder / "llm", "gpt2", dtype="float32")
-    args = ["--http-port", "0", "--grpc-port", "0", "--api-workers", str(request.param)]
-    server = start_server(*args, "--no-auth", "--max-body-bytes", str(BODY_LIMIT), str(folder))
-    try:
-        server.wait_for(r"serving with 1 front process" if request.param else r"REST listening on", 90)
-        http = server.wait_for(r"REST listening on (http://\S+)")[1]
-        grpc_address = server.wait_for(r"gRPC listening on (\S+)")[1]
+    with serving(folder, request.param, "--max-body-bytes", str(BODY_LIMIT), ready_within=90) as served:
         # one request of each kind first: one-time costs (the first connection, the gRPC
         # client, a worker thread, the first parse in a thread) are no part of a request's
-        assert httpx.post(f"{http}/v2/models/identity/infer", json={"inputs": []}).status_code == 400
-        _post(Served(server, http, grpc_address), _strings(100_000))
-        yield Served(server, http, grpc_address)
-    finally:
-        server.stop()
+        assert httpx.post(f"{served.http}/v2/models/identity/infer", json={"inputs": []}).status_code == 400
+        _post(served, _strings(100_000))
+        yield served
 
 
 def _has_transformers() -> bool:

@@ -30,7 +30,7 @@ import pytest
 import trio
 from support.pace import pace
 from support.rel_load import RssSampler, tree_rss
-from support.servers import ServerProcess, start_server
+from support.servers import Served, identity_folder, serving
 
 from actorserve.proto import inference as pb
 
@@ -45,38 +45,17 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 PREDICTIONS = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Predictions"
 
 
-@attrs.frozen
-class Served:
-    process: ServerProcess
-    http: str
-    grpc: str
-
-
 @pytest.fixture(scope="module", params=[0, 1], ids=["api-workers-0", "api-workers-1"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    folder = tmp_path_factory.mktemp("models")
-    (folder / "identity").mkdir()
-    (folder / "identity" / "model-settings.json").write_text(
-        json.dumps({"name": "identity", "implementation": "actorserve.models.identity.IdentityModel"})
-    )
-    workers = str(request.param)
-    server = start_server(
-        "--http-port", "0", "--grpc-port", "0", "--api-workers", workers, "--no-auth", str(folder)
-    )
-    try:
-        server.wait_for(r"serving with 1 front process" if request.param else r"REST listening on", 60)
-        http = server.wait_for(r"REST listening on (http://\S+)")[1]
-        grpc_address = server.wait_for(r"gRPC listening on (\S+)")[1]
+    with serving(identity_folder(tmp_path_factory.mktemp("models")), request.param) as served:
         # the first call of each kind pays one-time costs (the gRPC client's start, the
         # first connection) that are no part of what the cases measure
         assert (
-            _grpc_infer(grpc_address, pb.ModelInferRequest(model_name="identity"))[0]
+            _grpc_infer(served.grpc, pb.ModelInferRequest(model_name="identity"))[0]
             == grpc.StatusCode.INVALID_ARGUMENT
         )
-        assert httpx.post(f"{http}/v2/models/identity/infer", json={"inputs": []}).status_code == 400
-        yield Served(server, http, grpc_address)
-    finally:
-        server.stop()
+        assert httpx.post(f"{served.http}/v2/models/identity/infer", json={"inputs": []}).status_code == 400
+        yield served
 
 
 @attrs.define

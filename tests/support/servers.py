@@ -3,6 +3,7 @@ need the real command line (examples, the multi-process server)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,7 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -79,3 +81,47 @@ def start_server(*args: str, env: Mapping[str, str] | None = None) -> ServerProc
     server.reader = threading.Thread(target=server._drain, daemon=True)
     server.reader.start()
     return server
+
+
+@attrs.frozen
+class Served:
+    """A server of :func:`serving` and where it listens (``http``: a URL, ``grpc``: host:port)."""
+
+    process: ServerProcess
+    http: str
+    grpc: str
+
+
+def identity_folder(folder: Path) -> Path:
+    """``folder`` holding one model folder, ``identity`` (the built-in identity model)."""
+    (folder / "identity").mkdir()
+    (folder / "identity" / "model-settings.json").write_text(
+        json.dumps({"name": "identity", "implementation": "actorserve.models.identity.IdentityModel"})
+    )
+    return folder
+
+
+@contextmanager
+def serving(folder: Path, api_workers: int, *args: str, ready_within: float = 60) -> Iterator[Served]:
+    """``python -m actorserve`` on ``folder`` (no auth, ports 0, ``api_workers`` fronts and
+    ``args``), yielded once every front serves, stopped after."""
+    server = start_server(
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--api-workers",
+        str(api_workers),
+        "--no-auth",
+        *args,
+        str(folder),
+    )
+    try:
+        server.wait_for(
+            r"serving with 1 front process" if api_workers else r"REST listening on", ready_within
+        )
+        http = server.wait_for(r"REST listening on (http://\S+)")[1]
+        grpc_address = server.wait_for(r"gRPC listening on (\S+)")[1]
+        yield Served(server, http, grpc_address)
+    finally:
+        server.stop()
