@@ -77,7 +77,8 @@ def _parameter(parameter: inspect.Parameter) -> str:
 def unary_methods(protocol: type[Any] = EngineAPI) -> list[UnaryMethod]:
     """The protocol's ``@unary`` methods in the order they are written (a subclass's
     after its bases'). ``TypeError`` for one the records cannot carry: a parameter
-    that is ``*args``, ``**kwargs`` or positional-only, or not annotated."""
+    that is ``*args``, ``**kwargs`` or positional-only, or not annotated; no result
+    type; ``remembered`` with no answer to remember."""
     found: dict[str, UnaryMethod] = {}
     for cls in reversed(protocol.__mro__):
         for name, method in vars(cls).items():
@@ -89,6 +90,10 @@ def unary_methods(protocol: type[Any] = EngineAPI) -> list[UnaryMethod]:
             for parameter in parameters:
                 if parameter.kind not in _PLAIN or not isinstance(parameter.annotation, str):
                     raise TypeError(f"{name}: a unary call's parameter is plain and annotated: {parameter}")
+            if not isinstance(signature.return_annotation, str):
+                raise TypeError(f"{name}: a unary call names its result type (-> ...)")
+            if label.remembered and signature.return_annotation == "None":
+                raise TypeError(f"{name}: a remembered call answers something (the client keeps it)")
             found[name] = UnaryMethod(
                 name, label.record, label.remembered, parameters, signature.return_annotation
             )
@@ -105,6 +110,8 @@ def _imports(methods: Sequence[UnaryMethod], api_module: str, needs: dict[str, s
             names.update(re.findall(r"[A-Za-z_]\w*", text))
     by_module = {module: set(wanted) for module, wanted in needs.items()}
     for name in names - set(dir(builtins)):
+        if not hasattr(api, name):
+            raise TypeError(f"{name}: a unary call's annotations name what actorserve.api imports")
         module = getattr(getattr(api, name), "__module__", "")
         by_module.setdefault(api_module if module.startswith("actorserve") else module, set()).add(name)
 
@@ -241,16 +248,15 @@ def rendered(protocol: type[Any] = EngineAPI) -> dict[Path, str]:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    stale = [path for path, text in rendered().items() if not path.is_file() or path.read_text() != text]
-    if "--check" in argv:
-        for path in stale:
+    texts = rendered()
+    stale = {path: text for path, text in texts.items() if not path.is_file() or path.read_text() != text}
+    for path, text in stale.items():
+        if "--check" in argv:
             print(f"{path.relative_to(PACKAGE.parent)} is out of date: run python -m actorserve.unarygen")
-        return 1 if stale else 0
-    for path, text in rendered().items():
-        if path in stale:
+        else:
             path.write_text(text)
             print(f"wrote {path.relative_to(PACKAGE.parent)}")
-    return 0
+    return 1 if stale and "--check" in argv else 0
 
 
 if __name__ == "__main__":

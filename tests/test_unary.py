@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -134,13 +135,40 @@ def test_a_new_unary_method_is_its_signature_and_nothing_else() -> None:
     ) in client
 
 
-def test_a_signature_the_records_cannot_carry_is_refused() -> None:
-    class Splat(EngineAPI, Protocol):
-        @unary("Splat")
-        async def splat(self, *names: str) -> None: ...
+class Splat(EngineAPI, Protocol):
+    @unary("Splat")
+    async def splat(self, *names: str) -> None: ...
 
-    with pytest.raises(TypeError, match="splat: a unary call's parameter is plain and annotated"):
-        unarygen.unary_methods(Splat)
+
+class Bare(EngineAPI, Protocol):
+    @unary("Bare")
+    async def bare(self, name) -> None: ...  # type: ignore[no-untyped-def]
+
+
+class Silent(EngineAPI, Protocol):
+    @unary("Silent", remembered=True)
+    async def silent(self, name: str) -> None: ...
+
+
+class Foreign(EngineAPI, Protocol):
+    @unary("Foreign")
+    async def foreign(self, name: str) -> Path: ...
+
+
+@pytest.mark.parametrize(
+    ("protocol", "message"),
+    [
+        (Splat, r"splat: a unary call's parameter is plain and annotated: \*names"),
+        (Bare, "bare: a unary call's parameter is plain and annotated: name"),
+        (Silent, "silent: a remembered call answers something"),
+        (Foreign, "Path: a unary call's annotations name what actorserve.api imports"),
+    ],
+    ids=lambda p: getattr(p, "__name__", None),
+)
+def test_a_signature_the_records_cannot_carry_is_refused(protocol: type[Any], message: str) -> None:
+    """The generator says which method and why, rather than writing code that breaks."""
+    with pytest.raises(TypeError, match=message):
+        unarygen.rendered(protocol)
 
 
 @pytest.mark.parametrize("record", sorted(UNARY_CALLS, key=lambda r: r.__name__), ids=lambda r: r.__name__)
