@@ -81,6 +81,8 @@ def unary(record: str, *, remembered: bool = False) -> Callable[[M], M]:
     from its signature (:mod:`actorserve.unary`)."""
 
     def label(method: M) -> M:
+        if unary_of(method) is not None:  # two labels: one would be silently lost
+            raise TypeError(f"{method.__name__} is labelled @unary twice")
         setattr(method, UNARY_LABEL, Unary(record, remembered))
         return method
 
