@@ -8,16 +8,20 @@ may need a round trip) and every value that crosses it is a plain frozen record.
 
 A request's controls (sequence, owner, priority, timeout) are one
 :class:`RequestControl` record on the request, filled once by each door's wire module
-(:mod:`.controls`, re-exported here). The unary (management) methods are also one typed
-:meth:`EngineAPI.call` each: a :class:`UnaryCall` record of :mod:`actorserve.unary`.
+(:mod:`.controls`, re-exported here).
+
+Each unary (management) method is written once, here, labelled ``@unary("Record")``:
+its signature is the one source of its record (a :class:`UnaryCall`, which
+:meth:`EngineAPI.call` runs) and of the engine client's named method, both written
+from it by ``python -m actorserve.unarygen`` (:mod:`actorserve.unary` says why).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -46,14 +50,53 @@ if TYPE_CHECKING:
     from .rawevents import RawEvent
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Callable[..., Awaitable[Any]])
 
 
 class UnaryCall(Generic[T]):
     """A typed request for one unary engine method, whose answer is a ``T``: the records
-    and the table that runs them are in :mod:`actorserve.unary`; pass one to
-    :meth:`EngineAPI.call`. (The base lives here so the boundary can name it.)"""
+    are in :mod:`actorserve.unary_records`, the table that runs them in
+    :mod:`actorserve.unary`; pass one to :meth:`EngineAPI.call`. (The base lives here so
+    the boundary can name it.)"""
 
     __slots__ = ()
+
+
+@attrs.frozen
+class Unary:
+    """What ``@unary`` says of an :class:`EngineAPI` method (see :func:`unary`)."""
+
+    #: the name of the record that carries a call of it (``Unload``)
+    record: str
+    #: a front may keep the answer until the engine pushes ``ModelsChanged`` (the
+    #: answers asked before every gRPC stream message, OpenAI completion and REST
+    #: ``text_input`` generate; the engine's ``Watchers`` fire whenever one may change)
+    remembered: bool = False
+
+
+def unary(record: str, *, remembered: bool = False) -> Callable[[M], M]:
+    """Mark an :class:`EngineAPI` method as a unary call, answered once and carried by the
+    record named ``record``. The method stays as written (this only labels it);
+    ``python -m actorserve.unarygen`` writes the record and the engine client's method
+    from its signature (:mod:`actorserve.unary`)."""
+
+    def label(method: M) -> M:
+        if unary_of(method) is not None:  # two labels: one would be silently lost
+            raise TypeError(f"{method.__name__} is labelled @unary twice")
+        setattr(method, UNARY_LABEL, Unary(record, remembered))
+        return method
+
+    return label
+
+
+#: the attribute :func:`unary` labels a method with
+UNARY_LABEL: Final = "__unary__"
+
+
+def unary_of(method: object) -> Unary | None:
+    """What ``@unary`` said of ``method``; None for a method it does not label."""
+    label = getattr(method, UNARY_LABEL, None)
+    return label if isinstance(label, Unary) else None
 
 
 class ModelState(enum.StrEnum):
@@ -227,26 +270,37 @@ class EngineAPI(Protocol):
 
     Streams are async context managers: leaving the block (or being cancelled) cancels
     the request in the engine, which drops it from its batch at the next step; the
-    request's sequence, if any, stays open."""
+    request's sequence, if any, stays open.
 
+    Every method but the streams, :meth:`infer` and :meth:`call` is a unary call,
+    labelled ``@unary`` with its record's name (``tests/test_unary.py`` checks that no
+    method is neither)."""
+
+    @unary("IsReady")
     async def ready(self) -> bool:
         """Every model loaded and ready, and the engine accepting work."""
         ...
 
+    @unary("ListModels")
     async def models(self) -> list[ModelInfo]:
         """Every loaded model version."""
         ...
 
+    @unary("GetModelInfo", remembered=True)
     async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
         """One model version (default: the default or newest); :class:`ModelNotFound`."""
         ...
 
+    @unary("GetMetadata", remembered=True)
     async def metadata(self, name: str, version: str | None = None) -> ModelMetadata: ...
 
+    @unary("GetRepositoryIndex")
     async def repository_index(self) -> list[RepositoryEntry]: ...
 
+    @unary("GetStatistics")
     async def statistics(self, name: str, version: str | None = None) -> ModelStatistics: ...
 
+    @unary("LoadFromRepository")
     async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
         """(Re)load every version of model ``name`` from the model repository, importing
         its code afresh; ``config``: model-settings.json fields in place of the folder's
@@ -254,6 +308,7 @@ class EngineAPI(Protocol):
         :class:`BadInput` say why not; the repository index keeps the reason."""
         ...
 
+    @unary("LoadArchive")
     async def load_archive(
         self,
         path: str,
@@ -270,6 +325,7 @@ class EngineAPI(Protocol):
         :class:`ModelFailed` if its handler fails to initialize."""
         ...
 
+    @unary("Unload")
     async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
         """Unload a model (every version, or one); in-flight requests get ``grace``
         seconds (default: the server's grace period); its sequences end ``shutdown``."""
@@ -277,6 +333,7 @@ class EngineAPI(Protocol):
 
     # -- management beyond the OIP (docs/management.md) --
 
+    @unary("SetWorkers")
     async def set_workers(
         self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
     ) -> None:
@@ -284,14 +341,17 @@ class EngineAPI(Protocol):
         requests get ``grace`` seconds and their sequences end ``shutdown``."""
         ...
 
+    @unary("SetDefaultVersion")
     async def set_default_version(self, name: str, version: str) -> None:
         """Serve ``version`` of ``name`` when a request names no version."""
         ...
 
+    @unary("Describe")
     async def describe(self, name: str, version: str | None = None) -> ModelDescription:
         """Workers, batch settings, open sequences, queue depths and state of a version."""
         ...
 
+    @unary("GetInferenceStatistics")
     async def inference_statistics(
         self, name: str = "", version: str | None = None
     ) -> list[InferenceStatistics]:
@@ -317,14 +377,15 @@ class EngineAPI(Protocol):
         """MLServer's ``predict_stream``: a stream of requests in, responses out."""
         ...
 
+    @unary("WaitIdle")
     async def wait_idle(self) -> None:
         """Return once no request is in flight in any model (for tests and drains)."""
         ...
 
     async def call(self, request: UnaryCall[T]) -> T:
         """Run one unary method given as its record (:mod:`actorserve.unary`), e.g.
-        ``await engine.call(Unload("m", grace=0))``: the named methods above are each
-        one of these; a management method without a name here is reached only so."""
+        ``await engine.call(Unload("m", grace=0))``: each ``@unary`` method above is one
+        of these (its record is in :mod:`actorserve.unary_records`)."""
         ...
 
 
@@ -350,10 +411,14 @@ __all__ = [
     "ResponseStream",
     "RequestControl",
     "TensorMetadata",
+    "UNARY_LABEL",
+    "Unary",
     "UnaryCall",
     "bool_parameter",
     "control_of",
     "no_sequence_id",
     "no_sequence_text",
+    "unary",
+    "unary_of",
     "with_control",
 ]

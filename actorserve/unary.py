@@ -1,172 +1,65 @@
 """The engine's unary methods as typed records, and the one table that runs them.
 
-Each unary (management) method of :class:`~actorserve.api.EngineAPI` is a frozen record
-here, a :class:`~actorserve.api.UnaryCall` that names its result type (:class:`Unload`
-is a ``UnaryCall[None]``), and one row of :data:`UNARY_CALLS`: its name on the engine
-link and the engine coroutine it runs. Everything else follows from the table:
+Each unary (management) method of :class:`~actorserve.api.EngineAPI` is written once,
+in ``api.py``, labelled ``@unary("Record")``. From that signature
+``python -m actorserve.unarygen`` writes (:mod:`actorserve.unarygen`):
 
-- ``Engine.call`` runs a record in process (:func:`dispatch`);
+- its record (:mod:`actorserve.unary_records`), a frozen
+  :class:`~actorserve.api.UnaryCall` whose fields are the method's parameters by the
+  same names and whose base names its result type (:class:`Unload` is a
+  ``UnaryCall[None]``), and its row;
+- the engine client's named method (:mod:`actorserve.ipc.unary_methods`), one
+  ``call`` of the record, which ``EngineClient`` inherits.
+
+Everything else follows from :data:`UNARY_CALLS`, this module's table of those rows:
+
+- ``Engine.call`` runs a record in process (:func:`dispatch`: the engine's method of
+  the row's name, called with the record's fields);
 - the engine link (:mod:`actorserve.ipc.unary_values`) sends a record as its name and
   fields, and its result by the codec of the record's result type; the engine side
-  decodes it and calls ``engine.call``; ``EngineClient``'s named methods are each one
-  ``call``.
+  decodes it and calls ``engine.call``.
 
-Adding a management method is a record here, a row in :data:`UNARY_CALLS` and the
-method on :class:`~actorserve.engine.Engine` (docs/architecture.md, "Which files a
-newcomer edits"). The fields of a record are the method's parameters, by the same names: the
-link checks each value it receives against the field's annotation
-(:func:`~actorserve.ipc.unary_values.call_from_plain`), so a field is ``str``, ``int``,
-``float``, ``bool`` or ``Mapping[str, Any]``, optionally ``| None``.
+So adding a unary method is two edits: the method on ``EngineAPI`` (``api.py``) and on
+:class:`~actorserve.engine.Engine` (``engine/core.py``), then running the generator
+(docs/architecture.md, "Which files a newcomer edits"). mypy checks the Engine against
+the protocol and the written code like any other; ``tests/test_unary.py`` fails while
+the written files are out of date. The link checks each value it receives against its
+field's annotation (:func:`~actorserve.ipc.unary_values.call_from_plain`), so a
+parameter is ``str``, ``int``, ``float``, ``bool`` or ``Mapping[str, Any]``, optionally
+``| None``.
+
+Why a generator, weighed against the other ways to write a signature once: classes made
+at import (the records, or the client's methods from the table) are invisible to mypy,
+which then cannot check that ``EngineClient`` is an ``EngineAPI``; a hand-written
+client method or record per method is the copy this removes; a protocol default that
+builds the record needs the record written out anyway. Written files are plain code a
+newcomer reads, and mypy checks them (the project regenerates its gRPC code and
+docs/cli.md the same way).
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
-from .api import (
-    EngineAPI,
-    InferenceStatistics,
-    ModelDescription,
-    ModelInfo,
-    ModelMetadata,
-    ModelStatistics,
-    RepositoryEntry,
-    UnaryCall,
-)
+from .api import EngineAPI, UnaryCall
+from .unary_records import ROWS
 
 T = TypeVar("T")
 R = TypeVar("R", bound=UnaryCall[Any])
-
-
-# -- the records (one per unary method; the docstring names the EngineAPI method) -----------
-
-
-@attrs.frozen
-class IsReady(UnaryCall[bool]):
-    """:meth:`~actorserve.api.EngineAPI.ready`"""
-
-
-@attrs.frozen
-class ListModels(UnaryCall[list[ModelInfo]]):
-    """:meth:`~actorserve.api.EngineAPI.models`"""
-
-
-@attrs.frozen
-class GetModelInfo(UnaryCall[ModelInfo]):
-    """:meth:`~actorserve.api.EngineAPI.model_info`"""
-
-    name: str
-    version: str | None = None
-
-
-@attrs.frozen
-class GetMetadata(UnaryCall[ModelMetadata]):
-    """:meth:`~actorserve.api.EngineAPI.metadata`"""
-
-    name: str
-    version: str | None = None
-
-
-@attrs.frozen
-class GetRepositoryIndex(UnaryCall[list[RepositoryEntry]]):
-    """:meth:`~actorserve.api.EngineAPI.repository_index`"""
-
-
-@attrs.frozen
-class GetStatistics(UnaryCall[ModelStatistics]):
-    """:meth:`~actorserve.api.EngineAPI.statistics`"""
-
-    name: str
-    version: str | None = None
-
-
-@attrs.frozen
-class LoadFromRepository(UnaryCall[None]):
-    """:meth:`~actorserve.api.EngineAPI.load_from_repository`"""
-
-    name: str
-    config: Mapping[str, Any] | None = None
-
-
-@attrs.frozen
-class LoadArchive(UnaryCall[ModelInfo]):
-    """:meth:`~actorserve.api.EngineAPI.load_archive`"""
-
-    path: str
-    name: str | None = None
-    handler: str | None = None
-    batch_size: int | None = None
-    max_batch_delay_ms: int | None = None
-    workers: int | None = None
-
-
-@attrs.frozen
-class Unload(UnaryCall[None]):
-    """:meth:`~actorserve.api.EngineAPI.unload`"""
-
-    name: str
-    version: str | None = None
-    grace: float | None = None
-
-
-@attrs.frozen
-class SetWorkers(UnaryCall[None]):
-    """:meth:`~actorserve.api.EngineAPI.set_workers`"""
-
-    name: str
-    workers: int
-    version: str | None = None
-    grace: float | None = None
-
-
-@attrs.frozen
-class SetDefaultVersion(UnaryCall[None]):
-    """:meth:`~actorserve.api.EngineAPI.set_default_version`"""
-
-    name: str
-    version: str
-
-
-@attrs.frozen
-class Describe(UnaryCall[ModelDescription]):
-    """:meth:`~actorserve.api.EngineAPI.describe`"""
-
-    name: str
-    version: str | None = None
-
-
-@attrs.frozen
-class GetInferenceStatistics(UnaryCall[list[InferenceStatistics]]):
-    """:meth:`~actorserve.api.EngineAPI.inference_statistics`"""
-
-    name: str = ""
-    version: str | None = None
-
-
-@attrs.frozen
-class WaitIdle(UnaryCall[None]):
-    """:meth:`~actorserve.api.EngineAPI.wait_idle`"""
-
-
-# -- the table ----------------------------------------------------------------------------
 
 
 @attrs.frozen
 class Route(Generic[R]):
     """A row of :data:`UNARY_CALLS`: how one record is named on the link and run."""
 
-    #: its name on the engine link (the EngineAPI method's name)
+    #: its name on the engine link, the EngineAPI method it runs
     name: str
     record: type[R]
-    #: the engine coroutine it runs
-    run: Callable[[EngineAPI, R], Awaitable[Any]]
-    #: a front may keep the answer until the engine pushes ``ModelsChanged`` (the
-    #: answers asked before every gRPC stream message, OpenAI completion and REST
-    #: ``text_input`` generate; the engine's ``Watchers`` fire whenever one may change)
+    #: a front may keep the answer until the engine pushes ``ModelsChanged``
+    #: (``@unary(..., remembered=True)``, :class:`~actorserve.api.Unary`)
     remembered: bool = False
 
     @property
@@ -175,70 +68,10 @@ class Route(Generic[R]):
         return result_type(self.record)
 
 
-def route(
-    name: str, record: type[R], run: Callable[[EngineAPI, R], Awaitable[Any]], *, remembered: bool = False
-) -> Route[R]:
-    """A row (a function, so mypy checks ``run`` against ``record``'s fields)."""
-    return Route(name, record, run, remembered)
-
-
 #: record type -> its row. The engine side serves exactly these unary calls; ``infer``
 #: and the streams have messages of their own (:mod:`actorserve.ipc.frames`).
 UNARY_CALLS: Final[dict[type[UnaryCall[Any]], Route[Any]]] = {
-    row.record: row
-    for row in (
-        route("ready", IsReady, lambda engine, r: engine.ready()),
-        route("models", ListModels, lambda engine, r: engine.models()),
-        route(
-            "model_info",
-            GetModelInfo,
-            lambda engine, r: engine.model_info(r.name, r.version),
-            remembered=True,
-        ),
-        route(
-            "metadata",
-            GetMetadata,
-            lambda engine, r: engine.metadata(r.name, r.version),
-            remembered=True,
-        ),
-        route("repository_index", GetRepositoryIndex, lambda engine, r: engine.repository_index()),
-        route("statistics", GetStatistics, lambda engine, r: engine.statistics(r.name, r.version)),
-        route(
-            "load_from_repository",
-            LoadFromRepository,
-            lambda engine, r: engine.load_from_repository(r.name, r.config),
-        ),
-        route(
-            "load_archive",
-            LoadArchive,
-            lambda engine, r: engine.load_archive(
-                r.path,
-                name=r.name,
-                handler=r.handler,
-                batch_size=r.batch_size,
-                max_batch_delay_ms=r.max_batch_delay_ms,
-                workers=r.workers,
-            ),
-        ),
-        route("unload", Unload, lambda engine, r: engine.unload(r.name, r.version, grace=r.grace)),
-        route(
-            "set_workers",
-            SetWorkers,
-            lambda engine, r: engine.set_workers(r.name, r.workers, r.version, grace=r.grace),
-        ),
-        route(
-            "set_default_version",
-            SetDefaultVersion,
-            lambda engine, r: engine.set_default_version(r.name, r.version),
-        ),
-        route("describe", Describe, lambda engine, r: engine.describe(r.name, r.version)),
-        route(
-            "inference_statistics",
-            GetInferenceStatistics,
-            lambda engine, r: engine.inference_statistics(r.name, r.version),
-        ),
-        route("wait_idle", WaitIdle, lambda engine, r: engine.wait_idle()),
-    )
+    record: Route(name, record, remembered) for name, record, remembered in ROWS
 }
 
 #: link name -> row (what the engine side decodes a call by)
@@ -261,29 +94,16 @@ async def dispatch(engine: EngineAPI, request: UnaryCall[T]) -> T:
     row = UNARY_CALLS.get(type(request))
     if row is None:
         raise TypeError(f"{type(request).__name__} is not a unary engine call")
-    result: T = await row.run(engine, request)
+    # by keyword: a record's fields are its method's parameters, by the same names
+    fields = {field.name: getattr(request, field.name) for field in attrs.fields(row.record)}
+    result: T = await getattr(engine, row.name)(**fields)
     return result
 
 
 __all__ = [
     "BY_NAME",
     "UNARY_CALLS",
-    "Describe",
-    "GetInferenceStatistics",
-    "GetMetadata",
-    "GetModelInfo",
-    "GetRepositoryIndex",
-    "GetStatistics",
-    "IsReady",
-    "ListModels",
-    "LoadArchive",
-    "LoadFromRepository",
     "Route",
-    "SetDefaultVersion",
-    "SetWorkers",
-    "Unload",
-    "WaitIdle",
     "dispatch",
     "result_type",
-    "route",
 ]

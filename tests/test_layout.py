@@ -37,8 +37,8 @@ GENERATED = (
 #: modules allowed past MAX_LINES, each with why (reviewed: an entry is a decision)
 LONG_MODULES: dict[str, str] = {
     "actorserve/server/processes.py": "the parent's supervision of its children (start in order, watch, restart, the ordered stop); seam when it grows: run_parent and its signals to a module of their own",
-    "actorserve/engine/core.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary ones to it by record)",
-    "actorserve/ipc/client.py": "one thing, the front's EngineAPI over the engine link: the link's reader and writer tasks, the unary calls by record, the streams and their cancellation",
+    "actorserve/api.py": "one thing, the engine boundary: EngineAPI (each unary method written once, labelled @unary for actorserve/unarygen.py), the records it answers with, the enums; seam when it grows: the answer records (ModelInfo, ModelMetadata, ...) to a module of their own, as descriptions.py holds the management ones",
+    "actorserve/engine/core.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary calls to them by name)",
     "actorserve/ipc/frames.py": "one thing, the link's messages and their codec: a class and an encode/decode pair per message, and the frame around them",
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
     "actorserve/models/llm/runtime.py": "one thing, the transformers BatchModel (its request's admission in begin, the step); the seam when it grows: the load (device, dtype, checkpoint, tokenizer) into a module of its own",

@@ -1,25 +1,29 @@
 """The unary engine calls as typed records (actorserve.unary): one record and one table
-row per unary EngineAPI method, run in process by Engine.call, and sent across the
-engine link as a name and the record's fields, checked field by field on arrival."""
+row per @unary EngineAPI method, written from its signature by actorserve.unarygen, run
+in process by Engine.call, and sent across the engine link as a name and the record's
+fields, checked field by field on arrival."""
 
 from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import attrs
 import pytest
 from support.models import recording_settings
 
 import actorserve
-from actorserve.api import EngineAPI, ModelState, UnaryCall
+from actorserve import unarygen
+from actorserve.api import EngineAPI, ModelInfo, ModelState, UnaryCall, unary, unary_of
 from actorserve.engine import Engine
 from actorserve.errors import BadInput, ModelNotFound
 from actorserve.ipc.unary_values import call_from_plain, call_to_plain, result_codec
-from actorserve.unary import (
-    BY_NAME,
-    UNARY_CALLS,
+from actorserve.unary import BY_NAME, UNARY_CALLS, dispatch, result_type
+from actorserve.unary_records import (
+    ROWS,
     Describe,
     GetInferenceStatistics,
     GetMetadata,
@@ -34,8 +38,6 @@ from actorserve.unary import (
     SetWorkers,
     Unload,
     WaitIdle,
-    dispatch,
-    result_type,
 )
 
 #: one record of each kind, every field given a value unlike its default
@@ -60,26 +62,129 @@ SAMPLES: list[UnaryCall[Any]] = [
 NOT_UNARY = {"infer", "infer_stream", "stream", "call"}
 
 
-def api_methods() -> set[str]:
-    return {name for name, _ in inspect.getmembers(EngineAPI, inspect.isfunction) if not name.startswith("_")}
+def api_methods() -> dict[str, Any]:
+    return {
+        name: method
+        for name, method in inspect.getmembers(EngineAPI, inspect.isfunction)
+        if not name.startswith("_")
+    }
 
 
-def test_every_unary_method_has_one_record_and_row() -> None:
-    """Each named unary method of EngineAPI has its row; a row may have no named method
-    (reached by ``engine.call`` only), never no Engine method."""
-    assert api_methods() - NOT_UNARY <= set(BY_NAME)
-    assert all(inspect.iscoroutinefunction(getattr(Engine, name)) for name in BY_NAME)
+def test_every_engine_api_method_is_a_unary_call_or_a_stream() -> None:
+    """A method is labelled @unary (and has its record and row) or is one of the four
+    that are not unary calls; a new method that is neither fails here. Every row has
+    its Engine method, which takes the record's fields by keyword (dispatch's call)."""
+    methods = api_methods()
+    unary_names = {name for name, method in methods.items() if unary_of(method) is not None}
+    assert unary_names | NOT_UNARY == set(methods)
+    assert not unary_names & NOT_UNARY
+    assert unary_names == set(BY_NAME) == {name for name, _, _ in ROWS}
+    for name, row in BY_NAME.items():
+        label = unary_of(methods[name])
+        assert label is not None and (label.record, label.remembered) == (row.record.__name__, row.remembered)
+        engine_method = getattr(Engine, name)
+        assert inspect.iscoroutinefunction(engine_method)
+        inspect.signature(engine_method).bind(None, **{f.name: f.default for f in attrs.fields(row.record)})
     assert {type(s) for s in SAMPLES} == set(UNARY_CALLS)
-    assert len(BY_NAME) == len(UNARY_CALLS) == 14
+    assert {name for name, row in BY_NAME.items() if row.remembered} == {"model_info", "metadata"}
+
+
+def test_the_written_files_are_up_to_date() -> None:
+    """unary_records.py and ipc/unary_methods.py are what `python -m actorserve.unarygen`
+    writes from api.py now (run it after changing a @unary method)."""
+    for path, text in unarygen.rendered().items():
+        assert path.read_text() == text, f"{path.name} is out of date: run python -m actorserve.unarygen"
+    assert unarygen.main(["--check"]) == 0
+
+
+class Paused(EngineAPI, Protocol):
+    """EngineAPI with one more unary method, as a newcomer would add it."""
+
+    @unary("Pause")
+    async def pause(self, name: str, *, grace: float | None = None) -> None:
+        """Stop taking requests for ``name``."""
+        ...
+
+    @unary("Peek", remembered=True)
+    async def peek(self, name: str, limits: Mapping[str, Any] | None = None) -> list[ModelInfo]: ...
+
+
+def test_a_new_unary_method_is_its_signature_and_nothing_else() -> None:
+    """The recipe of docs/architecture.md ("A new engine-link message"): the method on
+    the protocol, labelled @unary, is all the generator needs to write its record, its
+    row and the engine client's method (the Engine's method is the other edit)."""
+    methods = unarygen.unary_methods(Paused)
+    assert [m.name for m in methods] == [*BY_NAME, "pause", "peek"]
+    records = unarygen.render_records(methods)
+    client = unarygen.render_methods(methods)
+    for text in (records, client):
+        compile(text, "<written>", "exec")
+    assert "@attrs.frozen\nclass Pause(UnaryCall[None]):" in records
+    assert "    name: str\n    grace: float | None = None\n" in records
+    assert "class Peek(UnaryCall[list[ModelInfo]]):" in records
+    assert "('pause', Pause, False)," in records and "('peek', Peek, True)," in records
+    assert "from collections.abc import Mapping" in records
+    assert (
+        "    async def pause(self, name: str, *, grace: float | None = None) -> None:\n"
+        "        await self.call(Pause(name, grace))\n"
+    ) in client
+    assert (
+        "        remembered: list[ModelInfo] | None = self._remembered.get((Peek, name, limits))\n"
+        "        return remembered if remembered is not None else await self.call(Peek(name, limits))\n"
+    ) in client
+
+
+class Splat(EngineAPI, Protocol):
+    @unary("Splat")
+    async def splat(self, *names: str) -> None: ...
+
+
+class Bare(EngineAPI, Protocol):
+    @unary("Bare")
+    async def bare(self, name) -> None: ...  # type: ignore[no-untyped-def]
+
+
+class Silent(EngineAPI, Protocol):
+    @unary("Silent", remembered=True)
+    async def silent(self, name: str) -> None: ...
+
+
+class Foreign(EngineAPI, Protocol):
+    @unary("Foreign")
+    async def foreign(self, name: str) -> Path: ...
+
+
+def test_a_method_is_labelled_once() -> None:
+    """A label put on a method by mistake (its own lost) is refused where it is written."""
+    with pytest.raises(TypeError, match="pause is labelled @unary twice"):
+
+        class Twice(EngineAPI, Protocol):
+            @unary("Pause")
+            @unary("Resume")
+            async def pause(self, name: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("protocol", "message"),
+    [
+        (Splat, r"splat: a unary call's parameter is plain and annotated: \*names"),
+        (Bare, "bare: a unary call's parameter is plain and annotated: name"),
+        (Silent, "silent: a remembered call answers something"),
+        (Foreign, "Path: a unary call's annotations name what actorserve.api imports"),
+    ],
+    ids=lambda p: getattr(p, "__name__", None),
+)
+def test_a_signature_the_records_cannot_carry_is_refused(protocol: type[Any], message: str) -> None:
+    """The generator says which method and why, rather than writing code that breaks."""
+    with pytest.raises(TypeError, match=message):
+        unarygen.rendered(protocol)
 
 
 @pytest.mark.parametrize("record", sorted(UNARY_CALLS, key=lambda r: r.__name__), ids=lambda r: r.__name__)
 def test_a_record_is_its_methods_parameters(record: type[UnaryCall[Any]]) -> None:
     """Same names, same order, same defaults, and the record names the method's return
-    type (the EngineAPI method's, else the Engine's); so a record read back from the
-    link calls the method as its caller meant."""
-    name = UNARY_CALLS[record].name
-    method = getattr(EngineAPI, name, None) or getattr(Engine, name)
+    type; so a record read back from the link calls the method as its caller meant."""
+    method = getattr(EngineAPI, UNARY_CALLS[record].name)
     parameters = list(inspect.signature(method).parameters.values())[1:]  # self
     fields = attrs.fields(record)
     assert [p.name for p in parameters] == [f.name for f in fields]

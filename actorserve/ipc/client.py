@@ -13,8 +13,9 @@ stream's :meth:`~actorserve.api.ResponseIterator.next_batch` returns every respo
 received for it so far; consuming them gives the engine credit to send more, so a slow
 reader holds at most a window of responses here and the rest waits in the engine.
 
-Every unary method is one :meth:`EngineClient.call` of its record
-(:mod:`actorserve.unary`). Only the answers of the table's ``remembered`` rows
+Every unary method is one :meth:`EngineClient.call` of its record, inherited from
+:class:`~.unary_methods.UnaryMethods`, which ``python -m actorserve.unarygen`` writes
+from :class:`~actorserve.api.EngineAPI` (:mod:`actorserve.unary`). Only the answers of the table's ``remembered`` rows
 (``model_info`` and ``metadata``, asked before every gRPC stream message, OpenAI
 completion and REST ``text_input`` generate) are remembered, keyed by the record: the
 engine pushes :class:`~actorserve.ipc.frames.ModelsChanged` on every load, unload,
@@ -26,46 +27,20 @@ call, and every later one, fails with :class:`~actorserve.errors.ShuttingDown`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
 
-from ..api import (
-    EngineAPI,
-    InferenceStatistics,
-    ModelDescription,
-    ModelInfo,
-    ModelMetadata,
-    ModelStatistics,
-    RepositoryEntry,
-    ResponseIterator,
-    UnaryCall,
-)
+from ..api import EngineAPI, ResponseIterator, UnaryCall
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
 from ..limits import PARSE_IN_THREAD_BYTES
 from ..tracing import link_span
 from ..types import InferenceRequest, InferenceResponse
-from ..unary import (
-    UNARY_CALLS,
-    Describe,
-    GetInferenceStatistics,
-    GetMetadata,
-    GetModelInfo,
-    GetRepositoryIndex,
-    GetStatistics,
-    IsReady,
-    ListModels,
-    LoadArchive,
-    LoadFromRepository,
-    SetDefaultVersion,
-    SetWorkers,
-    Unload,
-    WaitIdle,
-)
+from ..unary import UNARY_CALLS
 from .call_ends import LinkStatistics, Outputs, RemoteResponses, _ClientCall
 from .frames import (
     DEFAULT_LIMITS,
@@ -91,6 +66,7 @@ from .frames import (
     encode_message,
 )
 from .outbox import Outbox
+from .unary_methods import UnaryMethods
 from .unary_values import call_to_plain, result_codec
 from .values import WireError, error_from_plain, raw_bytes, response_from_plain
 
@@ -102,9 +78,11 @@ MAX_REMEMBERED = 4096
 T = TypeVar("T")
 
 
-class EngineClient:
+class EngineClient(UnaryMethods):
     """The :class:`~actorserve.api.EngineAPI` of an engine in another process. Made by
-    :func:`open_engine_client`, which owns the connection and the reader and writer."""
+    :func:`open_engine_client`, which owns the connection and the reader and writer.
+    Its unary methods (``model_info``, ``unload``, ...) are :class:`UnaryMethods`',
+    written from ``EngineAPI`` itself, each one :meth:`call`."""
 
     def __init__(self, stream: trio.abc.Stream, limits: LinkLimits = DEFAULT_LIMITS) -> None:
         self._stream = stream
@@ -278,68 +256,7 @@ class EngineClient:
         _, from_plain = result_codec(type(request))
         return from_plain(reply.value)
 
-    # -- the EngineAPI (each unary method one typed call) ------------------------------------
-
-    async def ready(self) -> bool:
-        return await self.call(IsReady())
-
-    async def models(self) -> list[ModelInfo]:
-        return await self.call(ListModels())
-
-    # model_info and metadata are asked before every gRPC stream message, OpenAI
-    # completion and REST text_input generate: a remembered answer is looked up by its
-    # key before a record is built (a frozen record costs ~1.4 us more to build and hash).
-
-    async def model_info(self, name: str, version: str | None = None) -> ModelInfo:
-        remembered: ModelInfo | None = self._remembered.get((GetModelInfo, name, version))
-        return remembered if remembered is not None else await self.call(GetModelInfo(name, version))
-
-    async def metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        remembered: ModelMetadata | None = self._remembered.get((GetMetadata, name, version))
-        return remembered if remembered is not None else await self.call(GetMetadata(name, version))
-
-    async def repository_index(self) -> list[RepositoryEntry]:
-        return await self.call(GetRepositoryIndex())
-
-    async def statistics(self, name: str, version: str | None = None) -> ModelStatistics:
-        return await self.call(GetStatistics(name, version))
-
-    async def load_from_repository(self, name: str, config: Mapping[str, Any] | None = None) -> None:
-        await self.call(LoadFromRepository(name, config))
-
-    async def set_workers(
-        self, name: str, workers: int, version: str | None = None, *, grace: float | None = None
-    ) -> None:
-        await self.call(SetWorkers(name, workers, version, grace))
-
-    async def describe(self, name: str, version: str | None = None) -> ModelDescription:
-        return await self.call(Describe(name, version))
-
-    async def inference_statistics(
-        self, name: str = "", version: str | None = None
-    ) -> list[InferenceStatistics]:
-        return await self.call(GetInferenceStatistics(name, version))
-
-    async def load_archive(
-        self,
-        path: str,
-        *,
-        name: str | None = None,
-        handler: str | None = None,
-        batch_size: int | None = None,
-        max_batch_delay_ms: int | None = None,
-        workers: int | None = None,
-    ) -> ModelInfo:
-        return await self.call(LoadArchive(path, name, handler, batch_size, max_batch_delay_ms, workers))
-
-    async def unload(self, name: str, version: str | None = None, *, grace: float | None = None) -> None:
-        await self.call(Unload(name, version, grace))
-
-    async def set_default_version(self, name: str, version: str) -> None:
-        await self.call(SetDefaultVersion(name, version))
-
-    async def wait_idle(self) -> None:
-        await self.call(WaitIdle())
+    # -- the EngineAPI's other methods (the unary ones are UnaryMethods') -------------------
 
     async def infer(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None

@@ -62,7 +62,8 @@ from actorserve.ipc.values import (
 from actorserve.settings import SettingsError
 from actorserve.textgen import TextGeneration
 from actorserve.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
-from actorserve.unary import BY_NAME, GetModelInfo
+from actorserve.unary import BY_NAME
+from actorserve.unary_records import GetModelInfo
 
 LIMIT = 1 << 20
 

@@ -10,12 +10,12 @@ import trio
 from link_support import engine_and_path
 
 from actorserve.api import EngineAPI, UnaryCall
+from actorserve.engine import Engine
 from actorserve.errors import BadInput, ModelNotFound
 from actorserve.ipc import open_engine_client
 from actorserve.ipc.frames import Call, Failed, FrameDecoder, Message, Reply, encode_frame, encode_message
-from actorserve.unary import (
-    BY_NAME,
-    UNARY_CALLS,
+from actorserve.unary import BY_NAME, UNARY_CALLS, Route
+from actorserve.unary_records import (
     Describe,
     GetInferenceStatistics,
     GetMetadata,
@@ -28,7 +28,6 @@ from actorserve.unary import (
     SetWorkers,
     Unload,
     WaitIdle,
-    route,
 )
 
 
@@ -71,27 +70,30 @@ async def test_the_named_methods_and_call_share_what_is_remembered() -> None:
 
 @attrs.frozen
 class NameOf(UnaryCall[str]):
-    """A call that is only a record and a row: no EngineAPI or EngineClient method."""
+    """A call that is only a record and a row (and an Engine method): no EngineClient
+    method, so the front reaches it by ``call`` only."""
 
     name: str
     version: str | None = None
 
 
 async def test_a_new_row_is_served_in_both_shapes_with_no_other_edit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recipe of docs/architecture.md ("A new engine-link message"): a record and its
-    row (here over an existing engine method, so no Engine edit) and both Engine.call and
-    EngineClient.call serve it; its result type (str) crosses by the codec table."""
-    row = route("name_of", NameOf, lambda engine, r: _version_name(engine, r))
+    """The recipe of docs/architecture.md ("A new engine-link message"): the generator
+    writes a record and its row from the EngineAPI method (tests/test_unary.py); given
+    them and the Engine's method, both Engine.call and EngineClient.call serve it, with
+    no ipc/ edit; its result type (str) crosses by the codec table."""
+    row = Route("name_of", NameOf)
     monkeypatch.setitem(UNARY_CALLS, NameOf, row)
     monkeypatch.setitem(BY_NAME, "name_of", row)
+    monkeypatch.setattr(Engine, "name_of", _version_name, raising=False)
     async with engine_and_path() as (engine, path), open_engine_client(path) as client:
         assert await engine.call(NameOf("rec")) == await client.call(NameOf("rec", "1")) == "rec/1"
         with pytest.raises(ModelNotFound, match="'nope' is not loaded"):
             await client.call(NameOf("nope"))
 
 
-async def _version_name(engine: EngineAPI, request: NameOf) -> str:
-    info = await engine.model_info(request.name, request.version)
+async def _version_name(engine: EngineAPI, name: str, version: str | None = None) -> str:
+    info = await engine.model_info(name, version)
     return f"{info.name}/{info.version}"
 
 
