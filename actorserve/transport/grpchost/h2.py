@@ -47,6 +47,7 @@ from ...proto.counts import PRECHECKS
 from .. import compression
 from .deadlines import Deadlines
 from .metadata import with_initial_metadata
+from .unary import lean_call, serve_unary
 from .writes import CoalescedWrites
 
 #: messages at least this large are parsed in a worker thread: betterproto2 parses in
@@ -123,6 +124,7 @@ class GrpclibServer(Server):
         deadlines = Deadlines(protocol, self.idle_timeout, self.read_timeout)
 
         fixed = self.fixed_metadata
+        loop = asyncio.get_running_loop()
 
         def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
             stream.headers = headers  # the attribute the client side uses for response headers
@@ -134,7 +136,14 @@ class GrpclibServer(Server):
                 release_stream()
                 deadlines.released()
 
-            accept(stream, headers, release)
+            call = lean_call(handler.mapping, headers)
+            if call is None:
+                accept(stream, headers, release)
+                return
+            # grpclib's Handler.accept, with the lean path's coroutine: its task table is
+            # what cancels the call on RST_STREAM and on close
+            handler.__gc_step__()
+            handler._tasks[stream] = loop.create_task(serve_unary(*call, stream, release))
 
         handler.accept = accept_keeping_headers  # type: ignore[method-assign]
         received, made, lost = protocol.data_received, protocol.connection_made, protocol.connection_lost
