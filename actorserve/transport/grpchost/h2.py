@@ -119,7 +119,7 @@ class GrpclibServer(Server):
 
     def _protocol_factory(self) -> H2Protocol:
         protocol: H2Protocol = super()._protocol_factory()
-        handler = protocol.handler
+        handler: Any = protocol.handler  # grpclib.server.Handler: its mapping and task table
         accept = handler.accept
         deadlines = Deadlines(protocol, self.idle_timeout, self.read_timeout)
 
@@ -145,7 +145,7 @@ class GrpclibServer(Server):
             handler.__gc_step__()
             handler._tasks[stream] = loop.create_task(serve_unary(*call, stream, release))
 
-        handler.accept = accept_keeping_headers  # type: ignore[method-assign]
+        handler.accept = accept_keeping_headers
         received, made, lost = protocol.data_received, protocol.connection_made, protocol.connection_lost
 
         def data_received_checked(data: bytes) -> None:

@@ -98,7 +98,9 @@ class UnaryStream:
         self._send_initial_metadata_done = True
 
 
-def lean_call(mapping: dict[str, Handler], headers: list[tuple[str, str]]) -> tuple[Any, ...] | None:
+def lean_call(
+    mapping: dict[str, Handler], headers: list[tuple[str, str]]
+) -> tuple[_Func, Any, Deadline | None] | None:
     """``(handler function, metadata, deadline)`` (the first arguments of
     :func:`serve_unary`) when the lean path serves the call
     with these request ``headers``; None when grpclib's ``request_handler`` must (see
@@ -178,7 +180,9 @@ async def _send_trailers(stream: UnaryStream, status: Status, message: str | Non
     h2_stream = stream._stream
     if h2_stream._transport.is_closing():
         return
-    headers = [] if stream._send_initial_metadata_done else [(":status", "200"), ("content-type", CONTENT_TYPE)]
+    headers = (
+        [] if stream._send_initial_metadata_done else [(":status", "200"), ("content-type", CONTENT_TYPE)]
+    )
     headers.append(("grpc-status", str(status.value)))
     if message is not None:
         headers.append(("grpc-message", encode_grpc_message(message)))

@@ -36,7 +36,9 @@ RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAUTHENTICATED = "8", "12", "16"
 TOKEN = "s3cret-token-for-tests"
 
 
-def message(model: str = "identity", rid: str = "r", values: tuple[int, ...] = (3, -4), **params: Any) -> bytes:
+def message(
+    model: str = "identity", rid: str = "r", values: tuple[int, ...] = (3, -4), **params: Any
+) -> bytes:
     request = InferenceRequest(
         inputs=[tensor_from_numpy("INPUT0", np.array(values, dtype=np.int64))], id=rid, parameters=params
     )
@@ -74,7 +76,12 @@ def test_lean_call_takes_only_plain_unary_calls_of_lean_methods() -> None:
         "/s/Plain": Handler(_plain, unary, None, None),
         "/s/Stream": Handler(_lean, stream, None, None),
     }
-    base = [(":method", "POST"), (":path", "/s/Lean"), ("content-type", "application/grpc"), ("te", "trailers")]
+    base = [
+        (":method", "POST"),
+        (":path", "/s/Lean"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
     call = lean_call(mapping, [*base, ("x-key", "v"), ("k-bin", "AAE")])
     assert call is not None
     func, metadata, deadline = call
@@ -135,7 +142,9 @@ async def test_the_servers_deadline_ends_the_call_and_its_request() -> None:
     async with running_grpc_server() as server:
         model = server.model("gate")
         # a raw client: it keeps no deadline of its own, so the server's timer ends the call
-        out = await exchange(server.port, frame(message("gate", "late", gate="never")), ("grpc-timeout", "50m"))
+        out = await exchange(
+            server.port, frame(message("gate", "late", gate="never")), ("grpc-timeout", "50m")
+        )
         assert (out.grpc_status, out.data) == (DEADLINE_EXCEEDED, b"")
         with trio.fail_after(TIMEOUT):
             await model.left["late"].wait()
