@@ -34,6 +34,10 @@ import h2.exceptions
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.metadata import Deadline, decode_metadata, encode_grpc_message
+from h2.connection import ConnectionInputs
+from h2.stream import StreamInputs
+from hpack import Decoder
+from hpack.hpack import encode_integer
 
 log = logging.getLogger("actorserve.transport.grpc")
 
@@ -93,9 +97,65 @@ class UnaryStream:
         self._messages_sent = 0
 
     async def send_initial_metadata(self) -> None:
-        """The response headers (with the server's initial metadata, see :mod:`.metadata`)."""
-        await self._stream.send_headers([(":status", "200"), ("content-type", CONTENT_TYPE)])
+        """The response headers, with the server's initial metadata (see :mod:`.metadata`):
+        one HEADERS frame from :data:`RESPONSE_HEADERS` and the metadata's literals."""
+        h2_stream = self._stream
+        extra = getattr(h2_stream, "initial_metadata", ())
+        block = RESPONSE_HEADERS + b"".join(literal(key, value) for key, value in extra)
+        await send_header_block(h2_stream, block, end_stream=False)
         self._send_initial_metadata_done = True
+
+
+def literal(name: str, value: str, index: int = 0) -> bytes:
+    """One HPACK field "literal without indexing" (RFC 7541 6.2.2): its name by static
+    ``index``, or spelled out when 0. It adds nothing to the dynamic table, so a block
+    of them reads the same on every connection and leaves h2's encoder as it was."""
+    out = bytearray(encode_integer(index, 4))  # 0000xxxx
+    if not index:
+        raw = name.encode()
+        out += encode_integer(len(raw), 7) + raw
+    raw = value.encode()
+    out += encode_integer(len(raw), 7) + raw
+    return bytes(out)
+
+
+#: ``:status: 200`` (static index 8) and ``content-type`` (static name 31): every OK reply's
+RESPONSE_HEADERS: Final = b"\x88" + literal("content-type", CONTENT_TYPE, 31)
+#: the trailers of every OK call
+OK_TRAILERS: Final = literal("grpc-status", "0")
+_HEADERS_FLAGS: Final = (0x4, 0x4 | 0x1)  # END_HEADERS, and END_STREAM with it
+
+
+async def send_header_block(h2_stream: Any, block: bytes, *, end_stream: bool) -> None:
+    """One HEADERS frame holding ``block`` (HPACK that uses no dynamic table, see
+    :func:`literal`) on grpclib's HTTP/2 stream, with h2's state moved as its
+    ``send_headers`` moves it; the bytes go to the transport (coalesced per loop turn).
+    A block over the peer's frame size goes through h2 itself, decoded back to headers.
+    ``StreamClosedError`` when h2 has dropped the stream, as grpclib's ``send_headers``."""
+    connection = h2_stream.connection
+    if not connection.write_ready.is_set():
+        await connection.write_ready.wait()
+    h2_connection = h2_stream._h2_connection
+    stream_id = h2_stream.id
+    stream = h2_connection.streams.get(stream_id)
+    if stream is None:
+        raise h2.exceptions.StreamClosedError(stream_id)
+    if len(block) > h2_connection.max_outbound_frame_size:
+        headers = Decoder().decode(block)
+        h2_connection.send_headers(stream_id, headers, end_stream=end_stream)
+    else:
+        h2_connection.state_machine.process_input(ConnectionInputs.SEND_HEADERS)
+        stream.state_machine.process_input(StreamInputs.SEND_HEADERS)
+        if end_stream:
+            stream.state_machine.process_input(StreamInputs.SEND_END_STREAM)
+        h2_connection._data_to_send += (
+            len(block).to_bytes(3, "big")
+            + bytes((0x1, _HEADERS_FLAGS[end_stream]))  # type 1: HEADERS
+            + stream_id.to_bytes(4, "big")
+            + block
+        )
+    h2_stream._transport.write(h2_connection.data_to_send())
+    connection.headers_send_process()
 
 
 def lean_call(
@@ -179,6 +239,12 @@ async def _send_trailers(stream: UnaryStream, status: Status, message: str | Non
     ``send_trailing_metadata`` sends them; RST_STREAM after an error."""
     h2_stream = stream._stream
     if h2_stream._transport.is_closing():
+        return
+    if status is Status.OK and stream._send_initial_metadata_done:
+        try:
+            await send_header_block(h2_stream, OK_TRAILERS, end_stream=True)
+        except h2.exceptions.StreamClosedError:
+            pass
         return
     headers = (
         [] if stream._send_initial_metadata_done else [(":status", "200"), ("content-type", CONTENT_TYPE)]
