@@ -5,7 +5,7 @@ grpclib serves each call through ``request_handler``: a ``Stream`` with its code
 event dispatch (``recv_request``, ``send_trailing_metadata``: no listener here, a
 coroutine each all the same), a ``Wrapper`` or ``DeadlineWrapper`` context and, at the
 end, trailers built through a ``MultiDict``. A door's method that reads and writes only
-through :class:`.h2.Wire` (declared with :func:`lean`) needs none of that: for such a
+through :class:`.wire.Wire` (declared with :func:`lean`) needs none of that: for such a
 unary-unary method, :func:`lean_call` checks the request headers as ``request_handler``
 does and :func:`serve_unary` runs the same handler (token check, record, drain, all the
 host's wrappers) on a :class:`UnaryStream`, then sends the trailers. A call whose
@@ -53,7 +53,7 @@ _Func = Callable[[Any], Awaitable[None]]
 
 def lean(func: _Func) -> _Func:
     """Mark ``func`` (a unary-unary handler function) as one that reads its request and
-    writes its reply only through :class:`.h2.Wire`, never with grpclib's
+    writes its reply only through :class:`.wire.Wire`, never with grpclib's
     ``recv_message`` / ``send_message``: the lean path may serve it. Wrappers that keep
     the mark pass it on with :func:`keep_lean`."""
     if isinstance(func, types.MethodType):  # a bound method takes no attribute: a partial does
@@ -74,7 +74,7 @@ def keep_lean(wrapped: _Func, wrapper: _Func) -> _Func:
 class UnaryStream:
     """What the handlers of lean methods use of grpclib's server ``Stream``: the
     request's metadata, the HTTP/2 stream (``_stream``, read and written by
-    :class:`.h2.Wire`) and the flags grpclib keeps (initial metadata sent, message
+    :class:`.wire.Wire`) and the flags grpclib keeps (initial metadata sent, message
     sent). Made by :func:`serve_unary` for one call."""
 
     __slots__ = (

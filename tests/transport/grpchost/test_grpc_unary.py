@@ -122,6 +122,30 @@ async def test_reply_headers_and_trailers_are_grpclibs() -> None:
         assert (live.grpc_status, unframe(live.data)) == (OK, [(False, b"\x08\x01")])  # live: true
 
 
+async def test_a_request_in_many_data_frames_is_read_whole() -> None:
+    async with running_grpc_server() as server:
+        body = frame(message(values=(11, 12, 13)))
+        conn = h2_client()
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, grpc_headers(server.port))
+        for start in range(0, len(body), 7):  # the prefix itself split across frames
+            conn.send_data(sid, body[start : start + 7])
+        conn.send_data(sid, b"", end_stream=True)
+        out = await h2_exchange(server.port, conn)
+        assert (out.grpc_status, output(out.data)) == (OK, [11, 12, 13])
+        # a message cut short at the end of the stream: INTERNAL, as grpclib's framing error
+        short = await exchange(server.port, body[:-3])
+        assert (short.grpc_status, short.grpc_message) == (
+            "13",
+            f"the request ended inside a message of {len(body) - 5} bytes",
+        )
+        half_prefix = await exchange(server.port, body[:3])
+        assert (half_prefix.grpc_status, half_prefix.grpc_message) == (
+            "13",
+            "the request ended inside a message prefix",
+        )
+
+
 async def test_errors_are_trailers_only_with_the_servers_metadata() -> None:
     async with running_grpc_server() as server:
         out = await exchange(server.port, frame(message(model="nope")))
