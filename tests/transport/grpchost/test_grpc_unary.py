@@ -26,14 +26,17 @@ from actorserve.codecs import tensor_from_numpy
 from actorserve.proto import inference as pb
 from actorserve.proto.convert import request_to_pb, response_from_pb
 from actorserve.replica import REPLICA_HEADER
+from actorserve.transport.auth import FORBIDDEN, UNAUTHORIZED
 from actorserve.transport.grpchost.unary import lean, lean_call
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 LIVE = "/inference.GRPCInferenceService/ServerLive"
+LOAD = "/inference.GRPCInferenceService/RepositoryModelLoad"
 #: grpc-status codes
 OK, UNKNOWN, DEADLINE_EXCEEDED, NOT_FOUND = "0", "2", "4", "5"
-RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAUTHENTICATED = "8", "12", "16"
-TOKEN = "s3cret-token-for-tests"
+PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAUTHENTICATED = "7", "8", "12", "16"
+TOKEN = "s3cret-token-for-tests"  # management (and everything else)
+READER = "inference-only-token-for-tests"
 
 
 def message(
@@ -203,15 +206,20 @@ async def test_a_message_over_the_limit_is_refused_before_it_is_read() -> None:
 
 
 async def test_tokens_are_checked_by_the_methods_scope(nursery: trio.Nursery) -> None:
-    server = await launch(nursery, no_auth=False, token=TOKEN, auth_inference=True)
+    server = await launch(nursery, no_auth=False, token=TOKEN, inference_token=READER, auth_inference=True)
     assert server.grpc_address is not None
     port = server.grpc_address[1]
     missing = await exchange(port, frame(message()))
-    assert (missing.grpc_status, missing.data) == (UNAUTHENTICATED, b"")
+    assert (missing.grpc_status, missing.grpc_message, missing.data) == (UNAUTHENTICATED, UNAUTHORIZED, b"")
     wrong = await exchange(port, frame(message()), ("authorization", "Bearer nope"))
     assert wrong.grpc_status == UNAUTHENTICATED
-    right = await exchange(port, frame(message()), ("authorization", f"Bearer {TOKEN}"))
-    assert output(right.data) == [3, -4]
+    for token in (TOKEN, READER):
+        right = await exchange(port, frame(message()), ("authorization", f"Bearer {token}"))
+        assert output(right.data) == [3, -4]
+    # a management method with the inference token: PERMISSION_DENIED (REST's 403)
+    load = bytes(pb.RepositoryModelLoadRequest(model_name="identity"))
+    denied = await exchange(port, frame(load), ("authorization", f"Bearer {READER}"), path=LOAD)
+    assert (denied.grpc_status, denied.grpc_message) == (PERMISSION_DENIED, FORBIDDEN)
     # ServerLive is open: no token needed
     assert (await exchange(port, frame(b""), path=LIVE)).grpc_status == OK
 
