@@ -11,7 +11,9 @@ does and :func:`serve_unary` runs the same handler (token check, record, drain, 
 host's wrappers) on a :class:`UnaryStream`, then sends the trailers. A call whose
 headers are anything but the plain case (a method that is not lean, a bad content-type,
 a bad ``grpc-timeout``, metadata that does not decode) goes to ``request_handler`` as
-before, which answers with its own errors.
+before, which answers with its own errors. The reply's headers and the OK trailers are
+fixed HPACK blocks (:data:`RESPONSE_HEADERS`, :data:`OK_TRAILERS`, :func:`literal`),
+each written as one HEADERS frame by :func:`send_header_block`, not encoded by h2.
 
 What a call sees is what it saw under grpclib: the deadline (``grpc-timeout``) ends the
 handler with DEADLINE_EXCEEDED; a ``GRPCError`` is its status and message (trailers-only
