@@ -70,7 +70,7 @@ class DecodedRequest:
 
 
 class _InferRequestDecoder:
-    """What :class:`~actorserve.transport.grpchost.h2.Wire` decodes ``ModelInferRequest``
+    """What :class:`~actorserve.transport.grpchost.wire.Wire` decodes ``ModelInferRequest``
     with: :meth:`FromString` gives a :class:`DecodedRequest`, or the betterproto2
     message (and its errors) when the fast path does not apply."""
 

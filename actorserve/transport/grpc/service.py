@@ -59,6 +59,7 @@ from ..grpchost.door import Calls
 from ..grpchost.h2 import Wire
 from ..grpchost.interceptor import call_exchange
 from ..grpchost.status import log, status_error
+from ..grpchost.unary import lean
 from ..triton import EXTENSIONS, UNLOAD_DEPENDENTS_NOTE, config_json, load_config, statistics_json
 from .routing import SequenceWire, echo_sequence, parameter_sequence_id, with_routing_hint
 from .streams import MLServerStream, StreamCall, TritonStream
@@ -176,8 +177,14 @@ class InferenceService:
                 True,
             ),
         ]
+        # the unary methods read and write through Wire only: the host's lean path serves them
         return {
-            SERVICE + name: Handler(self.calls.tracked(func) if work else func, cardinality, request, reply)
+            SERVICE + name: Handler(
+                self.calls.tracked(_lean(func, cardinality)) if work else _lean(func, cardinality),
+                cardinality,
+                request,
+                reply,
+            )
             for name, func, cardinality, request, reply, work in methods
         }
 
@@ -332,6 +339,10 @@ class InferenceService:
                 recorder=self.recorder,
             )
         await to_trio(call.run)
+
+
+def _lean(func: _Method, cardinality: Cardinality) -> _Method:
+    return lean(func) if cardinality is Cardinality.UNARY_UNARY else func
 
 
 def _tensor_metadata(specs: tuple[TensorMetadata, ...]) -> list[Any]:

@@ -7,7 +7,9 @@ grpclib runs on asyncio only, so this package holds actorserve's asyncio code:
 - :mod:`.door` — :class:`GrpcDoor`: what a door declares (its methods and their scopes);
 - :mod:`.interceptor` — the token check and the call's record around every method;
 - :mod:`.bridge` — how asyncio and trio call each other (trio-asyncio, one thread);
-- :mod:`.h2` — every use of grpclib's private API (headers, compression, framing);
+- :mod:`.h2` — every use of grpclib's private API (headers, connections), with
+  :mod:`.wire` (one call's messages: framing, compression) and :mod:`.unary` (the lean
+  path of a unary call);
 - :mod:`.status` — exceptions to gRPC statuses.
 
 The doors (Triton's in :mod:`actorserve.transport.grpc`, TorchServe's in

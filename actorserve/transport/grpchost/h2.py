@@ -1,6 +1,8 @@
-"""Everything that reaches into grpclib's private API, in one place with :mod:`.deadlines` (grpclib 0.4.9).
+"""Everything that reaches into grpclib's private API, in one place with :mod:`.deadlines`,
+:mod:`.wire` and :mod:`.unary` (grpclib 0.4.9).
 
-grpclib lacks five things (the fifth in :mod:`.metadata`) this transport needs, and adds them here:
+grpclib lacks six things (one in :mod:`.metadata`, one in :mod:`.wire`) this transport
+needs, and adds them here:
 
 - :class:`GrpclibServer` keeps each call's request headers (grpclib drops
   ``grpc-encoding`` / ``grpc-accept-encoding``) and its connections (so a drain can
@@ -8,88 +10,37 @@ grpclib lacks five things (the fifth in :mod:`.metadata`) this transport needs, 
 - each connection gets an idle timeout and a read timeout, :class:`.deadlines.Deadlines`
   (grpclib has neither: a client that sent nothing, or half a frame, held its
   connection forever);
-- :class:`Wire` reads and writes gzip/deflate messages (grpclib raises on a compressed
-  message and never sends one), framing them itself on grpclib's HTTP/2 stream with
-  :mod:`actorserve.transport.compression`;
+- :class:`.wire.Wire` reads and writes a call's messages, compressed ones too;
 - every response's headers carry the server's fixed initial metadata (the replica's
   name) and any a call adds (:func:`.metadata.add_initial_metadata`), errors included;
-- :meth:`Wire.send_many` writes every message already waiting in one ``send_data`` on
-  the HTTP/2 stream (grpclib writes one message per ``send_data``), then keeps
-  grpclib's own bookkeeping right (headers sent, message sent, counters), so its
-  trailers and statistics stay correct;
+- a unary call of a method that uses only :class:`.wire.Wire` is served by the lean path
+  (:mod:`.unary`) instead of grpclib's ``request_handler``;
 - each connection's transport is wrapped in :class:`.writes.CoalescedWrites`, so what
   grpclib writes to it in one turn of the event loop (response headers, DATA, trailers,
   of every stream) goes out in one socket write (grpclib writes each as it goes: two or
   three ``send`` calls per unary call).
 
-:func:`frame_messages` is the pure part (bytes in, bytes out), tested without a server.
-Everything else here runs on grpclib's asyncio loop.
+Everything here runs on grpclib's asyncio loop. (:class:`.wire.Wire` and its framing
+are re-exported here, where the doors import them from.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
-import time
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any
 
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 from grpclib.protocol import H2Protocol
-from grpclib.server import Server, Stream
+from grpclib.server import Server
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
-from ...errors import BadInput
-from ...proto.counts import PRECHECKS
-from .. import compression
 from .deadlines import Deadlines
 from .metadata import with_initial_metadata
+from .unary import lean_call, serve_unary
+from .wire import ACCEPT_ENCODING, PREFIX, WRITE_CHUNK, Wire, frame_messages
 from .writes import CoalescedWrites
-
-#: messages at least this large are parsed in a worker thread: betterproto2 parses in
-#: Python, about a tenth of a second for 100 KB of small nested messages.
-PARSE_IN_THREAD_BYTES: Final = 32 * 1024
-
-#: The 5-byte gRPC message prefix: compressed flag, big-endian length.
-PREFIX: Final = struct.Struct(">?I")
-
-#: What a response's ``grpc-accept-encoding`` lists.
-ACCEPT_ENCODING: Final = ",".join((*compression.ENCODINGS, "identity"))
-
-#: Bytes of messages joined into one write at most (unless one message is bigger):
-#: bounds the copy, while a batch of small messages still goes in one DATA frame.
-WRITE_CHUNK: Final = 256 * 1024
-
-
-def frame_messages(
-    payloads: Iterable[bytes], encoding: str | None = None, min_bytes: int = 0, chunk_bytes: int = WRITE_CHUNK
-) -> list[bytes]:
-    """Serialized messages as gRPC frames (prefix + payload each), joined into chunks
-    of about ``chunk_bytes`` (a chunk holds at least one whole message), each to be
-    written at once.
-
-    With an ``encoding``, each payload of at least ``min_bytes`` is compressed (flag 1);
-    smaller ones go plain (flag 0) in the same call, as gRPC allows per message."""
-    chunks: list[bytes] = []
-    parts: list[bytes] = []
-    size = 0
-    for payload in payloads:
-        compressed = encoding is not None and len(payload) >= min_bytes
-        if compressed:
-            assert encoding is not None
-            payload = compression.compress(payload, encoding)
-        if parts and size + len(payload) > chunk_bytes:
-            chunks.append(b"".join(parts))
-            parts, size = [], 0
-        parts.append(PREFIX.pack(compressed, len(payload)))
-        parts.append(payload)
-        size += PREFIX.size + len(payload)
-    if parts:
-        chunks.append(b"".join(parts))
-    return chunks
 
 
 class GrpclibServer(Server):
@@ -118,11 +69,12 @@ class GrpclibServer(Server):
 
     def _protocol_factory(self) -> H2Protocol:
         protocol: H2Protocol = super()._protocol_factory()
-        handler = protocol.handler
+        handler: Any = protocol.handler  # grpclib.server.Handler: its mapping and task table
         accept = handler.accept
         deadlines = Deadlines(protocol, self.idle_timeout, self.read_timeout)
 
         fixed = self.fixed_metadata
+        loop = asyncio.get_running_loop()
 
         def accept_keeping_headers(stream: Any, headers: Any, release_stream: Any) -> None:
             stream.headers = headers  # the attribute the client side uses for response headers
@@ -134,9 +86,16 @@ class GrpclibServer(Server):
                 release_stream()
                 deadlines.released()
 
-            accept(stream, headers, release)
+            call = lean_call(handler.mapping, headers)
+            if call is None:
+                accept(stream, headers, release)
+                return
+            # grpclib's Handler.accept, with the lean path's coroutine: its task table is
+            # what cancels the call on RST_STREAM and on close
+            handler.__gc_step__()
+            handler._tasks[stream] = loop.create_task(serve_unary(*call, stream, release))
 
-        handler.accept = accept_keeping_headers  # type: ignore[method-assign]
+        handler.accept = accept_keeping_headers
         received, made, lost = protocol.data_received, protocol.connection_made, protocol.connection_lost
 
         def data_received_checked(data: bytes) -> None:
@@ -208,172 +167,6 @@ def _refuse_overlong_frame(protocol: H2Protocol) -> None:
         h2.close_connection(error_code=ErrorCodes.FRAME_SIZE_ERROR, additional_data=b"frame too large")
         connection.flush()
         protocol.processor.close("frame too large")
-
-
-async def _read(h2: Any, size: int, short: str) -> bytes:
-    """``size`` bytes of the HTTP/2 stream ``h2`` (b"" at its end); INTERNAL ``short``
-    when it ends part way (grpclib's buffer asserts on that)."""
-    try:
-        data: bytes = await h2.recv_data(size)
-    except AssertionError:
-        raise GRPCError(Status.INTERNAL, short) from None
-    return data
-
-
-class Wire:
-    """Reads and writes one call's messages (on grpclib's asyncio loop).
-
-    Reading frames messages itself (bounded by ``max_bytes``, see :meth:`recv`); unary
-    replies without compression are grpclib's own ``send_message``. With a request in
-    gzip or deflate, it answers in that encoding when the client also accepts it. :meth:`send_many`
-    always frames itself: one HTTP/2 write for the lot.
-
-    Errors are :class:`GRPCError`: UNIMPLEMENTED for an unknown encoding (raised by the
-    constructor), RESOURCE_EXHAUSTED for a message over ``max_bytes`` (inflated or
-    not), INTERNAL for one that does not inflate.
-    """
-
-    __slots__ = ("max_bytes", "min_bytes", "recv_type", "request_encoding", "response_encoding", "stream")
-
-    def __init__(self, stream: Stream[Any, Any], recv_type: Any, *, max_bytes: int, min_bytes: int) -> None:
-        self.stream = stream
-        self.recv_type = recv_type
-        self.max_bytes = max_bytes
-        #: smallest response message worth compressing
-        self.min_bytes = min_bytes
-        encoding = accept = None
-        for key, value in getattr(stream._stream, "headers", None) or ():
-            if key == "grpc-encoding":
-                encoding = value.strip().lower()
-            elif key == "grpc-accept-encoding":
-                accept = value
-        try:
-            self.request_encoding = compression.normalise(encoding)
-        except compression.BadEncoding:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"message encoding {encoding!r} is not supported"
-                f" (supported: identity, {', '.join(compression.ENCODINGS)})",
-            ) from None
-        # A client that compresses its request with an encoding it also accepts gets
-        # responses in that encoding. grpc-accept-encoding alone is not asking: grpcio
-        # sends "identity, deflate, gzip" on every call.
-        accepted = {a.strip().lower() for a in accept.split(",")} if accept else set()
-        self.response_encoding = self.request_encoding if self.request_encoding in accepted else None
-
-    async def recv_one(self) -> Any:
-        """The request message of a unary-request call; INVALID_ARGUMENT if it has none."""
-        message = await self.recv()
-        if message is None:
-            raise GRPCError(Status.INVALID_ARGUMENT, "the call carried no request message")
-        return message
-
-    async def recv(self) -> Any:
-        """The next message, or None when the client has half-closed.
-
-        Framed here, not by grpclib (which buffers whatever length a prefix announces,
-        up to 4 GiB, and fails on a short or invalid message with an unexplained
-        INTERNAL): a prefix over ``max_bytes`` is RESOURCE_EXHAUSTED before its message
-        is read; a stream ending inside a message, or a compressed flag on a call
-        without ``grpc-encoding``, INTERNAL (the gRPC spec's framing errors); a message
-        that does not parse, INVALID_ARGUMENT."""
-        h2 = self.stream._stream
-        prefix = await _read(h2, PREFIX.size, "the request ended inside a message prefix")
-        if not prefix:
-            return None
-        compressed, size = PREFIX.unpack(prefix)
-        if size > self.max_bytes:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED, f"message of {size} bytes is larger than {self.max_bytes}"
-            )
-        data = await _read(h2, size, f"the request ended inside a message of {size} bytes")
-        if len(data) < size:  # the stream ended right after the prefix
-            raise GRPCError(Status.INTERNAL, f"the request ended inside a message of {size} bytes")
-        if compressed:
-            if self.request_encoding is None:
-                raise GRPCError(Status.INTERNAL, "a compressed message on a call without grpc-encoding")
-            data = self._decompress(data)
-        h2.connection.messages_received += 1  # what grpclib's recv_message counts
-        h2.connection.last_message_received = time.monotonic()
-        if len(data) < PARSE_IN_THREAD_BYTES:
-            return self._parse(data)
-        # betterproto2 parses in Python: megabytes take long enough to stall every other
-        # call (and, in one process, the REST port) on this loop.
-        return await asyncio.get_running_loop().run_in_executor(None, self._parse, data)
-
-    def _parse(self, data: bytes) -> Any:
-        # (the inference methods decode with proto/upb.py's decoder: its betterproto2 class's check)
-        precheck = PRECHECKS.get(getattr(self.recv_type, "message_class", self.recv_type))
-        if precheck is not None:
-            try:
-                precheck(data)
-            except BadInput as exc:
-                raise GRPCError(Status.RESOURCE_EXHAUSTED, exc.message) from None
-        try:
-            return self.recv_type.FromString(data)
-        except Exception as exc:  # betterproto2 raises several kinds on bad wire data
-            raise GRPCError(
-                Status.INVALID_ARGUMENT,
-                f"the request is not a valid {self.recv_type.__name__} message ({exc})",
-            ) from None
-
-    def _decompress(self, data: bytes) -> bytes:
-        assert self.request_encoding is not None
-        try:
-            return compression.decompress(data, self.request_encoding, self.max_bytes)
-        except compression.TooLarge:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED, f"message decompresses to more than {self.max_bytes} bytes"
-            ) from None
-        except compression.BadEncoding as exc:
-            raise GRPCError(
-                Status.INTERNAL, f"cannot decompress a {self.request_encoding} message: {exc}"
-            ) from None
-
-    async def send(self, message: Any) -> None:
-        """One message (a unary reply, or a lone stream message), as :meth:`send_many`
-        writes it: grpclib's own ``send_message`` refuses a message that is not of the
-        method's betterproto2 class, and the hot replies are upb's (see proto/upb.py)."""
-        await self.send_many((message,))
-
-    async def send_many(self, messages: Sequence[Any]) -> None:
-        """Every message in one HTTP/2 ``send_data`` (one per :data:`WRITE_CHUNK` of
-        big ones): serialized, framed (compressed where the call asked for it) and
-        joined. grpclib's ``send_data`` splits the bytes into DATA frames by the peer's
-        flow-control window and frame size, and waits for the window, as its own
-        per-message send does."""
-        chunks = frame_messages(
-            (message.SerializeToString() for message in messages), self.response_encoding, self.min_bytes
-        )
-        await self._send_headers()
-        stream = self.stream
-        h2 = stream._stream
-        for chunk in chunks:
-            await h2.send_data(chunk)
-        # grpclib's bookkeeping, as its send_message keeps it (no SendMessage events:
-        # actorserve registers no listeners).
-        stream._send_message_done = True
-        stream._messages_sent += len(messages)
-        h2.connection.messages_sent += len(messages)
-        h2.connection.last_message_sent = time.monotonic()
-
-    async def _send_headers(self) -> None:
-        stream = self.stream
-        if stream._send_initial_metadata_done:
-            return
-        if self.response_encoding is None:
-            await stream.send_initial_metadata()
-            return
-        await stream._stream.send_headers(
-            [
-                (":status", "200"),
-                ("content-type", stream._content_type),
-                ("grpc-encoding", self.response_encoding),
-                ("grpc-accept-encoding", ACCEPT_ENCODING),
-            ]
-        )
-        # grpclib sends the trailers at the end, and must know the headers went out.
-        stream._send_initial_metadata_done = True
 
 
 __all__ = [

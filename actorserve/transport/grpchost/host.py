@@ -26,6 +26,7 @@ from .door import GrpcDoor, Method
 from .h2 import GrpclibServer
 from .interceptor import guarded
 from .status import log, shutting_down
+from .unary import keep_lean
 
 
 class _Handlers:
@@ -144,7 +145,7 @@ class GrpcHost:
                     self._idle.set()
                     self._idle.clear()  # wakes the current waiter; later ones wait again
 
-        return handler
+        return keep_lean(func, handler)
 
 
 __all__ = ["GrpcHost"]

@@ -20,6 +20,7 @@ from grpclib.server import Stream
 from ..auth import FORBIDDEN, UNAUTHORIZED, Guard, Scope, Verdict
 from ..exchange import Exchange, Recorder
 from ..owner import OWNER, owner_of
+from .unary import keep_lean
 
 if TYPE_CHECKING:
     from ...otel import RequestSpan, RequestTracer
@@ -92,7 +93,7 @@ def guarded(
             outcome = None if status is Status.CANCELLED else HTTP_OF.get(status, 500)
             recorder.finish(exchange, outcome)
 
-    return Handler(call, handler.cardinality, handler.request_type, handler.reply_type)
+    return Handler(keep_lean(func, call), handler.cardinality, handler.request_type, handler.reply_type)
 
 
 def _call_span(tracer: RequestTracer, path: str, stream: Stream[Any, Any]) -> RequestSpan:

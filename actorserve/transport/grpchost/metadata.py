@@ -13,7 +13,7 @@ def with_initial_metadata(stream: Any, fixed: tuple[tuple[str, str], ...]) -> No
     """Make the HTTP/2 ``stream``'s response headers (the first ``send_headers``, the
     one with ``:status``; trailers-only on an error) carry ``fixed`` and whatever
     :func:`add_initial_metadata` added by then. Below grpclib, so that every path that
-    answers (grpclib's, :class:`.h2.Wire`'s own headers, an error) carries them."""
+    answers (grpclib's, :class:`.wire.Wire`'s own headers, an error) carries them."""
     stream.initial_metadata = list(fixed)
     send_headers = stream.send_headers
 
