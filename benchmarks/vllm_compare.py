@@ -302,15 +302,15 @@ async def point(server: Server, door: str, texts: list[str], c: int, tokens: int
     queue = list(texts)
     replies: list[Arrivals] = []
 
-    async def client(door: Door) -> None:
+    async def client(sender: Door) -> None:
         while queue:  # each pass takes one text
-            replies.append(await door.send(queue.pop(), tokens))
+            replies.append(await sender.send(queue.pop(), tokens))
 
     async with AsyncExitStack() as stack:
-        doors = [await stack.enter_async_context(open_door(server, door)) for _ in range(c)]
+        senders = [await stack.enter_async_context(open_door(server, door)) for _ in range(c)]
         cpu = server.cpu()
         start = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(client(d) for d in doors)), TIMEOUT)
+        await asyncio.wait_for(asyncio.gather(*(client(sender) for sender in senders)), TIMEOUT)
         wall = time.perf_counter() - start
         cpu = server.cpu() - cpu
     total = sum(r.completion_tokens() for r in replies)
@@ -479,8 +479,16 @@ def main() -> None:
     args.doors = [d for d in args.doors.split(",") if d]
     if not args.doors or set(args.doors) - set(DOORS) or min(args.points) < 1:
         parser.error(f"--doors: some of {', '.join(DOORS)}; --points: integers >= 1")
+    with tempfile.TemporaryDirectory(prefix="vllm-compare-") as tmp:
+        results = compare(Path(tmp), args)
+    print(json.dumps(results, indent=1))
+    report(results, args.doors, args.points)
+
+
+def compare(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the checkpoint in ``tmp``, then measure each server in turn (stopped after)."""
     folder = build(
-        Path(tempfile.mkdtemp(prefix="vllm-compare-")) / MODEL,
+        tmp / MODEL,
         "llama",
         width=args.width,
         layers=args.layers,
@@ -518,8 +526,7 @@ def main() -> None:
             results[name] = {"ready_s": ready, **asyncio.run(measure(server, doors, args, texts))}
         finally:
             server.stop()
-    print(json.dumps(results, indent=1))
-    report(results, args.doors, args.points)
+    return results
 
 
 if __name__ == "__main__":
