@@ -39,7 +39,8 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.tiny_llm import DATA, build
+from chat_transcript import SYSTEM, Transcript, user_turns
+from support.tiny_llm import build
 
 import actorserve
 from actorserve.codecs import tensor_from_numpy
@@ -49,14 +50,6 @@ from actorserve.modelsettings import model_settings_from_dict
 from actorserve.types import InferenceRequest
 
 TIMEOUT = 1800.0
-SYSTEM = "system: You are a player in a company of actors. Answer in verse.\n"
-
-
-def user_turns(tokenizer: Any, turns: int, new: int) -> list[str]:
-    """``turns`` passages of about ``new`` tokens each, one per turn."""
-    ids: list[int] = tokenizer(DATA.read_text()[:200_000])["input_ids"]
-    step = max(new, (len(ids) - new) // max(1, turns))
-    return [str(tokenizer.decode(ids[i * step : i * step + new - 6])) for i in range(turns)]
 
 
 async def first_token(engine: Engine, text: str, answer: int, **parameters: Any) -> tuple[float, str]:
@@ -78,27 +71,21 @@ async def first_token(engine: Engine, text: str, answer: int, **parameters: Any)
 
 
 class Chat:
-    """One way of sending the chat: the conversation so far and each turn's TTFT."""
+    """One way of sending the chat through ``engine``: its transcript and each turn's TTFT."""
 
     def __init__(self, engine: Engine, way: str, answer: int) -> None:
         self.engine = engine
-        self.way = way
         self.answer = answer
-        self.history = SYSTEM
+        self.transcript = Transcript(sequence=way == "sequence")
         self.times: list[float] = []
-        self.answers: list[str] = []
 
     async def turn(self, i: int, text: str, last: bool, name: str) -> None:
-        new = f"user: {text}\nassistant:"
-        if self.way == "sequence":
+        control: dict[str, Any] = {}
+        if self.transcript.sequence:
             control = {"sequence_id": name, "sequence_start": i == 0, "sequence_end": last}
-            sent = (self.history if i == 0 else "\n") + new
-            ttft, said = await first_token(self.engine, sent, self.answer, **control)
-        else:
-            ttft, said = await first_token(self.engine, self.history + new, self.answer)
-        self.history += new + said + "\n"
+        ttft, said = await first_token(self.engine, self.transcript.prompt(text), self.answer, **control)
+        self.transcript.answered(text, said)
         self.times.append(ttft)
-        self.answers.append(said)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -162,7 +149,7 @@ async def main(args: argparse.Namespace) -> None:
                             if not times
                             else [min(a, b) for a, b in zip(times, chat.times, strict=True)]
                         )
-                        answers[way] = chat.answers
+                        answers[way] = chat.transcript.answers
         reference = answers["resent, no reuse"]
         print(
             f"{'way':<22} {'turn 1 ms':>10} {'turn 10 ms':>11} {'10/1':>6} {'sum ms':>8} {'read/chat':>10} same"

@@ -1,23 +1,45 @@
 """actorserve's ``vllm`` runtime against vLLM's own OpenAI server: the same checkpoint, the
 same engine arguments, the same client, back to back on loopback (prints numbers; not a test).
 
-    .venv-vllm/bin/python benchmarks/vllm_compare.py [--points 1,8,32] [--prompt 128]
-        [--tokens 128] [--turns 10] [--width 512] [--layers 8] [--eager] [--threads N]
+The full comparison (issue 37's numbers; run it on a quiet machine, nothing else busy: the
+two servers share its CPUs with the client), in vLLM's environment (.ci/install-vllm):
 
-Runs in vLLM's environment (.ci/install-vllm). Builds a Llama of realistic CPU shape (width
-512, 8 layers, a 4,096-token byte-level BPE vocabulary: ~30 M parameters) in a temporary
-folder, then for each server in turn (``python -m actorserve FOLDER`` with a ``vllm`` model,
-then ``python -m vllm.entrypoints.openai.api_server``):
-- c = 1 / 8 / 32: 2c (at least 4) streamed ``/v1/completions`` requests of ``--prompt``
-  Shakespeare tokens (a different offset each), ``max_tokens`` ``--tokens``, greedy, c at a
-  time, the request shape of ``vllm bench serve``'s openai-completions backend less the two
-  fields actorserve refuses today (``repetition_penalty: 1.0``, ``ignore_eos``; see the
-  transformers-runtime issue): tokens/s = completion tokens (usage) / wall time, TTFT p50;
-- a 10-turn chat over ``/v1/chat/completions`` resending the history (~``--tokens`` new
-  tokens a turn), TTFT per turn; for actorserve also the same chat as a sequence through
-  ``generate_stream`` (each turn sends only its new text);
-- CPU seconds of each server process (and its children) per point.
-Every wait is bounded; the servers are stopped at the end.
+    .venv-vllm/bin/python benchmarks/vllm_compare.py
+
+(all three doors, c = 1 / 8 / 32, 128 prompt / 128 output tokens, a 10-turn chat). A short
+check that it runs (a tiny model, a few requests a point; its numbers mean nothing):
+
+    .venv-vllm/bin/python benchmarks/vllm_compare.py --width 128 --layers 2 --eager \\
+        --points 1,8 --requests 8 --prompt 32 --tokens 16 --turns 3 --answer 8
+
+Builds a Llama of realistic CPU shape (width 512, 8 layers, a 4,096-token byte-level BPE
+vocabulary: ~30 M parameters) in a temporary folder, then for each server in turn
+(``python -m actorserve FOLDER`` with a ``vllm`` model, then
+``python -m vllm.entrypoints.openai.api_server``), after a warm-up at every c:
+- c = 1 / 8 / 32, through each door (``--doors``): ``--requests`` (default 2c, at least 4)
+  streamed requests of ``--prompt`` Shakespeare tokens (a different offset each),
+  ``--tokens`` new tokens, greedy, c at a time, each of the c clients on its own connection:
+  - ``openai``: ``/v1/completions``, the request shape of ``vllm bench serve``'s
+    openai-completions backend less the two fields actorserve refuses today
+    (``repetition_penalty: 1.0``, ``ignore_eos``; see the transformers-runtime issue);
+  - ``oip``: OIP REST ``/v2/models/llama/generate_stream`` (SSE), ``text_input`` and the
+    parameters ``max_tokens``, ``temperature: 0``, ``usage: true``;
+  - ``grpc``: ``ModelStreamInfer`` (the Triton dialect) through tritonclient's asyncio
+    client, one call per client, its requests one after another on it: ``text_input``
+    BYTES [1], the same parameters, read up to the response with ``finish_reason``;
+  vLLM's server has only the ``openai`` door: every actorserve row is compared with
+  vLLM's ``openai`` row of the same c. Per row: tokens/s = completion tokens (usage) / wall
+  time, TTFT p50, ITL p99 (the gaps between the streamed pieces of a request, pooled, as
+  ``vllm bench serve`` counts them), CPU seconds of the server process and its children;
+- a ``--turns``-turn chat (0: none; the transcript of ``llm_chat_turns.py``: ``--new``
+  tokens of Shakespeare a turn, ``--answer``-token greedy answers), TTFT per turn: on both
+  servers resent whole through ``/v1/completions`` (each turn the conversation so far), and
+  on actorserve also as a sequence through ``generate_stream`` (each turn only its new
+  text; actorserve keeps the rest and gives vLLM the whole history, so vLLM's prefix
+  cache serves it). actorserve's two ways run turn by turn one after the other, each
+  opened by its own system line so they share no prefix-cache block; the two servers'
+  resent chats read the same text (their answers are compared).
+Every wait is bounded; the servers are stopped at the end; only 127.0.0.1 is used.
 """
 
 from __future__ import annotations
@@ -33,22 +55,40 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+HERE = str(ROOT / "benchmarks")
+# this folder goes last on sys.path, so `import grpc` (tritonclient's) finds grpcio before
+# benchmarks/grpc.py, and chat_transcript still imports
+sys.path[:] = [str(ROOT), str(ROOT / "tests")] + [
+    p for p in sys.path if os.path.abspath(p or os.curdir) != HERE
+]
+sys.path.append(HERE)
 
 import httpx
+import numpy as np
 import psutil
+from chat_transcript import SYSTEM, Transcript, user_turns
 from support.tiny_llm import DATA, build
 
 TIMEOUT = 600.0
+HOST = "127.0.0.1"
+MODEL = "llama"
+DOORS = ("openai", "oip", "grpc")
+#: the chats of each server, each opened by its own system line (two chats on one server
+#: share no prefix-cache block), and how each is sent: actorserve resends A and sends B as a
+#: sequence; vLLM's server resends both, so each of actorserve's answers has vLLM's answer
+#: to the same text beside it
+CHATS = {"actorserve": {"A": "resent", "B": "sequence"}, "vllm": {"A": "resent", "B": "resent"}}
 
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
 
@@ -59,20 +99,20 @@ def prompts(tok: Any, n: int, length: int) -> list[str]:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], url: str, env: dict[str, str]) -> None:
-        self.name, self.url = name, url
+    def __init__(self, name: str, argv: list[str], port: int, grpc_port: int, env: dict[str, str]) -> None:
+        self.name, self.url, self.grpc_url = name, f"http://{HOST}:{port}", f"{HOST}:{grpc_port}"
         handle, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
         self.log = os.fdopen(handle, "w")
         self.log_path = path
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
-    def wait_ready(self, model: str) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited; see {self.log_path}")
             try:
-                body = {"model": model, "prompt": "a", "max_tokens": 1}
+                body = {"model": MODEL, "prompt": "a", "max_tokens": 1}
                 if httpx.post(self.url + "/v1/completions", json=body, timeout=30).status_code == 200:
                     return
             except httpx.HTTPError:
@@ -105,106 +145,327 @@ class Server:
         self.log.close()
 
 
-async def stream(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[float, int, str]:
-    """(TTFT, completion tokens, text) of one streamed OpenAI request."""
-    start = time.perf_counter()
-    ttft, tokens, chunks, text = 0.0, 0, 0, ""
-    async with client.stream("POST", path, json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-            for choice in chunk.get("choices") or []:
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    if not ttft:
-                        ttft = time.perf_counter() - start
-                    chunks += 1
-                    text += piece
-    return ttft, tokens or chunks, text
+class Arrivals:
+    """One streamed request as the client saw it: when each non-empty piece of text came
+    (TTFT, the inter-token gaps), the text, and the completion tokens the server counted."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.pieces: list[str] = []
+        self.tokens = 0
+
+    def piece(self, text: str) -> None:
+        if text:
+            self.times.append(time.perf_counter())
+            self.pieces.append(text)
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.start if self.times else 0.0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+    def completion_tokens(self) -> int:
+        return self.tokens or len(self.pieces)
 
 
-async def point(server: Server, model: str, texts: list[str], c: int, tokens: int) -> dict[str, float]:
+class Door(Protocol):
+    async def send(self, prompt: str, max_tokens: int, **parameters: Any) -> Arrivals: ...
+
+
+class OpenAIDoor:
+    """Streamed ``/v1/completions`` (greedy, with usage) over one HTTP client."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(self, prompt: str, max_tokens: int, **parameters: Any) -> Arrivals:
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **parameters,
+        }
+        got = Arrivals()
+        async with self.client.stream("POST", "/v1/completions", json=body) as reply:
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    got.tokens = int(chunk["usage"]["completion_tokens"])
+                for choice in chunk.get("choices") or []:
+                    got.piece(choice.get("text") or "")
+        return got
+
+
+class OIPDoor:
+    """OIP REST ``generate_stream`` (SSE; ``usage: true`` counts the tokens) over one HTTP
+    client; ``parameters`` go into the request's parameters (a sequence's controls)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(self, prompt: str, max_tokens: int, **parameters: Any) -> Arrivals:
+        params = {"max_tokens": max_tokens, "temperature": 0.0, "usage": True, **parameters}
+        body = {"text_input": prompt, "parameters": params}
+        got = Arrivals()
+        async with self.client.stream("POST", f"/v2/models/{MODEL}/generate_stream", json=body) as reply:
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"generate_stream: {event['error']}")
+                got.piece(event.get("text_output") or "")
+                got.tokens = int(event.get("completion_tokens") or got.tokens)
+        return got
+
+
+class GrpcDoor:
+    """One ``ModelStreamInfer`` call (tritonclient's asyncio client, the Triton dialect):
+    its requests one after another, each read up to its response with ``finish_reason``."""
+
+    def __init__(self, client: Any) -> None:
+        # one request waits to be written at a time: a send puts it, the call takes it
+        self.requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(1)
+        self.replies = client.stream_infer(self._inputs(), stream_timeout=TIMEOUT)
+        self.sent = 0
+
+    async def _inputs(self) -> AsyncIterator[dict[str, Any]]:
+        while (request := await self.requests.get()) is not None:  # ends at close()
+            yield request
+
+    async def send(self, prompt: str, max_tokens: int, **parameters: Any) -> Arrivals:
+        from tritonclient.grpc import InferInput
+
+        text_input = InferInput("text_input", [1], "BYTES")
+        text_input.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+        self.sent += 1
+        params = {"max_tokens": max_tokens, "temperature": 0.0, "usage": True, **parameters}
+        got = Arrivals()
+        await self.requests.put(
+            {"model_name": MODEL, "inputs": [text_input], "request_id": str(self.sent), "parameters": params}
+        )
+        # a response a token, and perhaps one more with the finish_reason alone
+        for _ in range(max_tokens + 2):
+            result, error = await anext(self.replies)
+            if error is not None:
+                raise RuntimeError(f"ModelStreamInfer: {error}")
+            got.piece(result.as_numpy("text_output")[0].decode())
+            said = result.get_response().parameters
+            if "completion_tokens" in said:
+                got.tokens = int(said["completion_tokens"].int64_param)
+            if "finish_reason" in said:
+                return got
+        raise RuntimeError(f"ModelStreamInfer: no finish_reason in {max_tokens + 2} responses")
+
+    async def close(self) -> None:
+        """Half-close the call and read it to its end (no request is in flight)."""
+        await self.requests.put(None)
+        for _ in range(8):
+            try:
+                await anext(self.replies)
+            except StopAsyncIteration:
+                return
+        raise RuntimeError("ModelStreamInfer: responses after the last request")
+
+
+@asynccontextmanager
+async def open_door(server: Server, door: str) -> AsyncIterator[Door]:
+    """A client of ``door`` on its own connection, closed on exit."""
+    if door == "grpc":
+        import tritonclient.grpc.aio as grpc_aio
+
+        async with grpc_aio.InferenceServerClient(server.grpc_url) as client:
+            stream = GrpcDoor(client)
+            yield stream
+            await stream.close()
+        return
+    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as http:
+        yield OpenAIDoor(http) if door == "openai" else OIPDoor(http)
+
+
+async def point(server: Server, door: str, texts: list[str], c: int, tokens: int) -> dict[str, float]:
+    """``texts`` through ``door``, ``c`` clients at a time, each connected before the clock starts."""
     queue = list(texts)
-    ttfts: list[float] = []
-    total = 0
+    replies: list[Arrivals] = []
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal total
-        while queue:
-            prompt = queue.pop()
-            body = {
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": tokens,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            ttft, n, _ = await stream(client, "/v1/completions", body)
-            ttfts.append(ttft)
-            total += n
+    async def client(sender: Door) -> None:
+        while queue:  # each pass takes one text
+            replies.append(await sender.send(queue.pop(), tokens))
 
-    cpu = server.cpu()
-    limits = httpx.Limits(max_connections=c + 1)
-    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT, limits=limits) as client:
+    async with AsyncExitStack() as stack:
+        senders = [await stack.enter_async_context(open_door(server, door)) for _ in range(c)]
+        cpu = server.cpu()
         start = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*(worker(client) for _ in range(c))), TIMEOUT)
+        await asyncio.wait_for(asyncio.gather(*(client(sender) for sender in senders)), TIMEOUT)
         wall = time.perf_counter() - start
+        cpu = server.cpu() - cpu
+    total = sum(r.completion_tokens() for r in replies)
+    gaps = [g for r in replies for g in r.gaps()]
     return {
         "tok_s": total / wall,
-        "ttft_p50_ms": 1000 * statistics.median(ttfts),
-        "cpu_s": server.cpu() - cpu,
+        "ttft_p50_ms": 1000 * statistics.median(r.ttft for r in replies),
+        "itl_p99_ms": 1000 * float(np.percentile(gaps, 99)) if gaps else 0.0,
+        "cpu_s": cpu,
         "tokens": total,
     }
 
 
-async def chat(server: Server, model: str, turns: list[str], tokens: int, sequence: bool) -> list[float]:
-    """TTFT of each turn: the chat resent whole (OpenAI), or a sequence of actorserve
-    (OIP generate_stream, each turn only its new text)."""
-    ttfts: list[float] = []
-    messages: list[dict[str, str]] = []
-    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as client:
-        for i, turn in enumerate(turns):
-            if sequence:
-                params: dict[str, Any] = {"max_tokens": tokens, "temperature": 0, "sequence_id": "chat"}
-                if i == 0:
-                    params["sequence_start"] = True
-                if i == len(turns) - 1:
-                    params["sequence_end"] = True
-                body = {"text_input": turn, "parameters": params}
-                start = time.perf_counter()
-                first = 0.0
-                async with client.stream("POST", f"/v2/models/{model}/generate_stream", json=body) as reply:
-                    reply.raise_for_status()
-                    async for line in reply.aiter_lines():
-                        if line.startswith("data: ") and not first:
-                            first = time.perf_counter() - start
-                ttfts.append(first)
+async def chat(server: Server, chats: dict[str, str], turns: list[str], answer: int) -> dict[str, Any]:
+    """TTFT of each turn of each chat and their answers: resent through ``/v1/completions``,
+    or as a sequence through ``generate_stream``. The chats go turn by turn, one after the
+    other (a burst of load on the machine falls on all of them alike)."""
+    transcripts = {
+        name: Transcript(way == "sequence", system=f"[chat {name}] {SYSTEM}") for name, way in chats.items()
+    }
+    times: dict[str, list[float]] = {name: [] for name in chats}
+    async with AsyncExitStack() as stack:
+        doors = {
+            name: await stack.enter_async_context(open_door(server, "oip" if way == "sequence" else "openai"))
+            for name, way in chats.items()
+        }
+        for i, text in enumerate(turns):
+            for name, transcript in transcripts.items():
+                control: dict[str, Any] = {}
+                if transcript.sequence:
+                    control = {"sequence_id": f"chat-{name}", "sequence_start": i == 0}
+                    control["sequence_end"] = i == len(turns) - 1
+                got = await asyncio.wait_for(
+                    doors[name].send(transcript.prompt(text), answer, **control), TIMEOUT
+                )
+                transcript.answered(text, got.text)
+                times[name].append(got.ttft)
+    return {
+        f"{name} {chats[name]}": {"ttft_s": times[name], "answers": transcripts[name].answers}
+        for name in chats
+    }
+
+
+def start(name: str, folder: Path, args: argparse.Namespace, env: dict[str, str]) -> Server:
+    py = sys.executable
+    port = free_port()
+    grpc_port = free_port() if name == "actorserve" and "grpc" in args.doors else 0
+    if name == "actorserve":
+        argv = [py, "-m", "actorserve", str(folder), "--host", HOST, "--http-port", str(port)]
+        argv += ["--grpc-port", str(grpc_port) if grpc_port else "off"]
+    else:
+        argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+        argv += ["--served-model-name", MODEL, "--host", HOST, "--port", str(port)]
+        argv += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "32"]
+        argv += ["--kv-cache-memory-bytes", str(args.kv_mb * 2**20)]
+        if args.eager:
+            argv += ["--enforce-eager"]
+    return Server(name, argv, port, grpc_port, env)
+
+
+async def measure(
+    server: Server, doors: list[str], args: argparse.Namespace, texts: list[str]
+) -> dict[str, Any]:
+    """Every point through every door of ``server`` (the doors of one c back to back, so a
+    change of the machine's load falls on the doors alike), then the chat."""
+    points = args.points
+    # warm-up at the real sizes: vLLM compiles (inductor) per batch-size range on first use;
+    # then one request through each other door (its client's first connection and imports)
+    for c in points:
+        await point(server, "openai", texts[-c:], c, args.tokens)
+    for door in doors:
+        if door != "openai":
+            await point(server, door, texts[-1:], 1, args.tokens)
+    row: dict[str, Any] = {}
+    for c in points:
+        n = args.requests or max(2 * c, 4)
+        for door in doors:
+            row[f"{door} c={c}"] = await point(server, door, texts[:n], c, args.tokens)
+            print(
+                server.name,
+                door,
+                f"c={c}",
+                {k: round(v, 1) for k, v in row[f"{door} c={c}"].items()},
+                flush=True,
+            )
+    if args.turns:
+        row["chat"] = await chat(server, CHATS[server.name], args.chat_turns, args.answer)
+        for label, got in row["chat"].items():
+            print(server.name, "chat", label, "TTFT ms", [round(1000 * t) for t in got["ttft_s"]], flush=True)
+    return row
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def pair(a: float | None, b: float | None, digits: int = 0) -> str:
+    return (
+        f"{a:.{digits}f} / {b:.{digits}f}" if a is not None and b is not None else f"{a or b or 0:.{digits}f}"
+    )
+
+
+def report(results: dict[str, Any], doors: list[str], points: list[int]) -> None:
+    """The side-by-side table: each actorserve door against vLLM's OpenAI row of that c."""
+    ours, theirs = results.get("actorserve", {}), results.get("vllm", {})
+    print("\neach cell: actorserve's door / vLLM's OpenAI server at the same c")
+    print(
+        f"{'door':<7} {'c':>3} {'tok/s':>17} {'ratio':>6} {'TTFT p50 ms':>14} {'ratio':>6} "
+        f"{'ITL p99 ms':>14} {'CPU s':>12}"
+    )
+    for c in points:
+        base = theirs.get(f"openai c={c}", {})
+        for door in doors:
+            got = ours.get(f"{door} c={c}", {})
+            if not got and not (base and door == "openai"):
                 continue
-            messages.append({"role": "user", "content": turn})
-            body = {
-                "model": model,
-                "messages": messages,
-                "max_tokens": tokens,
-                "temperature": 0.0,
-                "stream": True,
-            }
-            ttft, _, text = await stream(client, "/v1/chat/completions", body)
-            messages.append({"role": "assistant", "content": text})
-            ttfts.append(ttft)
-    return ttfts
+            print(
+                f"{door:<7} {c:>3} {pair(got.get('tok_s'), base.get('tok_s')):>17} "
+                f"{ratio(got.get('tok_s'), base.get('tok_s')):>6} "
+                f"{pair(got.get('ttft_p50_ms'), base.get('ttft_p50_ms')):>14} "
+                f"{ratio(got.get('ttft_p50_ms'), base.get('ttft_p50_ms')):>6} "
+                f"{pair(got.get('itl_p99_ms'), base.get('itl_p99_ms')):>14} "
+                f"{pair(got.get('cpu_s'), base.get('cpu_s'), 1):>12}"
+            )
+    if not ours.get("chat") and not theirs.get("chat"):
+        return
+    # the answers of vLLM's server to the same chat (the same text), where it ran
+    reference = {label.split()[0]: got["answers"] for label, got in theirs.get("chat", {}).items()}
+    print(
+        f"\n{'chat':<22} {'turn 1 ms':>10} {'last ms':>8} {'last/1':>7} {'sum ms':>7}  same answers as vLLM's"
+    )
+    for name in results:
+        for label, got in results[name].get("chat", {}).items():
+            t, answers = got["ttft_s"], reference.get(label.split()[0])
+            same = "-" if name == "vllm" or answers is None else str(got["answers"] == answers)
+            print(
+                f"{name + ' ' + label:<22} {1000 * t[0]:>10.0f} {1000 * t[-1]:>8.0f} {ratio(t[-1], t[0]):>7} "
+                f"{1000 * sum(t):>7.0f}  {same}"
+            )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", default="1,8,32")
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--turns", type=int, default=10)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--points", default="1,8,32", help="concurrencies (default 1,8,32)")
+    parser.add_argument(
+        "--doors", default=",".join(DOORS), help="actorserve's doors (default openai,oip,grpc)"
+    )
+    parser.add_argument("--requests", type=int, default=0, help="requests a point (default 2c, at least 4)")
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
+    parser.add_argument("--tokens", type=int, default=128, help="max_tokens (default 128)")
+    parser.add_argument("--turns", type=int, default=10, help="chat turns (default 10; 0: no chat)")
+    parser.add_argument("--new", type=int, default=100, help="new tokens a chat turn (default 100)")
+    parser.add_argument("--answer", type=int, default=16, help="tokens a chat answer (default 16)")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--kv-mb", type=int, default=512)
@@ -214,9 +475,20 @@ def main() -> None:
         "--threads", type=int, default=0, help="actorserve's parameters.threads (0: the runtime's default)"
     )
     args = parser.parse_args()
-    points = [int(c) for c in args.points.split(",")]
+    args.points = [int(c) for c in args.points.split(",")]
+    args.doors = [d for d in args.doors.split(",") if d]
+    if not args.doors or set(args.doors) - set(DOORS) or min(args.points) < 1:
+        parser.error(f"--doors: some of {', '.join(DOORS)}; --points: integers >= 1")
+    with tempfile.TemporaryDirectory(prefix="vllm-compare-") as tmp:
+        results = compare(Path(tmp), args)
+    print(json.dumps(results, indent=1))
+    report(results, args.doors, args.points)
+
+
+def compare(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the checkpoint in ``tmp``, then measure each server in turn (stopped after)."""
     folder = build(
-        Path(tempfile.mkdtemp(prefix="vllm-compare-")) / "llama",
+        tmp / MODEL,
         "llama",
         width=args.width,
         layers=args.layers,
@@ -227,13 +499,13 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    texts = prompts(tok, 2 * max(points) + 16, args.prompt)
-    turns = [f"Turn {i}: " + t[: 4 * args.prompt // 5] for i, t in enumerate(prompts(tok, args.turns, 100))]
+    texts = prompts(tok, max(2 * max(args.points), args.requests) + 16, args.prompt)
+    args.chat_turns = user_turns(tok, args.turns, args.new)
     engine: dict[str, Any] = {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 32}
     if args.eager:
         engine["enforce_eager"] = True
     settings = {
-        "name": "llama",
+        "name": MODEL,
         "implementation": "vllm",
         "max_batch_size": 32,
         "parameters": {"engine": engine, "kv_cache_budget_mb": args.kv_mb, "threads": args.threads},
@@ -241,43 +513,20 @@ def main() -> None:
     }
     (folder / "model-settings.json").write_text(json.dumps(settings))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    py = sys.executable
     results: dict[str, Any] = {}
     for name in ("actorserve", "vllm"):
         if args.only not in (None, name):
             continue
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        if name == "actorserve":
-            argv = [py, "-m", "actorserve", str(folder), "--host", "127.0.0.1", "--http-port", str(port)]
-            argv += ["--grpc-port", "off"]
-        else:
-            argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-            argv += ["--served-model-name", "llama", "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "32"]
-            argv += ["--kv-cache-memory-bytes", str(args.kv_mb * 2**20)]
-            if args.eager:
-                argv += ["--enforce-eager"]
-        server = Server(name, argv, url, env)
+        server = start(name, folder, args, env)
         try:
             started = time.monotonic()
-            server.wait_ready("llama")
-            row: dict[str, Any] = {"ready_s": round(time.monotonic() - started, 1)}
-            # warm-up at the real sizes: vLLM compiles (inductor) per batch-size range on first use
-            for c in points:
-                asyncio.run(point(server, "llama", texts[-c:], c, args.tokens))
-            for c in points:
-                row[f"c={c}"] = asyncio.run(point(server, "llama", texts[: max(2 * c, 4)], c, args.tokens))
-                print(name, f"c={c}", row[f"c={c}"], flush=True)
-            row["chat"] = asyncio.run(chat(server, "llama", turns, args.tokens, sequence=False))
-            print(name, "chat TTFT s", [round(t, 3) for t in row["chat"]], flush=True)
-            if name == "actorserve":
-                row["sequence"] = asyncio.run(chat(server, "llama", turns, args.tokens, sequence=True))
-                print(name, "sequence TTFT s", [round(t, 3) for t in row["sequence"]], flush=True)
-            results[name] = row
+            server.wait_ready()
+            ready = round(time.monotonic() - started, 1)
+            doors = args.doors if name == "actorserve" else ["openai"]
+            results[name] = {"ready_s": ready, **asyncio.run(measure(server, doors, args, texts))}
         finally:
             server.stop()
-    print(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":
