@@ -70,12 +70,16 @@ class Pumped(ResponseIterator):
 
     async def turn(self) -> None:
         """Let the reader take what is buffered if it is waiting for it (else one
-        scheduler round), then wait while the buffer is full."""
-        self._first = False
+        scheduler round), then wait while the buffer is full. After the first response
+        one more round: whatever the reader woke to send it (a writer task) runs before
+        a model computing inline takes the loop for its next :data:`GATHER`."""
+        first, self._first = self._first, False
         if self._woken:
             self._woken = False
             await self._room.park()  # the reader's take wakes this: it goes first
         else:
+            await trio.lowlevel.checkpoint()
+        if first:
             await trio.lowlevel.checkpoint()
         while len(self._buffer) >= self._window:
             await self._room.park()
