@@ -25,6 +25,13 @@ from ..types import InferenceResponse
 #: leave in one chunk; a model that waits between responses has each read as it comes.
 GATHER: Final = 0.0005
 
+#: scheduler rounds the producer yields after the stream's first response is taken, before
+#: it goes on: the path that writes that response may take several (a gRPC stream's
+#: writer task, its hop to grpclib's asyncio loop, that loop's flush), and a model
+#: computing inline would otherwise hold it back for a whole :data:`GATHER`. Once per
+#: stream; a paced model waits anyway.
+FIRST_ROUNDS: Final = 4
+
 
 class Pumped(ResponseIterator):
     """A :class:`~actorserve.api.ResponseIterator` fed by a producer task: responses
@@ -71,8 +78,9 @@ class Pumped(ResponseIterator):
     async def turn(self) -> None:
         """Let the reader take what is buffered if it is waiting for it (else one
         scheduler round), then wait while the buffer is full. After the first response
-        one more round: whatever the reader woke to send it (a writer task) runs before
-        a model computing inline takes the loop for its next :data:`GATHER`."""
+        :data:`FIRST_ROUNDS` more: whatever the reader woke to send it (a writer task, a
+        hop to another loop) runs before a model computing inline takes the loop for its
+        next :data:`GATHER`."""
         first, self._first = self._first, False
         if self._woken:
             self._woken = False
@@ -80,7 +88,8 @@ class Pumped(ResponseIterator):
         else:
             await trio.lowlevel.checkpoint()
         if first:
-            await trio.lowlevel.checkpoint()
+            for _ in range(FIRST_ROUNDS):
+                await trio.lowlevel.checkpoint()
         while len(self._buffer) >= self._window:
             await self._room.park()
 
