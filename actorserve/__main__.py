@@ -28,7 +28,7 @@ from click.core import ParameterSource
 from .engine.repository import ModelRepository
 from .errors import ModelFailed
 from .models import builtin_settings as builtin_models
-from .server import processes
+from .server import clock, processes
 from .server.clitypes import Port, metavar_of
 from .server.composition import Server, serve
 from .server.listeners import raise_open_file_limit
@@ -277,14 +277,16 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
     role = processes.role()
     raise_open_file_limit()  # a surge of connections can pass a soft limit of 1,024
     try:
+        # the processes that run models wait on precise timers (server/clock.py): a
+        # paced stream's every token and its first one end on their deadline
         if role == "engine":
-            trio.run(processes.run_engine_child, settings, repository)
+            clock.run(processes.run_engine_child, settings, repository)
         elif role == "front":
             trio.run(processes.run_front_child, settings)
         elif settings.api_workers > 0:
             return trio.run(processes.run_parent, settings, argv)
         else:
-            trio.run(_run, settings, repository)
+            clock.run(_run, settings, repository)
     except BaseException as error:
         problems = _problems(error)
         for problem in problems:

@@ -155,14 +155,15 @@ class PlainRunner:
         batches (:mod:`.pumped`). Leaving the block cancels that task."""
         out = Pumped(self.settings.reply_buffer)
         error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._produce, out, request, control)
-            try:
-                yield out
-            except BaseException as exc:
-                error = exc  # raised as itself below, not inside the nursery's group
-            finally:
-                nursery.cancel_scope.cancel()
+        with Pumped.producing():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._produce, out, request, control)
+                try:
+                    yield out
+                except BaseException as exc:
+                    error = exc  # raised as itself below, not inside the nursery's group
+                finally:
+                    nursery.cancel_scope.cancel()
         if error is not None:
             raise error
 

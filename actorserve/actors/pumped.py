@@ -12,7 +12,9 @@ hands the reader its turn when its batch is old enough (:meth:`Pumped.turn`).
 from __future__ import annotations
 
 from collections import deque
-from typing import Final
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar, Final
 
 import trio
 
@@ -25,11 +27,43 @@ from ..types import InferenceResponse
 #: leave in one chunk; a model that waits between responses has each read as it comes.
 GATHER: Final = 0.0005
 
+#: what one scheduler round may spend in the steps of every inline producer together:
+#: with more than two streams producing in the process, each one's gather is this shared
+#: out among them (never under :data:`GATHER_MIN`). 16 streams each holding the loop for
+#: a whole GATHER made a round 8 ms long, and a new stream needs five rounds to its first
+#: token (the link's read, the call, the producer, the reader, the writer).
+ROUND: Final = 0.001
+
+#: the shortest gather: below it the per-batch work (a wake-up, an entry, a write) costs
+#: more than the responses it carries
+GATHER_MIN: Final = 0.0001
+
+#: scheduler rounds the producer yields after the stream's first response is taken, before
+#: it goes on: the path that writes that response may take several (a gRPC stream's
+#: writer task, its hop to grpclib's asyncio loop, that loop's flush), and a model
+#: computing inline would otherwise hold it back for a whole :data:`GATHER`. Once per
+#: stream; a paced model waits anyway.
+FIRST_ROUNDS: Final = 4
+
 
 class Pumped(ResponseIterator):
     """A :class:`~actorserve.api.ResponseIterator` fed by a producer task: responses
     in order, then the end (:meth:`close`) or the producer's error (:meth:`fail`),
     raised after the responses before it."""
+
+    #: streams whose producer runs in this process (counted by their runner: see
+    #: :meth:`producing`); what :data:`ROUND` is shared out among
+    active: ClassVar[int] = 0
+
+    @staticmethod
+    @contextmanager
+    def producing() -> Iterator[None]:
+        """Count one stream's producer while the block runs."""
+        Pumped.active += 1
+        try:
+            yield
+        finally:
+            Pumped.active -= 1
 
     __slots__ = ("_buffer", "_ended", "_error", "_first", "_oldest", "_reader", "_room", "_window", "_woken")
 
@@ -61,22 +95,32 @@ class Pumped(ResponseIterator):
         """Whether the producer should give the reader its turn now, rather than go on
         to its next step: the stream's first response is there, the buffer is full, or
         its oldest response waited :data:`GATHER` (the producer made responses without
-        waiting for that long). Otherwise the reader, woken by :meth:`put`, runs when the
+        waiting for that long; less with more than two streams producing: :data:`ROUND`). Otherwise the reader, woken by :meth:`put`, runs when the
         producer next waits (its next step, usually): no scheduler round is added to a
         step that waits anyway. A step computed inline (no wait) therefore holds the
         response before it back until it ends, as it holds everything else on the event
         loop."""
-        return self._first or len(self._buffer) >= self._window or now - self._oldest >= GATHER
+        if self._first or len(self._buffer) >= self._window:
+            return True
+        active = Pumped.active
+        gather = GATHER if active <= 2 else max(GATHER_MIN, min(GATHER, ROUND / active))
+        return now - self._oldest >= gather
 
     async def turn(self) -> None:
         """Let the reader take what is buffered if it is waiting for it (else one
-        scheduler round), then wait while the buffer is full."""
-        self._first = False
+        scheduler round), then wait while the buffer is full. After the first response
+        :data:`FIRST_ROUNDS` more: whatever the reader woke to send it (a writer task, a
+        hop to another loop) runs before a model computing inline takes the loop for its
+        next :data:`GATHER`."""
+        first, self._first = self._first, False
         if self._woken:
             self._woken = False
             await self._room.park()  # the reader's take wakes this: it goes first
         else:
             await trio.lowlevel.checkpoint()
+        if first:
+            for _ in range(FIRST_ROUNDS):
+                await trio.lowlevel.checkpoint()
         while len(self._buffer) >= self._window:
             await self._room.park()
 

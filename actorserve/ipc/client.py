@@ -210,9 +210,11 @@ class EngineClient(UnaryMethods):
 
     async def _send(self, message: Message) -> None:
         """Queue ``message``; :class:`BadInput` if it cannot be encoded (the caller's
-        request: a tensor that does not fit its shape, a value msgpack cannot hold)."""
+        request: a tensor that does not fit its shape, a value msgpack cannot hold). It
+        hurries (:meth:`Outbox.put`): a request's wait for the writer's gather rounds
+        is the client's latency, and under load a round is every runnable task's step."""
         self._check_open()
-        await self._outbox.put(encode_message(message, self._max_message))
+        await self._outbox.put(encode_message(message, self._max_message), hurry=True)
 
     def _consumed(self, call: _ClientCall, count: int) -> None:
         call.unacked += count

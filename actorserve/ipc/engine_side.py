@@ -246,7 +246,9 @@ class FrontConnection:
                         reply = await self._stream_in(message, call, call.feed, requests)
                 except Exception as exc:
                     reply = self._failure(message.id, exc)
-                await self._outbox.put(reply)
+                # a unary answer is the caller's whole latency; a stream's End follows
+                # its last outputs and may join what else leaves this round
+                await self._outbox.put(reply, hurry=not isinstance(message, (OpenStream, OpenStreamIn)))
         finally:
             self._calls.pop(message.id, None)
 
@@ -262,6 +264,7 @@ class FrontConnection:
         other streams' entries of the same wake-up into one message."""
         deltas = DeltaEncoder()
         limit = self._max_message - 8  # a StreamOutputs header is under 8 bytes
+        first = True  # the first outputs hurry: time to first token
         while True:
             while call.credit <= 0:
                 await call.credit_lot.park()
@@ -272,7 +275,8 @@ class FrontConnection:
             call.credit -= len(batch)
             entries, failure = self._encode_entries(call_id, deltas, batch, limit)
             for entry in entries:
-                await self._outbox.put_entry(entry, limit)
+                await self._outbox.put_entry(entry, limit, hurry=first)
+            first = False
             if failure is not None:
                 raise failure
 

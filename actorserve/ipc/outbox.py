@@ -12,7 +12,9 @@ from .frames import encode_stream_outputs
 
 #: scheduler rounds the writer waits, while more messages keep arriving, before it sends:
 #: the tasks woken by one engine step each add their message within a round or two, so
-#: a step's outputs leave as one frame. Never a wait on the clock.
+#: a step's outputs leave as one frame. Never a wait on the clock. A message queued with
+#: ``hurry`` (a new request, a stream's first response) skips them: under load a round
+#: is every other runnable task's step, and that is time to first token.
 GATHER_ROUNDS = 2
 
 
@@ -42,6 +44,7 @@ class Outbox:
     __slots__ = (
         "_bytes",
         "_error",
+        "_hurry",
         "_items",
         "_max_bytes",
         "_max_messages",
@@ -60,6 +63,8 @@ class Outbox:
         self._producers = trio.lowlevel.ParkingLot()
         self._writer = trio.lowlevel.ParkingLot()
         self._error: Callable[[], BaseException] | None = None
+        #: a message waiting wants to leave without the gather rounds
+        self._hurry = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -69,24 +74,32 @@ class Outbox:
             len(self._items) >= self._max_messages or self._bytes >= self._max_bytes
         )
 
-    async def put(self, message: bytes) -> None:
-        """Queue ``message``, waiting while the outbox is full."""
+    async def put(self, message: bytes, *, hurry: bool = False) -> None:
+        """Queue ``message``, waiting while the outbox is full; with ``hurry`` the writer
+        sends it without waiting for more (a new call: its latency is the client's)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while self._error is None and self._full():
             await self._producers.park()
         self._append(message)
+        if hurry:
+            self._hurry = True
+            # no yield: the writer, woken above, must not wait behind this task's next step
+            return
         await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def put_entry(self, entry: bytes, max_message: int) -> None:
+    async def put_entry(self, entry: bytes, max_message: int, *, hurry: bool = False) -> None:
         """Queue a stream's ``entry``, waiting only while the outbox is full: it joins the
         entries queued last unless something else was queued after them (order: a
         stream's Opened before its outputs, its End after) or they would pass
-        ``max_message`` bytes."""
+        ``max_message`` bytes. With ``hurry`` (a stream's first outputs) the writer
+        sends what is waiting without its gather rounds."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while self._error is None and self._full():
             await self._producers.park()
         if self._error is not None:
             raise self._error()
+        if hurry:
+            self._hurry = True
         items, entries = self._items, self._open
         if (
             entries is None
@@ -118,16 +131,20 @@ class Outbox:
 
     async def take(self, max_bytes: int) -> list[bytes]:
         """Wait for a message, let the tasks already woken add theirs (up to
-        :data:`GATHER_ROUNDS` scheduler rounds), then return every message waiting
-        whose total fits ``max_bytes`` (always at least one)."""
+        :data:`GATHER_ROUNDS` scheduler rounds, none when one of them hurries), then
+        return every message waiting whose total fits ``max_bytes`` (always at least
+        one)."""
         while not self._items:
             await self._writer.park()
         seen = len(self._items)
         for _ in range(GATHER_ROUNDS):
+            if self._hurry:
+                break
             await trio.lowlevel.checkpoint()
             if len(self._items) == seen:
                 break
             seen = len(self._items)
+        self._hurry = False
         items = self._items
         taken: list[bytes] = []
         size = counted = 0

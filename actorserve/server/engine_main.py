@@ -25,6 +25,7 @@ from ..ipc.engine_side import open_unix_listener, serve_fronts
 from ..ipc.frames import DEFAULT_LIMITS, LinkLimits
 from ..models import builtin_settings as builtin_models
 from ..settings import ModelSettings, Settings, discover_models
+from . import clock
 from .logformat import quiet_protocol_loggers
 
 READY_LINE = "actorserve-engine ready"
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     models: list[ModelSettings] = builtin_models()
     for folder in args.folders:
         models.extend(discover_models(folder))
-    trio.run(_main, args.socket, Settings(models=tuple(models)))
+    clock.run(_main, args.socket, Settings(models=tuple(models)))
 
 
 if __name__ == "__main__":

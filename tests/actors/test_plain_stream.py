@@ -16,7 +16,7 @@ import trio.testing
 import actorserve
 from actorserve import InferenceRequest, InferenceResponse, Model, ModelFailed, ModelSettings
 from actorserve.actors.plain import DEADLINE_SLACK
-from actorserve.actors.pumped import GATHER
+from actorserve.actors.pumped import GATHER, ROUND, Pumped
 from actorserve.api import ResponseIterator
 from actorserve.codecs import tensor_from_numpy
 
@@ -209,3 +209,33 @@ async def test_fast_steps_that_add_up_past_the_timeout_do_not_time_out(
 async def _indexes(responses: ResponseIterator) -> AsyncIterator[int]:
     async for response in responses:
         yield int(response.outputs[0].data[0])
+
+
+async def test_many_inline_streams_share_a_round_so_a_new_stream_s_first_response_is_not_held(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """16 streams computing inline (10 us a response, never waiting) each hold the loop
+    for their gather before the reader's turn; shared out (ROUND among the streams) a
+    scheduler round stays near ROUND, and a stream that starts among them has its first
+    response within a few rounds (virtual time: MockClock), not after 16 x GATHER."""
+    busy = {str(k): 0.00001 for k in range(5000)}
+    first_after: list[float] = []
+    async with actorserve.open_engine([settings(max_pending=64)]) as engine:
+
+        async def drain() -> None:
+            async with engine.infer_stream(ask(n=5000, inline=busy), model="scripted") as responses:
+                async for _ in responses:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(16):
+                nursery.start_soon(drain)
+            await trio.sleep(0.005)  # every stream is producing
+            assert Pumped.active == 16
+            start = trio.current_time()
+            async with engine.infer_stream(ask(n=1, inline={"0": 0.00001}), model="scripted") as responses:
+                await responses.next_batch()
+                first_after.append(trio.current_time() - start)
+            nursery.cancel_scope.cancel()
+    assert Pumped.active == 0
+    assert first_after[0] <= 3 * ROUND, first_after  # 1.9 ms; 8.3 ms with each stream a whole GATHER
