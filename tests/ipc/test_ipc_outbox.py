@@ -40,6 +40,28 @@ async def test_a_stream_s_first_entry_hurries_and_still_joins_what_waits() -> No
         assert await outbox.take(1 << 20) == [encode_stream_outputs([other, first])]
 
 
+async def _produce(out: Pumped, order: list[str]) -> None:
+    for k in range(3):
+        out.put(InferenceResponse(model_name="m", outputs=[], id=str(k)), trio.current_time())
+        order.append(f"made {k}")
+        if out.due(trio.current_time()):
+            await out.turn()
+    out.close()
+
+
+async def _read(out: Pumped, order: list[str], writer_woken: trio.Event) -> None:
+    batch = await out.next_batch()
+    order.append(f"took {len(batch)}")
+    writer_woken.set()
+    async for _ in out:
+        pass
+
+
+async def _write(order: list[str], writer_woken: trio.Event) -> None:
+    await writer_woken.wait()
+    order.append("sent")
+
+
 async def test_what_the_reader_wakes_for_the_first_response_runs_before_the_model_goes_on() -> None:
     """A model computing inline gets the loop back right after its first response is
     taken: whatever the reader woke to send it (a writer task) must run first, or the
@@ -49,28 +71,8 @@ async def test_what_the_reader_wakes_for_the_first_response_runs_before_the_mode
         out = Pumped(window=64)
         order: list[str] = []
         writer_woken = trio.Event()
-
-        async def produce() -> None:
-            for k in range(3):
-                out.put(InferenceResponse(model_name="m", outputs=[], id=str(k)), trio.current_time())
-                order.append(f"made {k}")
-                if out.due(trio.current_time()):
-                    await out.turn()
-            out.close()
-
-        async def read() -> None:
-            batch = await out.next_batch()
-            order.append(f"took {len(batch)}")
-            writer_woken.set()
-            async for _ in out:
-                pass
-
-        async def write() -> None:
-            await writer_woken.wait()
-            order.append("sent")
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(write)
-            nursery.start_soon(read)
-            nursery.start_soon(produce)
+            nursery.start_soon(_write, order, writer_woken)
+            nursery.start_soon(_read, out, order, writer_woken)
+            nursery.start_soon(_produce, out, order)
         assert order[:4] == ["made 0", "took 1", "sent", "made 1"], order
