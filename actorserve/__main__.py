@@ -307,9 +307,8 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
 
 
 async def _run(settings: Settings, repository: ModelRepository) -> None:
-    """One process: serve until a signal. The signals are watched from before the models
-    load, so one during start-up cancels the load and the process exits as after a
-    graceful stop (the default shape does the same), not by the signal's default action."""
+    """One process: serve until a signal, watched from before the models load (one during
+    start-up cancels the load: exit 0 as in the default shape, not the signal's action)."""
     served: list[Server] = []  # the server, once it serves
     async with trio.open_nursery() as nursery:
 
@@ -328,9 +327,9 @@ async def _watch_signals(
     served: list[Server], scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
 ) -> None:
     """SIGINT / SIGTERM: the first shuts the server down gracefully, or, before it serves
-    (``served`` empty: models loading), cancels ``scope`` and with it the start-up; a
-    second stops at once. Once this returns, a signal has its default action again (a
-    load stuck in a thread cannot hold a second one up)."""
+    (``served`` empty), cancels ``scope`` and the start-up; a second stops at once. Once
+    this returns a signal has its default action again (a load stuck in a thread cannot
+    hold a second one up)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
