@@ -307,8 +307,7 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
 
 
 async def _run(settings: Settings, repository: ModelRepository) -> None:
-    """One process: serve until a signal, watched from before the models load (one during
-    start-up cancels the load: exit 0 as in the default shape, not the signal's action)."""
+    """One process: serve until a signal (watched from before the models load)."""
     served: list[Server] = []  # the server, once it serves
     async with trio.open_nursery() as nursery:
 
@@ -326,10 +325,9 @@ async def _run(settings: Settings, repository: ModelRepository) -> None:
 async def _watch_signals(
     served: list[Server], scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
 ) -> None:
-    """SIGINT / SIGTERM: the first shuts the server down gracefully, or, before it serves
-    (``served`` empty), cancels ``scope`` and the start-up; a second stops at once. Once
-    this returns a signal has its default action again (a load stuck in a thread cannot
-    hold a second one up)."""
+    """SIGINT / SIGTERM: the first shuts the server down gracefully (before it serves: cancels
+    ``scope``, the start-up, to exit 0); a second stops at once, as does any once this has
+    returned (the default action: a load stuck in a thread cannot hold it up)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
