@@ -307,26 +307,41 @@ def _serve_until_signal(settings: Settings, repository: ModelRepository, argv: S
 
 
 async def _run(settings: Settings, repository: ModelRepository) -> None:
+    """One process: serve until a signal (watched from before the models load)."""
+    served: list[Server] = []  # the server, once it serves
     async with trio.open_nursery() as nursery:
 
         async def run_server(*, task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED) -> None:
             await serve(settings, repository=repository, freeze_heap=True, task_status=task_status)
             nursery.cancel_scope.cancel()  # serve() is done: stop watching for signals
 
+        await nursery.start(_watch_signals, served, nursery.cancel_scope)
         # serve() logs "REST listening on ... (playground: ...)"; gRPC logs its own line
-        server: Server = await nursery.start(run_server)
-        nursery.start_soon(_watch_signals, server, nursery.cancel_scope)
+        served.append(await nursery.start(run_server))
+    if not served:
+        log.info("actorserve stopped")  # as serve() logs after a graceful stop
 
 
-async def _watch_signals(server: Server, scope: trio.CancelScope) -> None:
+async def _watch_signals(
+    served: list[Server], scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+) -> None:
+    """SIGINT / SIGTERM: the first shuts the server down gracefully (before it serves: cancels
+    ``scope``, the start-up, to exit 0); a second stops at once, as does any once this has
+    returned (the default action: a load stuck in a thread cannot hold it up)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for signum in signals:
-            if server.stopping:
-                log.warning("second %s: stopping now", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if not served:
+                log.info("%s: shutting down gracefully (during start-up: the models stop loading)", name)
                 scope.cancel()
                 return
-            log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-            server.shutdown()
+            if served[0].stopping:
+                log.warning("second %s: stopping now", name)
+                scope.cancel()
+                return
+            log.info("%s: shutting down gracefully", name)
+            served[0].shutdown()
 
 
 def _problems(error: BaseException) -> list[BaseException]:

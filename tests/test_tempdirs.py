@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.servers import start_server
+from support.servers import identity_folder, start_server
 
 from actorserve.tempdirs import make_temp_folder, remove_stale
 
@@ -49,9 +49,14 @@ def test_a_folder_is_private_and_named_for_its_process(
     assert folder.exists()
 
 
-def test_the_next_start_removes_what_a_killed_server_left(tmp_path: Path) -> None:
+def test_the_next_start_removes_what_a_killed_server_left(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     env = {"TMPDIR": str(tmp_path)}
-    killed = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "2", env=env)
+    # one small model, not the built-in ones (the text model's torch load is seconds of
+    # each start): what is checked is the server's own temporary folders
+    models = str(identity_folder(tmp_path_factory.mktemp("models")))
+    killed = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "2", models, env=env)
     try:
         killed.wait_for("serving with 2 front process", 60)
         left = sorted(p.name for p in tmp_path.iterdir())
@@ -61,7 +66,7 @@ def test_the_next_start_removes_what_a_killed_server_left(tmp_path: Path) -> Non
     finally:
         killed.stop()
     assert sorted(p.name for p in tmp_path.iterdir()) == left
-    again = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "0", env=env)
+    again = start_server("--http-port", "0", "--grpc-port", "off", "--api-workers", "0", models, env=env)
     try:
         removed = again.wait_for(
             r"removed 2 temporary folder\(s\) left by servers that were killed: (.*)", 60

@@ -60,11 +60,22 @@ def haproxy() -> str:
     return require_program("haproxy", "the sticky-sequences proof runs deploy/haproxy's configuration")
 
 
-def replica(name: str, *args: str) -> tuple[ServerProcess, str, str]:
-    server = start_server("--http-port", "0", "--grpc-port", "0", "--replica-id", name, "--no-auth", *args)
-    rest = server.wait_for(r"REST listening on http://(\S+?)[\s/]", STARTUP)[1]
-    grpc_port = server.wait_for(r"gRPC listening on 127\.0\.0\.1:(\d+)", STARTUP)[1]
-    return server, rest, f"127.0.0.1:{grpc_port}"
+def start_replicas(
+    starts: dict[str, tuple[str, ...]], servers: list[ServerProcess]
+) -> dict[str, tuple[ServerProcess, str, str]]:
+    """Start every replica (name: its arguments) at once, so that they load their models
+    side by side, then wait for each to listen: name -> (server, REST host:port, gRPC
+    host:port). Each server started is appended to ``servers``: the caller stops them."""
+    for name, args in starts.items():
+        servers.append(
+            start_server("--http-port", "0", "--grpc-port", "0", "--replica-id", name, "--no-auth", *args)
+        )
+    replicas = {}
+    for name, server in zip(starts, servers[-len(starts) :], strict=True):
+        rest = server.wait_for(r"REST listening on http://(\S+?)[\s/]", STARTUP)[1]
+        grpc_port = server.wait_for(r"gRPC listening on 127\.0\.0\.1:(\d+)", STARTUP)[1]
+        replicas[name] = (server, rest, f"127.0.0.1:{grpc_port}")
+    return replicas
 
 
 def add(value: int) -> dict[str, Any]:
@@ -125,14 +136,15 @@ class Clients:
 
 def test_thirty_sequences_through_haproxy_survive_a_killed_replica(tmp_path: Path) -> None:
     binary = haproxy()
-    replicas: dict[str, tuple[ServerProcess, str, str]] = {}
+    servers: list[ServerProcess] = []
     proxy: subprocess.Popen[bytes] | None = None
     try:
         # r1 drains on SIGTERM in the shape deploy/ runs (fronts and an engine process;
         # the one-process drain: tests/e2e/test_replicas.py); r2 and r3 are one process each
-        replicas["r1"] = replica("r1", "--api-workers", "2", "--drain-timeout", "60")
-        replicas["r2"] = replica("r2", "--api-workers", "0")
-        replicas["r3"] = replica("r3", "--api-workers", "0")
+        starts = {"r1": ("--api-workers", "2", "--drain-timeout", "60")}
+        replicas = start_replicas(
+            {**starts, "r2": ("--api-workers", "0"), "r3": ("--api-workers", "0")}, servers
+        )
         env = {
             **os.environ,
             "ACTORSERVE_PROXY_REST": f"127.0.0.1:{free_port()}",
@@ -155,7 +167,7 @@ def test_thirty_sequences_through_haproxy_survive_a_killed_replica(tmp_path: Pat
             proxy.terminate()
             proxy.wait(timeout=10)
             log.close()
-        for server, _, _ in replicas.values():
+        for server in servers:
             server.stop()
 
 
@@ -311,11 +323,10 @@ def test_tritonclient_sequences_behind_haproxy_need_the_routing_metadata(tmp_pat
     are spread by round robin and told what to add; examples/tritonclient_sticky.py,
     which adds it, is served whole."""
     binary = haproxy()
-    replicas: dict[str, tuple[ServerProcess, str, str]] = {}
+    servers: list[ServerProcess] = []
     proxy: subprocess.Popen[bytes] | None = None
     try:
-        for name in ("r1", "r2"):
-            replicas[name] = replica(name, "--api-workers", "0")
+        replicas = start_replicas({name: ("--api-workers", "0") for name in ("r1", "r2")}, servers)
         env = proxy_env({name: (rest, grpc_address) for name, (_, rest, grpc_address) in replicas.items()})
         config = tmp_path / "haproxy.cfg"
         config.write_text(render_module().render(2))
@@ -345,7 +356,7 @@ def test_tritonclient_sequences_behind_haproxy_need_the_routing_metadata(tmp_pat
             proxy.terminate()
             proxy.wait(timeout=10)
             log.close()
-        for server, _, _ in replicas.values():
+        for server in servers:
             server.stop()
 
 

@@ -222,15 +222,25 @@ class SlowLoad(Model):
 """
 
 
-def test_a_sigterm_during_start_up_stops_at_once(tmp_path: Path, tmp: Path) -> None:
+@pytest.mark.parametrize("api_workers", [2, 0])
+def test_a_sigterm_during_start_up_stops_at_once(tmp_path: Path, tmp: Path, api_workers: int) -> None:
     """The parent used to wait for the engine's load, then start every front (which
     answered requests) before it stopped; now it stops the engine mid-load and starts
-    no front."""
+    no front. One process (``--api-workers 0``) used to watch the signals only once it
+    served: a SIGTERM during the load ended it by the signal's default action (-15)."""
     store = tmp_path / "store"
     folder = model_folder(store, "slow", "slow.SlowLoad")
     (folder / "slow.py").write_text(SLOW_MODEL)
     server = start_server(
-        "--http-port", "0", "--grpc-port", "off", "--no-auth", str(store), env={"TMPDIR": str(tmp)}
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "off",
+        "--no-auth",
+        "--api-workers",
+        str(api_workers),
+        str(store),
+        env={"TMPDIR": str(tmp)},
     )
     try:
         for _ in range(600):  # bounded: the engine is loading the slow model
@@ -243,6 +253,7 @@ def test_a_sigterm_during_start_up_stops_at_once(tmp_path: Path, tmp: Path) -> N
     finally:
         server.stop()
     assert "SIGTERM: shutting down gracefully" in server.text()
+    assert "actorserve stopped" in server.text()
     assert front_pids(server) == {}  # no front ever served a request
     assert "REST listening" not in server.text()
     assert not running(engine)

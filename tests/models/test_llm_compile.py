@@ -1,7 +1,7 @@
 """The ``transformers`` runtime's bucketed and compiled decode, and its dtype choice:
 greedy text token for token equal to eager and to ``transformers``' own ``generate`` in
 float32 (uncompiled buckets with rows joining, leaving and the cache growing; the
-inductor-compiled decode of the smallest shape, compiled once for the module); rows
+inductor-compiled decode of the smallest shape of a one-layer Llama, compiled once); rows
 joining and leaving compile nothing more; a compile that fails falls back with one
 WARNING; ``dtype`` ``auto`` follows the CPU's bf16 support, bf16 produces text, and the
 model's metadata shows what it runs with. CUDA graphs are checked only where CUDA is."""
@@ -30,7 +30,7 @@ from actorserve.modelsettings import model_settings_from_dict
 
 pytest.importorskip("transformers")
 
-#: the inductor compile of the tiny Llama (one bucket) on a busy 2-core machine: 25 to
+#: the inductor compile of the one-layer Llama (one bucket) on a busy 2-core machine: 15 to
 #: 110 s cold, seconds with inductor's on-disk cache warm
 COMPILE_TIMEOUT = 600.0
 PROMPTS = [
@@ -74,6 +74,16 @@ def oracle(llama: Path) -> Oracle:
     return Oracle(llama)
 
 
+@pytest.fixture(scope="module")
+def llama_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-layer Llama for the inductor compile: its C++ kernels are most of the
+    suite's longest test (7 kernels to compile against 10 for two layers, each seconds of
+    ``g++`` on a busy machine, cold in every run: the cache is in pytest's folder). The
+    layers are the same code repeated: the two-layer model checks the bucketed forward
+    (the function compiled) over several layers' caches, uncompiled."""
+    return build(tmp_path_factory.mktemp("llm_compile") / "llama_1", "llama", dtype="float32", layers=1)
+
+
 async def concurrent(engine: Any, cases: list[tuple[str, int]], *, stagger: float = 0.0) -> list[str]:
     got: dict[int, str] = {}
 
@@ -114,15 +124,14 @@ async def test_bucketed_decode_equals_generate_as_rows_join_leave_and_grow(
         assert await concurrent(engine, cases[:4]) == expected[:4]
 
 
-async def test_compiled_decode_equals_eager_and_generate_without_recompiles(
-    llama: Path, oracle: Oracle
-) -> None:
+async def test_compiled_decode_equals_eager_and_generate_without_recompiles(llama_1: Path) -> None:
     """The inductor-compiled decode of the smallest length bucket (64), compiled once in
     the background while the uncompiled forward answers; then 1, 2 and 3 rows, joining
-    and leaving, run compiled with no other compile."""
+    and leaving, run compiled with no other compile (the one-layer model)."""
     cases = [(PROMPTS[0], 12), (PROMPTS[2], 20), (PROMPTS[4], 8)]
+    oracle = Oracle(llama_1)
     expected = [oracle.text(p, n) for p, n in cases]
-    async with llm_engine(llama, compile="inductor", compile_after=0) as (engine, model):
+    async with llm_engine(llama_1, compile="inductor", compile_after=0) as (engine, model):
         decoder = model.decoder
         assert decoder is not None
         # the first steps answer uncompiled while the bucket compiles

@@ -39,14 +39,20 @@ SLACK = 24 * 1024 * 1024
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-@pytest.fixture(scope="module", params=[0, 1], ids=["api-workers-0", "api-workers-1"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model folder of both shapes (built once: the servers only read it)."""
     folder = identity_folder(tmp_path_factory.mktemp("models"))
     if _has_transformers():
         from support.tiny_llm import build
 
         build(folder / "llm", "gpt2", dtype="float32")
-    with serving(folder, request.param, "--max-body-bytes", str(BODY_LIMIT), ready_within=90) as served:
+    return folder
+
+
+@pytest.fixture(scope="module", params=[0, 1], ids=["api-workers-0", "api-workers-1"])
+def served(request: pytest.FixtureRequest, models: Path) -> Iterator[Served]:
+    with serving(models, request.param, "--max-body-bytes", str(BODY_LIMIT), ready_within=90) as served:
         # one request of each kind first: one-time costs (the first connection, the gRPC
         # client, a worker thread, the first parse in a thread) are no part of a request's
         assert httpx.post(f"{served.http}/v2/models/identity/infer", json={"inputs": []}).status_code == 400

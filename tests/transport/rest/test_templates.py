@@ -22,7 +22,7 @@ from actorserve.transport.rest.generate import encode_event_source, encode_gener
 from actorserve.transport.rest.templates import GenerateEvents, OipEvents, for_stream
 from actorserve.transport.rest.wire import encode_oip
 from actorserve.types import InferenceResponse, Tensor
-from tests.strategies import arrays, json_values
+from tests.strategies import arrays, datatypes, json_values
 
 names = st.one_of(
     st.text(max_size=6),
@@ -52,9 +52,18 @@ def streams(draw: st.DrawFn) -> list[InferenceResponse]:
     layout = [(t.name, t.datatype) for t in draw(st.lists(tensors(), max_size=3))]
     out: list[InferenceResponse] = []
     for _ in range(draw(st.integers(1, 5))):
-        if draw(st.integers(0, 5)) == 0:  # a response unlike the ones before
+        change = draw(st.integers(0, 7))
+        if change == 0:  # a response unlike the ones before
             request_id = draw(st.none() | st.text(max_size=6))
             layout = [(t.name, t.datatype) for t in draw(st.lists(tensors(), max_size=3))]
+        elif change == 1 and layout:  # as many outputs, one of them renamed or retyped
+            i = draw(st.integers(0, len(layout) - 1))
+            name, datatype = layout[i]
+            if draw(st.booleans()):
+                name = draw(names.filter(lambda new, old=name: new != old))
+            else:
+                datatype = draw(datatypes.filter(lambda new, old=datatype: new != old))
+            layout[i] = (name, datatype)
         outputs = [draw(tensors(name, datatype)) for name, datatype in layout]
         params = draw(parameters) if draw(st.booleans()) else {}
         if draw(st.booleans()):
@@ -71,7 +80,11 @@ def outcome(encode: Callable[[InferenceResponse], bytes], response: InferenceRes
         return type(exc)
 
 
-@settings(max_examples=300, deadline=None)
+# 150, not 300: with the renamed / retyped output in streams() (the template's rebuild
+# at an unchanged output count), 150 examples reached every line-to-line arc of the
+# encoders that 300 reached before it, on 5 of 6 seeds (300 before: 2 of 4); the
+# generate and raw-event tests below keep 300 (fewer missed rare arcs there)
+@settings(max_examples=150, deadline=None)
 @given(streams())
 def test_oip_template_writes_what_encode_oip_writes(stream: list[InferenceResponse]) -> None:
     template = OipEvents()
