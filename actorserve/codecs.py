@@ -227,7 +227,10 @@ def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     BYTES data of more than :data:`BYTES_FRAGMENT_ELEMENTS` elements is already JSON
     text, an ``orjson.Fragment`` (only orjson writes it)."""
     data: Any
-    if tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
+    packed = tensor.packed
+    if packed is not None:  # one buffer, written without a Python object per element
+        data = orjson.Fragment(packed.to_json())
+    elif tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
         data = orjson.Fragment(bytes_json(tensor.data.reshape(-1)))
     elif tensor.datatype == "BYTES":
         data = [bytes_to_text(v) for v in tensor.data.reshape(-1)]

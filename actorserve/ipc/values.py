@@ -41,13 +41,13 @@ _RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
 def tensor_to_plain(tensor: Tensor) -> Plain:
     """``[name, datatype, shape, raw bytes, parameters]``; :class:`BadInput` if the data
     does not match the datatype's element count for ``shape``."""
-    data = tensor.data
     count = math.prod(tensor.shape)
-    if data.size != count:
+    if tensor.size != count:
         raise errors.BadInput(
-            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
+            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {tensor.size}"
         )
     if tensor.datatype != "BYTES":
+        data = tensor.data
         dtype = numpy_dtype(tensor.datatype)
         if data.dtype != dtype:  # raw bytes must be the declared width
             tensor = Tensor(

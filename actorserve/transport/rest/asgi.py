@@ -135,7 +135,7 @@ async def infer_reply(
         response = await engine.infer(request, model=name, version=version)
         note_response(exchange, response)
         head = await answer_headers(engine, response, headers.naming, flags)
-        if sum(t.data.size for t in response.outputs) < CODE_IN_THREAD_ELEMENTS:
+        if sum(t.size for t in response.outputs) < CODE_IN_THREAD_ELEMENTS:
             return encode_infer_response(response, encoding, head)
         # a Python step per BYTES element: off the loop, so it never stalls the others
         return await trio.to_thread.run_sync(encode_infer_response, response, encoding, head)

@@ -1,0 +1,169 @@
+"""BYTES tensor elements kept as one buffer with offsets, never a Python object each.
+
+A ``bytes`` of two bytes costs 35 bytes of memory and its pointer 8 more, while on the
+wire it may take five (``"ab",``): a request of a million short strings decoded into
+objects costs ten times its size, and a process that decodes it twice (a front: the
+request, then the echoed answer) twenty. :class:`PackedBytes` holds the elements as
+they arrived, one buffer (the request body, the raw tensor bytes) and two offset arrays
+of 4 bytes an element, and is read as a sequence of ``bytes`` one element at a time.
+A :class:`~actorserve.types.Tensor` holds one where a decoder made it, and turns it into
+the numpy object array models know only when ``Tensor.data`` is read; the encoders
+(raw bytes, OIP JSON, the engine link) read it as it is. No I/O; decoders raise
+:class:`~actorserve.errors.BadInput` naming the tensor.
+"""
+
+from __future__ import annotations
+
+import array
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from .errors import BadInput
+
+__all__ = ["PackedBytes"]
+
+_LEN: Final = struct.Struct("<I")
+#: elements turned into Python values at once while iterating (a list of this many)
+_CHUNK: Final = 4096
+#: bytes a JSON string may hold as it is (no escape to write, nothing to check)
+_JSON_PLAIN: Final = re.compile(rb'[^"\\\x00-\x1f\x7f]*')
+
+
+def _offsets(values: array.array[int]) -> npt.NDArray[Any]:
+    """An ``array.array`` of offsets as a numpy array sharing its memory."""
+    return np.frombuffer(values, dtype=np.uint32 if values.typecode == "I" else np.uint64)
+
+
+def _offset_array(size: int) -> array.array[int]:
+    """An empty offset array wide enough for a buffer of ``size`` bytes."""
+    return array.array("I" if size < 2**32 else "Q")
+
+
+class PackedBytes:
+    """The elements of a BYTES tensor: element ``i`` is ``buffer[starts[i]:ends[i]]``.
+
+    Immutable once built; whoever built it hands it over (``buffer`` is not copied).
+    ``raw``: ``buffer`` is exactly these elements in Triton's raw layout (each a 4-byte
+    little-endian length, then its bytes), so encoding them raw is ``buffer`` itself.
+    """
+
+    __slots__ = ("buffer", "ends", "raw", "starts")
+
+    def __init__(
+        self, buffer: bytes, starts: npt.NDArray[Any], ends: npt.NDArray[Any], *, raw: bool = False
+    ) -> None:
+        self.buffer = buffer
+        self.starts = starts
+        self.ends = ends
+        self.raw = raw
+
+    # -- building ----------------------------------------------------------------------
+
+    @classmethod
+    def from_raw(cls, name: str, data: bytes, count: int) -> PackedBytes:
+        """``count`` elements in Triton's raw layout, which must fill ``data`` exactly.
+        Each length is read once (a step of Python an element: no object is kept)."""
+        unpack = _LEN.unpack_from
+        size = len(data)
+        starts, ends = _offset_array(size), _offset_array(size)
+        pos = 0
+        for i in range(count):
+            if pos + 4 > size:
+                raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
+            (length,) = unpack(data, pos)
+            pos += 4
+            starts.append(pos)
+            pos += length
+            if pos > size:
+                raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
+            ends.append(pos)
+        if pos != size:
+            raise BadInput(f"input {name!r}: {size - pos} bytes left over after {count} BYTES elements")
+        return cls(data, _offsets(starts), _offsets(ends), raw=True)
+
+    @classmethod
+    def from_values(cls, values: Any) -> PackedBytes:
+        """Elements that are ``bytes`` already (any iterable of them), copied into one buffer."""
+        buffer = bytearray()
+        starts, ends = array.array("Q"), array.array("Q")
+        for value in values:
+            starts.append(len(buffer))
+            buffer += value
+            ends.append(len(buffer))
+        return cls(bytes(buffer), np.frombuffer(starts, np.uint64), np.frombuffer(ends, np.uint64))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> bytes:
+        return self.buffer[int(self.starts[index]) : int(self.ends[index])]
+
+    def __iter__(self) -> Iterator[bytes]:
+        buffer = self.buffer
+        for first in range(0, len(self.starts), _CHUNK):
+            starts = self.starts[first : first + _CHUNK].tolist()
+            ends = self.ends[first : first + _CHUNK].tolist()
+            for start, end in zip(starts, ends, strict=True):
+                yield buffer[start:end]
+
+    def __repr__(self) -> str:
+        return f"PackedBytes({len(self)} elements, {len(self.buffer)} bytes)"
+
+    @property
+    def nbytes(self) -> int:
+        """The memory this holds (its buffer and both offset arrays)."""
+        return len(self.buffer) + self.starts.nbytes + self.ends.nbytes
+
+    def to_numpy(self) -> npt.NDArray[Any]:
+        """A flat numpy object array of the elements as ``bytes`` (one object each)."""
+        return np.fromiter(iter(self), dtype=object, count=len(self))
+
+    # -- encoding ----------------------------------------------------------------------
+
+    def to_raw(self) -> bytes:
+        """The elements in Triton's raw layout, built in one buffer."""
+        if self.raw:
+            return self.buffer
+        out = bytearray()
+        pack = _LEN.pack
+        for value in self:
+            out += pack(len(value))
+            out += value
+        return bytes(out)
+
+    def to_json(self) -> bytes:
+        """The elements as a JSON array of strings (undecodable bytes replaced), written
+        into one buffer. An element that needs no escape and is valid UTF-8 is copied as
+        it is; any other goes through orjson."""
+        out = bytearray(b"[")
+        plain = _JSON_PLAIN.fullmatch
+        dumps = orjson.dumps
+        for value in self:
+            if plain(value) is not None and (value.isascii() or _utf8(value)):
+                out += b'"'
+                out += value
+                out += b'",'
+            else:
+                out += dumps(value.decode("utf-8", errors="replace"))
+                out += b","
+        if len(out) > 1:
+            out[-1] = ord("]")
+        else:
+            out += b"]"
+        return bytes(out)
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
