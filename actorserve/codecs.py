@@ -20,6 +20,7 @@ import orjson
 from .errors import BadInput
 from .jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_array, bytes_element, bytes_json, bytes_to_text
 from .limits import MAX_DIMS, MAX_INPUTS, BytesElements, check_count, check_parameters
+from .packedbytes import PackedBytes
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -120,9 +121,17 @@ def tensor_from_list(
     ``str`` replaced by its UTF-8 ``bytes``, so the parsed JSON never holds both)."""
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
+    expected = element_count(dims)
+    if isinstance(data, PackedBytes):  # strings packed as parsed (jsonpacked)
+        if datatype == "BYTES":
+            (budget or BytesElements()).add(expected, name)
+        if len(data) != expected:
+            raise _count_mismatch(name, dims, expected, len(data))
+        if datatype != "BYTES":
+            raise BadInput(f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, got strings")
+        return Tensor(name, dims, datatype, data, dict(parameters or {}))
     if not isinstance(data, list):
         raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
-    expected = element_count(dims)
     if datatype == "BYTES":
         (budget or BytesElements()).add(expected, name)
         array, count = bytes_array(name, data, expected)
