@@ -40,9 +40,9 @@ def _offsets(values: array.array[int]) -> npt.NDArray[Any]:
     return np.frombuffer(values, dtype=np.uint32 if values.typecode == "I" else np.uint64)
 
 
-def _offset_array(size: int) -> array.array[int]:
-    """An empty offset array wide enough for a buffer of ``size`` bytes."""
-    return array.array("I" if size < 2**32 else "Q")
+def _offset_array(size: int, count: int) -> array.array[int]:
+    """``count`` zero offsets, each wide enough for a buffer of ``size`` bytes."""
+    return array.array("I" if size < 2**32 else "Q", [0]) * count
 
 
 class PackedBytes:
@@ -71,18 +71,24 @@ class PackedBytes:
         Each length is read once (a step of Python an element: no object is kept)."""
         unpack = _LEN.unpack_from
         size = len(data)
-        starts, ends = _offset_array(size), _offset_array(size)
+        if count * 4 > size:  # each element takes its length at least: refused unsized
+            raise BadInput(
+                f"input {name!r}: {count} raw BYTES elements need at least {count * 4} bytes, got {size}"
+            )
+        # sized once (the caller checked count against the data's length): appending
+        # would copy each array as it grows
+        starts, ends = _offset_array(size, count), _offset_array(size, count)
         pos = 0
         for i in range(count):
             if pos + 4 > size:
                 raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
             (length,) = unpack(data, pos)
             pos += 4
-            starts.append(pos)
+            starts[i] = pos
             pos += length
             if pos > size:
                 raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
-            ends.append(pos)
+            ends[i] = pos
         if pos != size:
             raise BadInput(f"input {name!r}: {size - pos} bytes left over after {count} BYTES elements")
         return cls(data, _offsets(starts), _offsets(ends), raw=True)
