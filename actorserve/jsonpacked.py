@@ -122,7 +122,7 @@ def _region(body: bytes, start: int) -> tuple[int, int, PackedBytes] | None:
         if _NON_ASCII.search(body, start, end) is not None and not _utf8(body, start, end):
             raise BadInput("the request body is not valid JSON: a string is not valid UTF-8")
         places[0::2] += 1  # an element starts after its opening quote
-        return start, end, PackedBytes(body, places[0::2], places[1::2])
+        return start, end, PackedBytes(body, places[0::2], places[1::2], text=True)
     opens, closes, packed = _decoded(body, start, end)
     if not _well_formed(body, start, end, opens, closes):
         return None

@@ -71,3 +71,33 @@ def test_a_tensor_stays_packed_until_a_model_reads_data() -> None:
     assert tensor.packed is None and tensor.data is data
     assert tensor == Tensor("INPUT0", (2, 3), "BYTES", np.array(values, dtype=object).reshape(2, 3))
     assert echoed.packed is not None  # the other holder still has it packed
+
+
+@given(st.lists(st.binary(max_size=5), max_size=30), st.binary(max_size=3))
+def test_elements_spread_through_a_buffer_encode_as_packed_end_to_end(values: list[bytes], gap: bytes) -> None:
+    # as jsonpacked makes them: each element between two quotes of the body, in order
+    buffer = bytearray(b"[")
+    starts, ends = [], []
+    for value in values:
+        buffer += gap + b'"'
+        starts.append(len(buffer))
+        buffer += value
+        ends.append(len(buffer))
+        buffer += b'",'
+    packed = PackedBytes(bytes(buffer), np.array(starts, np.uint32), np.array(ends, np.uint32))
+    assert list(packed) == values
+    assert packed.to_raw() == _raw(values)
+    assert packed.to_json() == bytes_json(values)
+    texts = [v for v in values if b'"' not in v and b"\\" not in v and all(c >= 0x20 for c in v)]
+    texts = [v for v in texts if _utf8(v)]
+    text = PackedBytes.from_values(texts)
+    text.text = True  # as jsonpacked marks elements it read as JSON text
+    assert text.to_json() == bytes_json(texts)
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
