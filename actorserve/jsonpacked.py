@@ -20,6 +20,7 @@ import array
 import codecs
 import re
 import secrets
+from collections.abc import Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -30,7 +31,7 @@ from .errors import BadInput
 from .limits import MAX_DIMS
 from .packedbytes import PackedBytes
 
-__all__ = ["PACKED_MIN_ELEMENTS", "loads_packed"]
+__all__ = ["PACKED_MIN_ELEMENTS", "NumberText", "loads_packed"]
 
 #: ``data`` arrays of at least this many strings are packed; smaller ones parse as before
 PACKED_MIN_ELEMENTS: Final = 1024
@@ -63,18 +64,24 @@ for _a, _b in ((0, 0), (0, 1), (0, 3), (1, 1), (1, 2), (3, 1), (3, 2), (2, 0), (
 def loads_packed(body: bytes) -> Any:
     """``orjson.loads(body)``, with every ``"data"`` value that is an array of at least
     :data:`PACKED_MIN_ELEMENTS` strings (nested arrays flattened, row-major) as a
-    :class:`PackedBytes` of their UTF-8 bytes when it is the ``data`` of an object in the
-    top-level ``inputs`` list (anywhere else it is the list orjson makes). Raises
+    :class:`PackedBytes` of their UTF-8 bytes, and every one of as many numbers (or
+    ``true`` / ``false``) as a :class:`NumberText`, when it is the ``data`` of an object
+    in the top-level ``inputs`` list (anywhere else it is the list orjson makes). Raises
     ``orjson.JSONDecodeError`` as orjson does, :class:`BadInput` for a string of a packed
-    array that is not valid (an escape, UTF-8)."""
+    array that is not valid (an escape, UTF-8); a number's own fault is found when the
+    codecs read the :class:`NumberText`."""
     if len(body) < _MIN_BODY:
         return orjson.loads(body)
-    regions: list[tuple[int, int, PackedBytes]] = []
+    regions: list[tuple[int, int, PackedBytes | NumberText]] = []
     for match in _DATA_KEY.finditer(body):
         start = match.end() - 1
         if regions and start < regions[-1][1]:
             continue
-        region = _region(body, start)
+        first = _FIRST_VALUE.match(body, start)
+        if first is not None and body[first.end() - 1 : first.end()] == b'"':
+            region: tuple[int, int, PackedBytes | NumberText] | None = _region(body, start)
+        else:
+            region = _numbers(body, start)
         if region is not None:
             regions.append(region)
     if not regions:
@@ -88,7 +95,7 @@ def loads_packed(body: bytes) -> Any:
     parts.append(body[previous:])
     obj = orjson.loads(b"".join(parts))
     del parts
-    markers = {f"{nonce}:{i}": packed for i, (_, _, packed) in enumerate(regions)}
+    markers = {f"{nonce}:{i}": value for i, (_, _, value) in enumerate(regions)}
     placed = 0
     inputs = obj.get("inputs") if isinstance(obj, dict) else None
     for tensor in inputs if isinstance(inputs, list) else ():
@@ -101,6 +108,86 @@ def loads_packed(body: bytes) -> Any:
         texts = {f"{nonce}:{i}": body[s:e] for i, (s, e, _) in enumerate(regions)}
         _restore(obj, texts)
     return obj
+
+
+class NumberText:
+    """The numbers of a JSON ``data`` array, as their text (brackets and white space
+    gone: ``1,2,3``), read a slice at a time by :meth:`chunks` so that no list of every
+    value is ever built (:func:`actorserve.codecs.tensor_from_list` converts each to the
+    tensor's datatype). ``count``: how many values there are."""
+
+    __slots__ = ("count", "text")
+
+    def __init__(self, text: bytes, count: int) -> None:
+        self.text = text
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def chunks(self) -> Iterator[list[Any]]:
+        """The values, a list of about :data:`_CHUNK` / 4 bytes of text at a time;
+        :class:`BadInput` for text that is not JSON numbers."""
+        text, start = self.text, 0
+        while start < len(text):
+            stop = text.find(b",", start + _NUMBER_CHUNK)
+            stop = len(text) if stop < 0 else stop
+            try:
+                values = orjson.loads(b"[" + text[start:stop] + b"]")
+            except orjson.JSONDecodeError as exc:
+                raise BadInput(f"the request body is not valid JSON: {exc}") from None
+            yield values
+            start = stop + 1
+
+
+#: bytes of number text parsed at once (orjson holds the GIL a millisecond or so)
+_NUMBER_CHUNK: Final = 1 << 18
+#: the first value of an array (past its brackets, and commas between empty ones)
+_FIRST_VALUE: Final = re.compile(rb"[ \t\n\r\[\],]*+.")
+#: bytes an array of numbers (and true, false) is made of
+_NUMBER_BYTES = np.zeros(256, bool)
+_NUMBER_BYTES[np.frombuffer(b" \t\n\r[],0123456789+-.eEtruefals", np.uint8)] = True
+_STRUCTURE = np.zeros(256, np.uint8)  # 1 white space, 2 a bracket or comma, 0 a value's byte
+_STRUCTURE[np.frombuffer(b" \t\n\r", np.uint8)] = 1
+_STRUCTURE[np.frombuffer(b"[],", np.uint8)] = 2
+
+
+def _numbers(body: bytes, start: int) -> tuple[int, int, NumberText] | None:
+    """The array of numbers opening at ``start``: (start, end, its text), or None if it
+    is not one worth reading in slices. Found and checked by numpy a megabyte at a time
+    (numpy lets other threads run meanwhile): the array is where the bytes of numbers,
+    brackets and commas run, the values are the runs between them, and the tokens must
+    follow the grammar of nested arrays as for strings."""
+    view = np.frombuffer(body, np.uint8)
+    end = start
+    while end < len(body):  # up to the first byte that is none of those
+        outside = np.flatnonzero(~_NUMBER_BYTES[view[end : end + _CHUNK]])
+        if outside.size:
+            end += int(outside[0])
+            break
+        end += min(_CHUNK, len(body) - end)
+    while end > start and body[end - 1] in b" \t\n\r,":  # what follows the array
+        end -= 1
+    if end - start < 2 * PACKED_MIN_ELEMENTS or body[end - 1] != ord("]"):
+        return None
+    kinds = _STRUCTURE[view[start:end]]
+    value = kinds == 0
+    firsts = value.copy()
+    firsts[1:] &= ~value[:-1]  # a value's first byte
+    count = int(np.count_nonzero(firsts))
+    if count < PACKED_MIN_ELEMENTS:
+        return None
+    keep = (kinds == 2) | firsts
+    del kinds, value
+    tokens = view[start:end][keep]
+    tokens[firsts[keep]] = ord('"')  # each value stands as one token, as a string does
+    del firsts, keep
+    if not _well_formed_tokens(tokens.tobytes(), regular=True):
+        return None
+    text = body[start:end].translate(None, b"[] \t\n\r")
+    if b",," in text or text[:1] == b"," or text[-1:] == b",":  # an empty array inside
+        text = re.sub(rb",,+", b",", text).strip(b",")
+    return start, end, NumberText(text, count)
 
 
 def _region(body: bytes, start: int) -> tuple[int, int, PackedBytes] | None:
@@ -159,13 +246,48 @@ def _well_formed(
     view = np.frombuffer(body, np.uint8, count=size, offset=start)
     tokens = view[inside == 0].tobytes().translate(None, b" \t\n\r")
     del inside
+    return _well_formed_tokens(tokens)
+
+
+def _well_formed_tokens(tokens: bytes, *, regular: bool = False) -> bool:
+    """Whether ``tokens`` (``[``, ``]``, ``,`` and ``"`` for each value) is one array of
+    values nested at most ``MAX_DIMS`` deep; ``regular``: and one numpy makes an array
+    of (every value as deep, every list of a level as long: numpy refuses a ragged one).
+    Depths are counted on the brackets alone (a value or comma between them is a byte
+    of memory here, not an integer)."""
     codes = _CODES[np.frombuffer(tokens, np.uint8)]
-    if codes.size < 2 or codes[0] != 0:
+    if codes.size < 2 or codes[0] != 0 or codes[-1] != 1:
         return False
-    if not _FOLLOWS[codes[:-1] * 4 + codes[1:]].all():
+    for first in range(0, codes.size - 1, _CHUNK):  # which token may follow which
+        stop = min(first + _CHUNK, codes.size - 1)
+        pairs = codes[first:stop] * 4
+        pairs += codes[first + 1 : stop + 1]
+        if not _FOLLOWS[pairs].all():
+            return False
+    brackets = np.flatnonzero(codes <= 1)  # [ is 0, ] is 1
+    closes = codes[brackets].astype(np.int32)
+    depth = np.cumsum(1 - 2 * closes, dtype=np.int32)  # after each bracket
+    if not (depth[-1] == 0 and depth[:-1].min(initial=1) >= 1 and depth.max() <= MAX_DIMS):
         return False
-    depth = np.cumsum((codes == 0).astype(np.int32) - (codes == 1), dtype=np.int32)
-    return bool(depth[-1] == 0 and depth[:-1].min(initial=1) >= 1 and depth.max() <= MAX_DIMS)
+    if not regular:
+        return True
+    gaps = np.diff(brackets) - 1  # tokens between one bracket and the next
+    kind = closes[:-1] * 2 + closes[1:]  # 0 [[, 1 [], 2 ][, 3 ]]
+    innermost = kind == 1
+    if (gaps[kind == 2] != 1).any() or (gaps[(kind == 0) | (kind == 3)] != 0).any():
+        return False  # a value beside a list
+    lengths = (gaps[innermost] + 1) // 2
+    deepest = depth[:-1][innermost]
+    if lengths.min() != lengths.max() or deepest.min() != deepest.max():
+        return False
+    opens = closes == 0
+    for outer in range(1, int(deepest[0])):  # each list of a level holds as many lists
+        lists = np.flatnonzero(opens & (depth == outer))
+        children = np.flatnonzero(opens & (depth == outer + 1))
+        counts = np.diff(np.searchsorted(children, lists), append=len(children))
+        if counts.min() != counts.max():
+            return False
+    return True
 
 
 def _decoded(body: bytes, start: int, end: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any], PackedBytes]:

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actorserve import jsonpacked
+from actorserve.codecs import request_from_json
 from actorserve.errors import BadInput
-from actorserve.jsonpacked import PACKED_MIN_ELEMENTS, loads_packed
+from actorserve.jsonpacked import PACKED_MIN_ELEMENTS, NumberText, loads_packed
 from actorserve.packedbytes import PackedBytes
 
 N = PACKED_MIN_ELEMENTS
@@ -82,8 +84,8 @@ def test_elements_without_escapes_are_read_where_they_stand() -> None:
 def test_small_arrays_and_other_data_parse_as_before() -> None:
     small = _body(["ab"] * 10 + [[]] * (N - 10))
     assert loads_packed(small) == orjson.loads(small)
-    numbers = _body([0] * 2 * N)
-    assert loads_packed(numbers) == orjson.loads(numbers)
+    few = _body([0] * (N - 1))
+    assert loads_packed(few) == orjson.loads(few)
     elsewhere = json.dumps({"inputs": [], "parameters": {"data": ["ab"] * N}}).encode()
     assert loads_packed(elsewhere) == orjson.loads(elsewhere)
 
@@ -133,3 +135,48 @@ def test_a_million_short_strings_cost_a_few_times_their_size() -> None:
         tracemalloc.stop()
     assert len(packed) == 1_000_000
     assert peak < 8 * len(body)  # orjson.loads peaks at 24 times
+
+
+def _decoded(body: bytes, parse: Any) -> Any:
+    """What the codecs make of ``body`` parsed by ``parse``: the tensor, or the refusal."""
+    try:
+        tensor = request_from_json(parse(body)).inputs[0]
+    except (BadInput, orjson.JSONDecodeError):
+        return "refused"
+    return tensor.shape, tensor.data.dtype, tensor.data.tolist()
+
+
+numbers = st.one_of(st.integers(-3, 300), st.sampled_from([2**63, -(2**63), 1.5, -2e3, True, False]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(numbers, min_size=N, max_size=N + 4),
+    st.sampled_from(["INT64", "INT8", "UINT64", "FP32", "BOOL", "BYTES"]),
+    st.sampled_from(["flat", "wrapped", "pairs", "ragged", "empty first"]),
+    st.booleans(),
+)
+def test_numbers_decode_as_from_orjson(values: list[Any], datatype: str, nesting: str, small_slices: bool) -> None:
+    values = values[: len(values) // 2 * 2]
+    data: Any = {
+        "flat": values,
+        "wrapped": [[values]],
+        "pairs": [values[i : i + 2] for i in range(0, len(values), 2)],
+        "ragged": [values[:3], values[3:]],
+        "empty first": [[], *values],
+    }[nesting]
+    body = json.dumps({"inputs": [{"name": "I", "shape": [len(values)], "datatype": datatype, "data": data}]})
+    with pytest.MonkeyPatch.context() as patch:
+        if small_slices:  # many slices, each parsed and converted on its own
+            patch.setattr(jsonpacked, "_NUMBER_CHUNK", 64)
+        packed = _decoded(body.encode(), loads_packed)
+    assert packed == _decoded(body.encode(), orjson.loads)
+
+
+def test_numbers_are_read_a_slice_at_a_time() -> None:
+    body = _body([[0, 1.5], [True, -2]] * N)
+    text = loads_packed(body)["inputs"][0]["data"]
+    assert isinstance(text, NumberText) and len(text) == 4 * N
+    assert [v for chunk in text.chunks() for v in chunk] == [0, 1.5, True, -2] * N
+    ragged = _body([0, 1.5, [2], [], True] * N)  # numpy refuses it: left to orjson
+    assert loads_packed(ragged) == orjson.loads(ragged)

@@ -87,8 +87,8 @@ from .frames import (
     StreamInputEnd,
     StreamOutputs,
     StreamRequest,
-    encode_frame,
     encode_message,
+    frame_parts,
 )
 from .outbox import Outbox
 from .unary_values import call_to_plain, result_codec
@@ -208,7 +208,8 @@ class EngineClient:
         try:
             while True:
                 messages = await self._outbox.take(self._max_message)
-                await self._stream.send_all(encode_frame(messages))
+                for part in frame_parts(messages):
+                    await self._stream.send_all(part)
                 self._frames_sent += 1
                 self._messages_sent += len(messages)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -53,7 +53,16 @@ def tensor_to_plain(tensor: Tensor) -> Plain:
             tensor = Tensor(
                 tensor.name, tensor.shape, tensor.datatype, np.asarray(data, dtype=dtype), tensor.parameters
             )
-    return [tensor.name, tensor.datatype, list(tensor.shape), tensor_to_raw(tensor), tensor.parameters]
+    raw: bytes | memoryview
+    if tensor.datatype == "BYTES":
+        raw = tensor_to_raw(tensor)
+    else:  # msgpack copies the array's own bytes: no copy of them first
+        data = tensor.data
+        if data.dtype.byteorder == ">":
+            data = data.astype(data.dtype.newbyteorder("<"))
+        data = np.ascontiguousarray(data)
+        raw = memoryview(data.reshape(-1)).cast("B") if data.size else b""
+    return [tensor.name, tensor.datatype, list(tensor.shape), raw, tensor.parameters]
 
 
 def tensor_from_plain(plain: Plain) -> Tensor:
