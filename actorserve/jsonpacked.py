@@ -193,9 +193,7 @@ def _numbers(body: bytes, start: int) -> tuple[int, int, NumberText] | None:
 def _region(body: bytes, start: int) -> tuple[int, int, PackedBytes] | None:
     """The array of strings opening at ``start``: (start, end, its elements), or None if
     it is not one worth packing (orjson then parses it, or refuses the body)."""
-    run = _RUN.match(body, start)
-    assert run is not None  # the pattern matches the empty string
-    end = run.end()
+    end = _run_end(body, start)
     while end > start and body[end - 1] in b" \t\n\r,":  # what follows the array
         end -= 1
     quotes = body.count(b'"', start, end)
@@ -214,6 +212,30 @@ def _region(body: bytes, start: int) -> tuple[int, int, PackedBytes] | None:
     if not _well_formed(body, start, end, opens, closes):
         return None
     return start, end, packed
+
+
+def _run_end(body: bytes, start: int) -> int:
+    """Where :data:`_RUN` from ``start`` ends, matched a window at a time: the regular
+    expression holds the GIL while it runs, so a megabyte in one match would stall every
+    other thread (a health probe's) for tens of milliseconds. A window ends just after
+    a ``",``, so no string ends at its edge (a key's ``:`` beyond it unseen); a match
+    that stops short is tried again from there, with a wider window if it made no way."""
+    position, size, window = start, len(body), _RUN_WINDOW
+    while True:
+        edge = body.find(b'",', position + window)
+        edge = size if edge < 0 else edge + 2
+        match = _RUN.match(body, position, edge)
+        assert match is not None  # the pattern matches the empty string
+        if edge >= size:
+            return match.end()
+        if match.end() > position:
+            position, window = match.end(), _RUN_WINDOW
+        else:  # a token longer than the window, or the run's end
+            window *= 2
+
+
+#: bytes the run of an array is matched in at once
+_RUN_WINDOW: Final = 1 << 18
 
 
 def _quote_places(body: bytes, start: int, end: int, quotes: int) -> npt.NDArray[Any]:

@@ -124,9 +124,11 @@ def test_nested_deeper_than_any_shape_is_left_to_the_codecs() -> None:
 
 
 def test_a_million_short_strings_cost_a_few_times_their_size() -> None:
-    body = b'{"inputs":[{"name":"I","shape":[1000000],"datatype":"BYTES","data":[' + b",".join(
-        [b'"ab"'] * 1_000_000
-    ) + b"]}]}"
+    body = (
+        b'{"inputs":[{"name":"I","shape":[1000000],"datatype":"BYTES","data":['
+        + b",".join([b'"ab"'] * 1_000_000)
+        + b"]}]}"
+    )
     tracemalloc.start()
     try:
         packed = loads_packed(body)["inputs"][0]["data"]
@@ -156,7 +158,9 @@ numbers = st.one_of(st.integers(-3, 300), st.sampled_from([2**63, -(2**63), 1.5,
     st.sampled_from(["flat", "wrapped", "pairs", "ragged", "empty first"]),
     st.booleans(),
 )
-def test_numbers_decode_as_from_orjson(values: list[Any], datatype: str, nesting: str, small_slices: bool) -> None:
+def test_numbers_decode_as_from_orjson(
+    values: list[Any], datatype: str, nesting: str, small_slices: bool
+) -> None:
     values = values[: len(values) // 2 * 2]
     data: Any = {
         "flat": values,

@@ -74,7 +74,9 @@ def test_a_tensor_stays_packed_until_a_model_reads_data() -> None:
 
 
 @given(st.lists(st.binary(max_size=5), max_size=30), st.binary(max_size=3))
-def test_elements_spread_through_a_buffer_encode_as_packed_end_to_end(values: list[bytes], gap: bytes) -> None:
+def test_elements_spread_through_a_buffer_encode_as_packed_end_to_end(
+    values: list[bytes], gap: bytes
+) -> None:
     # as jsonpacked makes them: each element between two quotes of the body, in order
     buffer = bytearray(b"[")
     starts, ends = [], []

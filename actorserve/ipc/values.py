@@ -61,7 +61,7 @@ def tensor_to_plain(tensor: Tensor) -> Plain:
         if data.dtype.byteorder == ">":
             data = data.astype(data.dtype.newbyteorder("<"))
         data = np.ascontiguousarray(data)
-        raw = memoryview(data.reshape(-1)).cast("B") if data.size else b""
+        raw = data.reshape(-1).data.cast("B") if data.size else b""
     return [tensor.name, tensor.datatype, list(tensor.shape), raw, tensor.parameters]
 
 
