@@ -350,6 +350,7 @@ class EngineClient:
         call, ok = self._open(), False
         try:
             await self._send(Infer(call.id, request, model, version))
+            del request  # sent: its tensors are freed while the answer comes (if the caller let go)
             reply = await call.next_message(self)
             ok = isinstance(reply, Reply)
         finally:
