@@ -159,13 +159,14 @@ def _numbers(body: bytes, start: int) -> tuple[int, int, NumberText] | None:
     brackets and commas run, the values are the runs between them, and the tokens must
     follow the grammar of nested arrays as for strings."""
     view = np.frombuffer(body, np.uint8)
-    end = start
+    end, window = start, 4096  # a window that grows: a small array costs its own size
     while end < len(body):  # up to the first byte that is none of those
-        outside = np.flatnonzero(~_NUMBER_BYTES[view[end : end + _CHUNK]])
+        outside = np.flatnonzero(~_NUMBER_BYTES[view[end : end + window]])
         if outside.size:
             end += int(outside[0])
             break
-        end += min(_CHUNK, len(body) - end)
+        end += min(window, len(body) - end)
+        window = min(2 * window, _CHUNK)
     while end > start and body[end - 1] in b" \t\n\r,":  # what follows the array
         end -= 1
     if end - start < 2 * PACKED_MIN_ELEMENTS or body[end - 1] != ord("]"):
@@ -217,13 +218,15 @@ def _region(body: bytes, start: int) -> tuple[int, int, PackedBytes] | None:
 def _run_end(body: bytes, start: int) -> int:
     """Where :data:`_RUN` from ``start`` ends, matched a window at a time: the regular
     expression holds the GIL while it runs, so a megabyte in one match would stall every
-    other thread (a health probe's) for tens of milliseconds. A window ends just after
-    a ``",``, so no string ends at its edge (a key's ``:`` beyond it unseen); a match
-    that stops short is tried again from there, with a wider window if it made no way."""
+    other thread (a health probe's) for tens of milliseconds. A window never ends just
+    after a quote or white space, so no string ends at its edge with a key's ``:``
+    beyond it unseen; a match that stops short is tried again from there, with a wider
+    window if it made no way. A small array costs its own length, not a window's."""
     position, size, window = start, len(body), _RUN_WINDOW
     while True:
-        edge = body.find(b'",', position + window)
-        edge = size if edge < 0 else edge + 2
+        edge = min(size, position + window)
+        while edge < size and body[edge - 1] in b'" \t\n\r':
+            edge += 1
         match = _RUN.match(body, position, edge)
         assert match is not None  # the pattern matches the empty string
         if edge >= size:

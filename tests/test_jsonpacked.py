@@ -62,8 +62,11 @@ texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_siz
     st.sampled_from(["flat", "pairs", "ragged"]),
     st.sampled_from([None, 1]),
     st.booleans(),
+    st.sampled_from([1, 7, 1 << 18]),
 )
-def test_the_same_values_as_orjson(strings: list[str], nesting: str, indent: int | None, ascii: bool) -> None:
+def test_the_same_values_as_orjson(
+    strings: list[str], nesting: str, indent: int | None, ascii: bool, window: int
+) -> None:
     if nesting == "pairs":
         data: list[Any] = [strings[i : i + 2] for i in range(0, len(strings), 2)]
     elif nesting == "ragged":
@@ -71,7 +74,9 @@ def test_the_same_values_as_orjson(strings: list[str], nesting: str, indent: int
     else:
         data = strings
     body = _body(data, indent=indent, ascii=ascii, parameters={"data": strings})
-    assert _plain(loads_packed(body)) == _expected(body)
+    with pytest.MonkeyPatch.context() as patch:  # windows that end anywhere in the array
+        patch.setattr(jsonpacked, "_RUN_WINDOW", window)
+        assert _plain(loads_packed(body)) == _expected(body)
 
 
 def test_elements_without_escapes_are_read_where_they_stand() -> None:
