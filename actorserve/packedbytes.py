@@ -84,7 +84,7 @@ class PackedBytes:
             raise BadInput(
                 f"input {name!r}: {count} raw BYTES elements need at least {count * 4} bytes, got {size}"
             )
-        # sized once (the caller checked count against the data's length): appending
+        # sized once (count is at most a quarter of the length, checked above): appending
         # would copy each array as it grows
         starts, ends = _offset_array(size, count), _offset_array(size, count)
         pos = 0

@@ -46,7 +46,7 @@ from ..api import (
 )
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
-from ..limits import PARSE_IN_THREAD_BYTES
+from ..limits import CODE_IN_THREAD_ELEMENTS, PARSE_IN_THREAD_BYTES
 from ..tracing import link_span
 from ..types import InferenceRequest, InferenceResponse
 from ..unary import (
@@ -233,9 +233,20 @@ class EngineClient:
 
     async def _send(self, message: Message) -> None:
         """Queue ``message``; :class:`BadInput` if it cannot be encoded (the caller's
-        request: a tensor that does not fit its shape, a value msgpack cannot hold)."""
+        request: a tensor that does not fit its shape, a value msgpack cannot hold). A
+        request of ``CODE_IN_THREAD_ELEMENTS`` BYTES elements or more is encoded in a
+        worker thread (numbers are one copy each, on the loop): the loop answers everyone
+        else meanwhile."""
         self._check_open()
-        await self._outbox.put(encode_message(message, self._max_message))
+        request = getattr(message, "request", None)
+        if not isinstance(request, InferenceRequest) or _bytes_elements(request) < CODE_IN_THREAD_ELEMENTS:
+            await self._outbox.put(encode_message(message, self._max_message))
+            return
+        # handed over in a box the thread empties: an idle worker thread keeps its last
+        # job (and so the request's tensors) until its next
+        box, limit = [message], self._max_message
+        del message, request
+        await self._outbox.put(await trio.to_thread.run_sync(lambda: encode_message(box.pop(), limit)))
 
     def _consumed(self, call: _ClientCall, count: int) -> None:
         call.unacked += count
@@ -459,3 +470,7 @@ async def open_engine_client(
 
 if TYPE_CHECKING:  # the client implements the boundary the transports use
     _: type[EngineAPI] = EngineClient
+
+
+def _bytes_elements(request: InferenceRequest) -> int:
+    return sum(t.size for t in request.inputs if t.datatype == "BYTES")
