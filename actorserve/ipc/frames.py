@@ -342,6 +342,8 @@ def _pack(plain: Any) -> bytes:
     if packer is None:
         packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, default=plain_default)
     data: bytes = packer.pack(plain)
+    if len(data) > JOIN_FRAME_BYTES:  # a Packer keeps the buffer it grew: let it go
+        _PACKERS.packer = None
     return data
 
 
