@@ -19,7 +19,9 @@ import orjson
 
 from .errors import BadInput
 from .jsonbytes import BYTES_FRAGMENT_ELEMENTS, bytes_array, bytes_element, bytes_json, bytes_to_text
+from .jsonpacked import NumberText
 from .limits import MAX_DIMS, MAX_INPUTS, BytesElements, check_count, check_parameters
+from .packedbytes import PackedBytes
 from .types import (
     DATATYPES,
     InferenceRequest,
@@ -120,9 +122,19 @@ def tensor_from_list(
     ``str`` replaced by its UTF-8 ``bytes``, so the parsed JSON never holds both)."""
     dims = check_shape(name, shape)
     dtype = numpy_dtype(datatype)
+    expected = element_count(dims)
+    if isinstance(data, PackedBytes):  # strings packed as parsed (jsonpacked)
+        if datatype == "BYTES":
+            (budget or BytesElements()).add(expected, name)
+        if len(data) != expected:
+            raise _count_mismatch(name, dims, expected, len(data))
+        if datatype != "BYTES":
+            raise BadInput(f"input {name!r}: {datatype} data must hold {_kind_word(dtype.kind)}, got strings")
+        return Tensor(name, dims, datatype, data, dict(parameters or {}))
+    if isinstance(data, NumberText):  # numbers as parsed text (jsonpacked)
+        return _tensor_from_text(name, datatype, dims, data, parameters, budget)
     if not isinstance(data, list):
         raise BadInput(f"input {name!r}: data must be a list, got {type(data).__name__}")
-    expected = element_count(dims)
     if datatype == "BYTES":
         (budget or BytesElements()).add(expected, name)
         array, count = bytes_array(name, data, expected)
@@ -151,6 +163,31 @@ def tensor_from_list(
                 raise OverflowError
     except OverflowError:
         raise BadInput(f"input {name!r}: a value is out of range for {datatype}") from None
+    return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+
+
+def _tensor_from_text(
+    name: str,
+    datatype: str,
+    dims: tuple[int, ...],
+    data: NumberText,
+    parameters: Mapping[str, Any] | None,
+    budget: BytesElements | None,
+) -> Tensor:
+    """:func:`tensor_from_list` of numbers kept as their JSON text: each slice of them
+    parsed and converted on its own, into the one array (never a list of every value)."""
+    expected = element_count(dims)
+    if datatype == "BYTES":
+        (budget or BytesElements()).add(expected, name)
+    if len(data) != expected:
+        raise _count_mismatch(name, dims, expected, len(data))
+    array = np.empty(expected, numpy_dtype(datatype))
+    filled = 0
+    for values in data.chunks():
+        if datatype == "BYTES":
+            bytes_element(name, values[0])  # refused: a BYTES element is a string
+        array[filled : filled + len(values)] = tensor_from_list(name, datatype, [len(values)], values).data
+        filled += len(values)
     return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
 
 
@@ -227,7 +264,10 @@ def tensor_to_json(tensor: Tensor) -> dict[str, Any]:
     BYTES data of more than :data:`BYTES_FRAGMENT_ELEMENTS` elements is already JSON
     text, an ``orjson.Fragment`` (only orjson writes it)."""
     data: Any
-    if tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
+    packed = tensor.packed
+    if packed is not None:  # one buffer, written without a Python object per element
+        data = orjson.Fragment(packed.to_json())
+    elif tensor.datatype == "BYTES" and tensor.data.size > BYTES_FRAGMENT_ELEMENTS:
         data = orjson.Fragment(bytes_json(tensor.data.reshape(-1)))
     elif tensor.datatype == "BYTES":
         data = [bytes_to_text(v) for v in tensor.data.reshape(-1)]

@@ -50,9 +50,10 @@ MAX_FORM_FIELDS: Final = 1024
 #: messages of one OpenAI chat completion request.
 MAX_CHAT_MESSAGES: Final = 10_000
 #: BYTES elements of one inference request, all its tensors together, on every path: JSON
-#: ``data``, the binary extension, gRPC ``raw_input_contents`` and ``bytes_contents``. Each
-#: element is a Python object once decoded (a ``bytes`` of 33 bytes and more, and its
-#: pointer), while on the wire it may take two bytes: counted before any is made.
+#: ``data``, the binary extension, gRPC ``raw_input_contents`` and ``bytes_contents``. An
+#: element is kept packed (:mod:`actorserve.packedbytes`), but a model that reads a
+#: tensor's ``data`` makes a Python object of each (a ``bytes`` of 33 bytes and more, and
+#: its pointer), while on the wire it may take two bytes: counted before any is made.
 MAX_BYTES_ELEMENTS: Final = 1_000_000
 #: JSON strings (values and keys) of one request body, counted as half its ``"`` bytes
 #: before parsing: each is a Python ``str`` of 50 bytes and more once parsed.

@@ -6,7 +6,7 @@ gRPC, tensors on the engine link): little-endian element bytes; BYTES elements e
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from .codecs import check_shape, element_count
 from .errors import BadInput
 from .limits import BytesElements
+from .packedbytes import PackedBytes
 from .types import Tensor, numpy_dtype
 
 __all__ = ["tensor_from_raw", "tensor_to_raw"]
@@ -48,13 +49,10 @@ def tensor_from_raw(
             )
         (budget or BytesElements()).add(count, name)
         data = raw if isinstance(raw, bytes) else bytes(raw)
-        end = [0]  # where the elements ended (the generator's last position)
-        array = np.fromiter(_elements(name, data, count, end), dtype=object, count=count)
-        if end[0] != len(data):
-            raise BadInput(
-                f"input {name!r}: {len(data) - end[0]} bytes left over after {count} BYTES elements"
-            )
-        return Tensor(name, dims, datatype, array.reshape(dims), dict(parameters or {}))
+        # packed, never a Python object per element: a model that reads ``data`` makes
+        # the object array then (see Tensor.data)
+        packed = PackedBytes.from_raw(name, data, count)
+        return Tensor(name, dims, datatype, packed, dict(parameters or {}))
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise BadInput(
@@ -64,26 +62,11 @@ def tensor_from_raw(
     return Tensor(name, dims, datatype, array, dict(parameters or {}))
 
 
-def _elements(name: str, data: bytes, count: int, end: list[int]) -> Iterator[bytes]:
-    """The ``count`` BYTES elements of ``data``, each sliced once (numpy's ``fromiter``
-    fills the array from this: no list beside it); ``end[0]`` is set to where they end."""
-    unpack = _LEN.unpack_from
-    size = len(data)
-    pos = 0
-    for i in range(count):
-        if pos + 4 > size:
-            raise BadInput(f"input {name!r}: raw BYTES data ends after {i} of {count} elements")
-        (length,) = unpack(data, pos)
-        pos += 4
-        stop = pos + length
-        if stop > size:
-            raise BadInput(f"input {name!r}: raw BYTES element {i} is truncated")
-        end[0] = pos = stop  # fromiter stops pulling at the last element: set it first
-        yield data[stop - length : stop]
-
-
 def tensor_to_raw(tensor: Tensor) -> bytes:
     """Encode a tensor's data as raw little-endian bytes (see :func:`tensor_from_raw`)."""
+    packed = tensor.packed
+    if packed is not None:
+        return packed.to_raw()
     if tensor.datatype == "BYTES":
         # one growing buffer: a list of parts would hold a 4-byte ``bytes`` (40 bytes of
         # memory) and two pointers per element until the join

@@ -3,7 +3,9 @@
 Tensors always hold a numpy array whose shape equals ``shape``; the transports decode
 JSON lists, Triton's binary tensors and protobuf contents into these, and encode them
 back (see :mod:`actorserve.codecs`). ``BYTES`` tensors hold a numpy ``object`` array of
-``bytes``.
+``bytes``; a decoder may hand a tensor its elements packed instead
+(:class:`~actorserve.packedbytes.PackedBytes`), which becomes that array when ``data``
+is first read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy.typing as npt
 
 from .controls import RequestControl
 from .errors import BadInput
+from .packedbytes import PackedBytes
 
 #: OIP datatype name -> numpy dtype. The names are case-sensitive on the wire.
 DATATYPES: Final[dict[str, np.dtype[Any]]] = {
@@ -76,13 +79,41 @@ class Tensor:
 
     ``data`` is a numpy array of ``shape``; build tensors with
     :func:`actorserve.codecs.tensor_from_numpy` (or the other codecs) so they are checked.
+    A BYTES tensor may be built with :class:`~actorserve.packedbytes.PackedBytes` as its
+    data (a decoder's, one buffer with offsets): it stays packed until ``data`` is read,
+    which makes the numpy object array once; :attr:`packed` and :attr:`size` read it
+    without that, and the encoders use them.
     """
 
     name: str
     shape: tuple[int, ...]
     datatype: str
-    data: npt.NDArray[Any]
+    _data: npt.NDArray[Any] | PackedBytes
     parameters: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def data(self) -> npt.NDArray[Any]:
+        if isinstance(self._data, PackedBytes):
+            self._data = self._data.to_numpy().reshape(self.shape)
+        return self._data
+
+    @data.setter
+    def data(self, value: npt.NDArray[Any] | PackedBytes) -> None:
+        self._data = value
+
+    @property
+    def packed(self) -> PackedBytes | None:
+        """The elements as a decoder packed them, if ``data`` has not been read since."""
+        return self._data if isinstance(self._data, PackedBytes) else None
+
+    @property
+    def size(self) -> int:
+        """How many elements the data holds (packed or not)."""
+        return len(self._data) if isinstance(self._data, PackedBytes) else int(self._data.size)
+
+    def renamed(self, name: str, parameters: dict[str, Any] | None = None) -> Tensor:
+        """The same data (packed or not) under another name, with ``parameters``."""
+        return Tensor(name, self.shape, self.datatype, self._data, dict(parameters or {}))
 
     def as_numpy(self) -> npt.NDArray[Any]:
         return self.data

@@ -40,6 +40,7 @@ LONG_MODULES: dict[str, str] = {
     "actorserve/api.py": "one thing, the engine boundary: EngineAPI (each unary method written once, labelled @unary for actorserve/unarygen.py), the records it answers with, the enums; seam when it grows: the answer records (ModelInfo, ModelMetadata, ...) to a module of their own, as descriptions.py holds the management ones",
     "actorserve/engine/core.py": "one thing, the in-process EngineAPI (a method per engine operation; actorserve/unary.py routes the unary calls to them by name)",
     "actorserve/ipc/frames.py": "one thing, the link's messages and their codec: a class and an encode/decode pair per message, and the frame around them",
+    "actorserve/codecs.py": "one thing, OIP tensors to and from JSON values, numpy and torch, each check with its message; the seam when it grows: the request and response documents (request_from_json and the others) into a module of their own",
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
     "actorserve/models/llm/runtime.py": "one thing, the transformers BatchModel (its request's admission in begin, the step); the seam when it grows: the load (device, dtype, checkpoint, tokenizer) into a module of its own",
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",

@@ -13,6 +13,7 @@ requests it touches, with a message naming the model.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,11 @@ def _tensor_problem(index: int, tensor: object) -> str | None:
     expected = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if expected is None:
         return f"output {name!r}: unknown datatype {datatype!r}"
+    packed = tensor.packed
+    if packed is not None:  # a decoder's BYTES, passed through: checked when decoded
+        if datatype != "BYTES" or len(packed) != math.prod(tensor.shape):
+            return f"output {name!r}: {len(packed)} packed BYTES elements for {datatype} {list(tensor.shape)}"
+        return _parameters_problem(tensor.parameters, f"output {name!r}:") if tensor.parameters else None
     data = tensor.data
     if not isinstance(data, np.ndarray):
         return f"output {name!r}: data is a {type(data).__name__}, expected a numpy array"

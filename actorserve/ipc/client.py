@@ -37,7 +37,7 @@ import trio
 from ..api import EngineAPI, ResponseIterator, UnaryCall
 from ..errors import Overloaded, ShuttingDown
 from ..exceptiongroups import raise_single
-from ..limits import PARSE_IN_THREAD_BYTES
+from ..limits import CODE_IN_THREAD_ELEMENTS, PARSE_IN_THREAD_BYTES
 from ..tracing import link_span
 from ..types import InferenceRequest, InferenceResponse
 from ..unary import UNARY_CALLS
@@ -62,8 +62,8 @@ from .frames import (
     StreamInputEnd,
     StreamOutputs,
     StreamRequest,
-    encode_frame,
     encode_message,
+    frame_parts,
 )
 from .outbox import Outbox
 from .unary_methods import UnaryMethods
@@ -186,7 +186,8 @@ class EngineClient(UnaryMethods):
         try:
             while True:
                 messages = await self._outbox.take(self._max_message)
-                await self._stream.send_all(encode_frame(messages))
+                for part in frame_parts(messages):
+                    await self._stream.send_all(part)
                 self._frames_sent += 1
                 self._messages_sent += len(messages)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -212,9 +213,21 @@ class EngineClient(UnaryMethods):
         """Queue ``message``; :class:`BadInput` if it cannot be encoded (the caller's
         request: a tensor that does not fit its shape, a value msgpack cannot hold). It
         hurries (:meth:`Outbox.put`): a request's wait for the writer's gather rounds
-        is the client's latency, and under load a round is every runnable task's step."""
+        is the client's latency, and under load a round is every runnable task's step.
+        A request of ``CODE_IN_THREAD_ELEMENTS`` BYTES elements or more is encoded in a
+        worker thread (numbers are one copy each, on the loop): the loop answers everyone
+        else meanwhile."""
         self._check_open()
-        await self._outbox.put(encode_message(message, self._max_message), hurry=True)
+        request = getattr(message, "request", None)
+        if not isinstance(request, InferenceRequest) or _bytes_elements(request) < CODE_IN_THREAD_ELEMENTS:
+            await self._outbox.put(encode_message(message, self._max_message), hurry=True)
+            return
+        # handed over in a box the thread empties: an idle worker thread keeps its last
+        # job (and so the request's tensors) until its next
+        box, limit = [message], self._max_message
+        del message, request
+        encoded = await trio.to_thread.run_sync(lambda: encode_message(box.pop(), limit))
+        await self._outbox.put(encoded, hurry=True)
 
     def _consumed(self, call: _ClientCall, count: int) -> None:
         call.unacked += count
@@ -268,6 +281,7 @@ class EngineClient(UnaryMethods):
         call, ok = self._open(), False
         try:
             await self._send(Infer(call.id, request, model, version))
+            del request  # sent: its tensors are freed while the answer comes (if the caller let go)
             reply = await call.next_message(self)
             ok = isinstance(reply, Reply)
         finally:
@@ -376,3 +390,7 @@ async def open_engine_client(
 
 if TYPE_CHECKING:  # the client implements the boundary the transports use
     _: type[EngineAPI] = EngineClient
+
+
+def _bytes_elements(request: InferenceRequest) -> int:
+    return sum(t.size for t in request.inputs if t.datatype == "BYTES")

@@ -44,13 +44,15 @@ _Head = tuple[str, str | None, str | None, tuple[str, ...], tuple[str, ...], tup
 def _raw(tensor: Tensor) -> bytes:
     """``tensor``'s data in Triton's raw layout; :class:`BadInput` if it does not fit its
     shape (as :func:`~actorserve.ipc.values.tensor_to_plain`)."""
-    data = tensor.data
     count = math.prod(tensor.shape)
-    if data.size != count:
+    if tensor.size != count:
         raise errors.BadInput(
-            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
+            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {tensor.size}"
         )
     dtype = RAW_DTYPES.get(tensor.datatype)
+    if tensor.packed is not None:  # a decoder's BYTES: raw as they are
+        return tensor_to_raw(tensor)
+    data = tensor.data
     if dtype is None:  # BYTES
         if count == 1:  # one string: a streamed text piece, the common case
             value = data.reshape(-1)[0]

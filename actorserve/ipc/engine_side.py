@@ -48,9 +48,9 @@ from .frames import (
     Reply,
     StreamInputEnd,
     StreamRequest,
-    encode_frame,
     encode_message,
     encode_stream_entry,
+    frame_parts,
 )
 from .outbox import Outbox
 from .unary_values import call_from_plain, result_codec
@@ -163,7 +163,8 @@ class FrontConnection:
         while True:
             messages = await self._outbox.take(self._max_message)
             self._push_queued = False  # a later change needs a push of its own
-            await self._stream.send_all(encode_frame(messages))
+            for part in frame_parts(messages):
+                await self._stream.send_all(part)
 
     def models_changed(self) -> None:
         """Tell the front its remembered model_info / metadata answers are stale (one push

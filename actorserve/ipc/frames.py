@@ -342,6 +342,8 @@ def _pack(plain: Any) -> bytes:
     if packer is None:
         packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, default=plain_default)
     data: bytes = packer.pack(plain)
+    if len(data) > JOIN_FRAME_BYTES:  # a Packer keeps the buffer it grew: let it go
+        _PACKERS.packer = None
     return data
 
 
@@ -381,6 +383,21 @@ def encode_frame(messages: Sequence[bytes]) -> bytes:
     header = _array_header(len(messages))
     body_length = len(header) + sum(map(len, messages))
     return b"".join((_LENGTH.pack(body_length), header, *messages))
+
+
+#: frames larger than this are written a message at a time, not joined first
+JOIN_FRAME_BYTES: Final = 1 << 20
+
+
+def frame_parts(messages: Sequence[bytes]) -> list[bytes]:
+    """:func:`encode_frame` as the pieces to write one after the other: one for a small
+    frame (one write), the head and then each message for a large one (joining them
+    would hold a second copy of every tensor it carries)."""
+    size = sum(map(len, messages))
+    if size <= JOIN_FRAME_BYTES:
+        return [encode_frame(messages)]
+    header = _array_header(len(messages))
+    return [_LENGTH.pack(len(header) + size) + header, *messages]
 
 
 def decode_message(plain: Any) -> Message:
@@ -427,12 +444,14 @@ class FrameDecoder:
             raise WireError(f"a frame of {length} bytes exceeds the limit of {self._max_frame_bytes} bytes")
         if len(buffer) < 4 + length:
             return None
-        body = bytes(buffer[4 : 4 + length])
-        del buffer[: 4 + length]
         try:
-            plain = msgpack.unpackb(body, raw=False)
+            # unpacked where it lies (msgpack copies what it keeps): a copy of a large
+            # frame first would be one more of it in memory
+            with memoryview(buffer) as view, view[4 : 4 + length] as body:
+                plain = msgpack.unpackb(body, raw=False)
         except (ValueError, TypeError) as exc:  # msgpack's own errors are ValueErrors
             raise WireError(f"a frame is not valid msgpack: {exc}") from None
+        del buffer[: 4 + length]
         if not isinstance(plain, list):
             raise WireError("a frame must be a msgpack array of messages")
         return [decode_message(m) for m in plain]

@@ -41,19 +41,28 @@ _RAW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
 def tensor_to_plain(tensor: Tensor) -> Plain:
     """``[name, datatype, shape, raw bytes, parameters]``; :class:`BadInput` if the data
     does not match the datatype's element count for ``shape``."""
-    data = tensor.data
     count = math.prod(tensor.shape)
-    if data.size != count:
+    if tensor.size != count:
         raise errors.BadInput(
-            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {data.size}"
+            f"tensor {tensor.name!r}: shape {list(tensor.shape)} needs {count} elements, data has {tensor.size}"
         )
     if tensor.datatype != "BYTES":
+        data = tensor.data
         dtype = numpy_dtype(tensor.datatype)
         if data.dtype != dtype:  # raw bytes must be the declared width
             tensor = Tensor(
                 tensor.name, tensor.shape, tensor.datatype, np.asarray(data, dtype=dtype), tensor.parameters
             )
-    return [tensor.name, tensor.datatype, list(tensor.shape), tensor_to_raw(tensor), tensor.parameters]
+    raw: bytes | memoryview
+    if tensor.datatype == "BYTES":
+        raw = tensor_to_raw(tensor)
+    else:  # msgpack copies the array's own bytes: no copy of them first
+        data = tensor.data
+        if data.dtype.byteorder == ">":
+            data = data.astype(data.dtype.newbyteorder("<"))
+        data = np.ascontiguousarray(data)
+        raw = data.reshape(-1).data.cast("B") if data.size else b""
+    return [tensor.name, tensor.datatype, list(tensor.shape), raw, tensor.parameters]
 
 
 def tensor_from_plain(plain: Plain) -> Tensor:

@@ -22,7 +22,7 @@ class IdentityModel(Model):
             out_name = _PAIRS.get(tensor.name)
             if out_name is None:
                 raise BadInput(f"model {self.name!r} has no input {tensor.name!r} (expected INPUT0, INPUT1)")
-            outputs[out_name] = Tensor(out_name, tensor.shape, tensor.datatype, tensor.data)
+            outputs[out_name] = tensor.renamed(out_name)  # packed BYTES stay packed
         if "OUTPUT0" not in outputs:
             raise BadInput("missing required input 'INPUT0'")
         if request.outputs:

@@ -107,7 +107,9 @@ class OwnerStamp:
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None
     ) -> InferenceResponse:
         request = _traced(self._stamped(request, OWNER.get()), TRACE.get())
-        return await self._engine.infer(request, model=model, version=version)
+        pending = self._engine.infer(request, model=model, version=version)
+        del request  # held by the call alone: a front drops it once sent (cost bound)
+        return await pending
 
     def infer_stream(
         self, request: InferenceRequest, *, model: str | None = None, version: str | None = None

@@ -31,9 +31,11 @@ from actorserve.proto import inference as pb
 
 #: the body limit the servers run with: the worst cases are sent at it
 BODY_LIMIT = 8 * 1024 * 1024
-#: a request of S bytes costs a process at most this times S (docs/security.md#cost-bound;
-#: the target is 16: the engine keeps to it, a front echoing short strings takes up to 30)
-COST_MULTIPLE = 32
+#: a request of S bytes costs a process at most this times S (docs/security.md#cost-bound):
+#: BYTES stay packed (one buffer with offsets) from the wire through the front and the
+#: engine link, JSON numbers are converted a slice at a time; the most measured is a
+#: front echoing numbers, about 15 times S with the slack below (10 for short strings)
+COST_MULTIPLE = 16
 #: what any request may cost a process once, whatever its size
 SLACK = 24 * 1024 * 1024
 INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -132,10 +132,14 @@ async def infer_reply(
     try:
         request, encoding = await decode_off_loop(decode_infer_request, body, headers, limit)
         flags = sequence_flags(request)
-        response = await engine.infer(request, model=name, version=version)
+        # the call holds the request from here: on a front it is dropped once sent, so the
+        # front never holds a request's tensors and their answer at once (cost bound)
+        pending = engine.infer(request, model=name, version=version)
+        del request
+        response = await pending
         note_response(exchange, response)
         head = await answer_headers(engine, response, headers.naming, flags)
-        if sum(t.data.size for t in response.outputs) < CODE_IN_THREAD_ELEMENTS:
+        if sum(t.size for t in response.outputs) < CODE_IN_THREAD_ELEMENTS:
             return encode_infer_response(response, encoding, head)
         # a Python step per BYTES element: off the loop, so it never stalls the others
         return await trio.to_thread.run_sync(encode_infer_response, response, encoding, head)

@@ -178,6 +178,9 @@ _AS_LIST: Final = frozenset(
 
 def _data_json(tensor: Tensor) -> bytes:
     """The ``data`` of codecs.tensor_to_json, as JSON."""
+    packed = tensor.packed
+    if packed is not None:  # a decoder's BYTES, passed through: one buffer
+        return packed.to_json()
     data = tensor.data
     if tensor.datatype == "BYTES":
         if data.size > BYTES_FRAGMENT_ELEMENTS:

@@ -19,6 +19,7 @@ import orjson
 from ...api import bool_parameter, no_sequence_text, with_control
 from ...codecs import request_from_json, response_to_json
 from ...errors import ActorServeError, BadInput
+from ...jsonpacked import loads_packed
 from ...limits import MAX_INPUTS, BytesElements, check_count, check_json_containers, check_parameters
 from ...raw import tensor_from_raw, tensor_to_raw
 from ...types import InferenceRequest, InferenceResponse, Tensor
@@ -196,12 +197,16 @@ def decompress_body(body: bytes, encoding: str | None, limit: int) -> bytes:
         raise BadInput(f"the request body is {exc}") from None
 
 
-def loads(body: bytes | memoryview) -> Any:
-    """Parse JSON; :class:`BadInput` says what is wrong with it."""
+def loads(body: bytes | memoryview, *, packed: bool = False) -> Any:
+    """Parse JSON; :class:`BadInput` says what is wrong with it. ``packed``: an OIP
+    request, whose inputs' large BYTES ``data`` arrays are parsed packed
+    (:func:`~actorserve.jsonpacked.loads_packed`)."""
     if not len(body):
         raise BadInput("the request body is empty; expected a JSON object")
     check_json_containers(body)
     try:
+        if packed:
+            return loads_packed(body if isinstance(body, bytes) else bytes(body))
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"the request body is not valid JSON: {exc}") from None
@@ -252,7 +257,7 @@ def decode_infer_request(
     binary: memoryview | None = None
     if obj is None:
         head, binary = split_binary(body, headers)
-        obj = loads(head)
+        obj = loads(head, packed=binary is None)
     request = _request_from_obj(obj, binary)
     encoding = _take_output_encoding(request)
     apply_sequence_headers(request, headers)
