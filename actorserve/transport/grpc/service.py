@@ -338,6 +338,11 @@ class InferenceService:
                 status_errors=status_errors,
                 recorder=self.recorder,
             )
+        if wire.request_ended():
+            # the whole request stream is here (a client that sent its request and
+            # half-closed): its first message is read on this side, so the call's
+            # first read costs no hop back from trio (time to first token)
+            call.prefetched = await wire.recv()
         await to_trio(call.run)
 
 

@@ -153,6 +153,9 @@ class StreamCall:
         self._draining = draining
         #: subclasses read requests inside it
         self.reading = trio.CancelScope()
+        #: the first message, when the handler read it before the call began (its
+        #: request stream had ended: nothing to wait for); None once taken, or if not
+        self.prefetched: Any = None
         self._cut_short = False
         self._fatal: GRPCError | None = None
 
@@ -179,6 +182,10 @@ class StreamCall:
 
     async def recv(self) -> Any:
         """The client's next message, or None once it half-closed."""
+        if self.prefetched is not None:
+            message, self.prefetched = self.prefetched, None
+            await trio.lowlevel.checkpoint()
+            return message
         return await to_aio(self.wire.recv)
 
     async def _write(

@@ -151,6 +151,13 @@ class Wire:
         accepted = {a.strip().lower() for a in accept.split(",")} if accept else set()
         self.response_encoding = self.request_encoding if self.request_encoding in accepted else None
 
+    def request_ended(self) -> bool:
+        """Whether the client has half-closed and nothing of its request stream was read
+        yet: every message is in the buffer, and :meth:`recv` returns without waiting
+        for the network."""
+        buffer = self.stream._stream.buffer
+        return bool(buffer._eof) and not buffer._acked_size
+
     async def recv_one(self) -> Any:
         """The request message of a unary-request call; INVALID_ARGUMENT if it has none."""
         message = await self.recv()
