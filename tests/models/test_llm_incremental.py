@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_llm import llm_engine, text
 
@@ -168,7 +168,7 @@ def test_every_tokenizer_passes_the_load_probes_and_a_slow_one_never_splices(
 
 @pytest.mark.parametrize("template", TEMPLATES)
 @pytest.mark.parametrize("variant", VARIANTS)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None)
 @given(turns=conversations)
 def test_spliced_ids_are_the_whole_texts(
     tokenizings: dict[str, Tokenizing], variant: str, template: str, turns: list[tuple[str, str]]
