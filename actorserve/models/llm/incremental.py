@@ -103,7 +103,7 @@ class Tokenizing:
                 i -= 1
             firsts.append(i)
             i -= 1
-        if len(firsts) < WORDS_BACK or words[-1] < 0:
+        if len(firsts) < WORDS_BACK:
             return None
         # the third word back; where that does not join up (a Metaspace's ▁ before the
         # first word of a text), the special token before it: the text after a special
