@@ -55,8 +55,8 @@ async def test_a_prompt_past_max_prompt_chars_is_refused_untokenized_and_tokeniz
     async with llm_engine(folder) as (engine, model):
         bound = model.max_context * longest_token(model.tokenizer) * NORMALIZED_SHRINK
         assert model.prompts.max_chars == bound
-        recording = Recording(model.prompts.tokenizer)
-        model.prompts.tokenizer = recording
+        recording = Recording(model.prompts.tokenizing.tokenizer)
+        model.prompts.tokenizing.tokenizer = recording
         assert await text(engine, "ROMEO:\n", temperature=0, max_tokens=2) is not None
         with pytest.raises(
             BadInput, match=rf"{bound + 1} characters .* more than {bound} \(max_prompt_chars"

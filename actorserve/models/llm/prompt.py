@@ -7,7 +7,9 @@ gzip on the wire, held every model of the engine for 81 s when it was tokenized 
 the vocabulary, so a text of more than ``max_context`` times that many characters cannot
 fit the context and is refused untokenized (``max_prompt_chars``). The tokenizer then
 runs in a worker thread (:meth:`Prompts.prepare`, awaited by the engine before
-``begin``), and ``begin`` takes the ids it made.
+``begin``), and ``begin`` takes the ids it made. A sequence's turn tokenizes only its new
+text (:mod:`.incremental`: the ids are exactly those of the whole text), so a turn costs
+the tokenizer what the turn adds, not what the conversation holds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import trio
 from ...api import bool_parameter
 from ...errors import BadInput
 from ...types import InferenceRequest
+from .incremental import Tokenized, Tokenizing, incremental_holds
 from .requests import context_text, request_prompt
 from .state import LLMState
 
@@ -34,7 +37,8 @@ class Read:
     """A request as the runtime reads it: the request (a TorchServe body turned into
     ``text_input`` and parameters), its own ``prompt``, and for a generation its whole
     context (``text``, with a sequence's history; ``messages``, the conversation of a chat
-    turn) and that text's token ``ids``. ``tokenizer_call``: a ``tokenize`` /
+    turn) and that text's token ``ids`` (``tokens``: the same with what the sequence's next
+    turn needs to tokenize only its new text). ``tokenizer_call``: a ``tokenize`` /
     ``detokenize`` request (no context, no ids)."""
 
     request: InferenceRequest
@@ -42,6 +46,7 @@ class Read:
     text: str
     messages: list[dict[str, str]] | None
     ids: list[int]
+    tokens: Tokenized | None = None
     tokenizer_call: bool = False
 
 
@@ -61,7 +66,7 @@ class Prompts:
     def __init__(self, model: str, known: frozenset[str]) -> None:
         self.model = model
         self.known = known
-        self.tokenizer: Any = None
+        self.tokenizing = Tokenizing(None, splice=False)
         self.start_token = 0
         self.chat_template = ""
         #: the longest text (with a sequence's history) that may fit the context
@@ -74,8 +79,11 @@ class Prompts:
     def set_tokenizer(
         self, tokenizer: Any, start_token: int, max_context: int, max_chars: int, chat_template: str
     ) -> None:
-        """After loading: ``max_chars`` 0 means ``max_context`` times the longest token."""
-        self.tokenizer = tokenizer
+        """After loading: ``max_chars`` 0 means ``max_context`` times the longest token.
+        Splicing a sequence's tokens is on where the tokenizer passes the probes of
+        :func:`~.incremental.incremental_holds`."""
+        self.tokenizing = Tokenizing(tokenizer, splice=True)
+        self.tokenizing.splice = incremental_holds(self.tokenizing)
         self.start_token = start_token
         self.chat_template = chat_template
         self.max_chars = max_chars or max_context * longest_token(tokenizer) * NORMALIZED_SHRINK
@@ -101,8 +109,12 @@ class Prompts:
         context = state if state is not None else LLMState()
         text, messages = context_text(params, prompt, context, self.model, self.chat_template)
         self._bound(text, " (with the sequence's history)")
-        ids = [int(i) for i in self.tokenizer(text)["input_ids"]] or [self.start_token]
-        return Read(request, prompt, text, messages, ids)
+        if state is None:
+            tokens = self.tokenizing.whole(text, offsets=False)
+        else:  # only what is new since the sequence's last turn, when it extends that one
+            tokens = self.tokenizing.extend(state.tokens, text)
+        ids = tokens.ids.tolist() or [self.start_token]
+        return Read(request, prompt, text, messages, ids, tokens if state is not None else None)
 
     def _bound(self, text: str, what: str) -> None:
         if len(text) > self.max_chars:

@@ -260,6 +260,8 @@ class TransformersModel(BatchModel[LLMState, LLMWork]):
         else:
             state.kv = crop(state.kv, cached)
             state.ids = ids[:cached]
+        if read.tokens is not None:  # the next turn tokenizes from here (what it adds)
+            state.tokens = read.tokens
         state.busy = True
         work = LLMWork(
             request,

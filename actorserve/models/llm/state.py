@@ -12,17 +12,20 @@ from ...texttokens import TokenLogprob
 from ...types import InferenceRequest, InferenceResponse
 from ..textlm.generation import Draws
 from .forward import KV, Batch, owned
+from .incremental import Tokenized
 
 
 class LLMState:
     """One sequence: ``text`` (everything said so far: prompts and the answers sent),
     ``ids`` (the tokens whose keys and values are in ``kv``; both empty once the cache
     budget dropped its cache: its next request reads ``text`` again); ``messages``: the
-    conversation so far when its turns come as chat messages (None: plain text). ``busy``
+    conversation so far when its turns come as chat messages (None: plain text);
+    ``tokens``: the context its last turn read, tokenized (its next turn tokenizes only
+    what it adds, :mod:`.incremental`; kept when the budget drops the cache). ``busy``
     while a request of the sequence is in the batch; ``owner``: the token fingerprint of
     its requests when sequences are bound to tokens (the cache budget's fairness)."""
 
-    __slots__ = ("busy", "ids", "kv", "messages", "owner", "sequence_id", "text")
+    __slots__ = ("busy", "ids", "kv", "messages", "owner", "sequence_id", "text", "tokens")
 
     def __init__(self, sequence_id: str | None = None, owner: str | None = None) -> None:
         self.sequence_id = sequence_id
@@ -32,6 +35,7 @@ class LLMState:
         self.kv: KV | None = None
         self.busy = False
         self.messages: list[dict[str, str]] | None = None
+        self.tokens: Tokenized | None = None
 
 
 class Detokenizer:
