@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +30,7 @@ from ...modelsettings import ModelSettings
 from ...textgen import TextGeneration, longest_stop_prefix, merged_text
 from ...types import InferenceRequest, InferenceResponse, Tensor
 from ..llm.checkpoint import chat_template, source_of
+from ..llm.prompt import NORMALIZED_SHRINK, longest_token
 from ..llm.torchserve import TS_BODY, from_torchserve
 from ..textlm.generation import (
     DEFAULT_MAX_TOKENS,
@@ -95,6 +97,12 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         self.engine: Any = None
         self.tokenizer: Any = None
         self.max_context = 0
+        #: the longest text (with a sequence's history) that may fit the context: a
+        #: longer one is refused before a tokenizer sees it (issue 30's finding 2)
+        self.max_chars = 0
+        #: id(request) -> (a weak reference to it, the sequence's text it was read with, its
+        #: ids): what :meth:`prepare` tokenized in a worker thread for :meth:`begin`
+        self._prepared: dict[int, tuple[weakref.ref[InferenceRequest], str, list[int]]] = {}
         self._lock = threading.Lock()  # held while vLLM's engine is called
         self._aborts: collections.deque[str] = collections.deque()  # request ids to abort
 
@@ -165,6 +173,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         except (TypeError, ValueError) as exc:  # vLLM's config validation
             raise BadInput(f"model {self.name!r}: vLLM refused the engine arguments: {exc}") from None
         self.max_context = int(self.engine.model_config.max_model_len)
+        self.max_chars = self.max_context * longest_token(self.tokenizer) * NORMALIZED_SHRINK
 
     async def unload(self) -> None:
         engine, self.engine = self.engine, None
@@ -231,22 +240,60 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
 
     # -- requests -----------------------------------------------------------------------------
 
-    def begin(self, request: InferenceRequest, state: VLLMState | None) -> VLLMWork:
+    async def prepare(self, request: InferenceRequest, state: VLLMState | None) -> None:
+        """Bound and tokenize the request's text (with its sequence's history) in a worker
+        thread: a tokenizer's time grows with its text, and ``begin`` runs on the event
+        loop. ``begin`` checks everything else, and tokenizes itself if nothing was
+        prepared or the sequence's text changed in between."""
+        import trio
+
+        text = self._text(request, state)
+        ids = await trio.to_thread.run_sync(self._tokenize, text)
+        key = id(request)
+        forget = weakref.ref(request, lambda _: self._prepared.pop(key, None))
+        self._prepared[key] = (forget, state.text if state is not None else "", ids)
+
+    def _prompt(self, request: InferenceRequest) -> tuple[InferenceRequest, str]:
+        """The request (a TorchServe body read as one) and its prompt text."""
         tensor = request.input("text_input", required=False)
         body = request.input(TS_BODY, required=False) if tensor is None else None
         if body is not None:
             request, tensor = from_torchserve(
                 request, body, self.name, self.request_parameters or frozenset()
             )
-        prompt = ""
-        if tensor is not None:
-            if tensor.datatype != "BYTES" or tensor.data.size != 1:
-                raise BadInput(
-                    f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
-                    f"{list(tensor.shape)}"
-                )
-            value = tensor.data.reshape(-1)[0]
-            prompt = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+        if tensor is None:
+            return request, ""
+        if tensor.datatype != "BYTES" or tensor.data.size != 1:
+            raise BadInput(
+                f"input 'text_input': expected BYTES with shape [1], got {tensor.datatype} "
+                f"{list(tensor.shape)}"
+            )
+        value = tensor.data.reshape(-1)[0]
+        return request, value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+    def _text(self, request: InferenceRequest, state: VLLMState | None) -> str:
+        """The text the request's tokens are made from: its sequence's history and its
+        prompt, refused past ``max_chars`` (before any tokenizer runs)."""
+        text = (state.text if state is not None else "") + self._prompt(request)[1]
+        if len(text) > self.max_chars:
+            raise BadInput(
+                f"input 'text_input': {len(text)} characters (with the sequence's history), more "
+                f"than {self.max_chars}: no longer text fits the model's context"
+            )
+        return text
+
+    def _tokenize(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer(text)["input_ids"]]
+
+    def begin(self, request: InferenceRequest, state: VLLMState | None) -> VLLMWork:
+        prepared = self._prepared.pop(id(request), None)
+        history = state.text if state is not None else ""
+        ready = (
+            prepared[2]
+            if prepared is not None and prepared[0]() is request and prepared[1] == history
+            else None
+        )
+        request, prompt = self._prompt(request)
         max_tokens = int_parameter(
             request, "max_tokens", DEFAULT_MAX_TOKENS, minimum=0, maximum=self.max_tokens_limit
         )
@@ -259,7 +306,8 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         if state is None:
             state = VLLMState()
         text = state.text + prompt
-        ids = [int(i) for i in self.tokenizer(text)["input_ids"]]
+        # not prepared (a model used without the engine): bounded all the same
+        ids = ready if ready is not None else self._tokenize(self._text(request, state))
         if not ids:
             start = self.tokenizer.bos_token_id
             ids = [int(start if start is not None else self.tokenizer.eos_token_id or 0)]
