@@ -1,5 +1,5 @@
-"""actorserve's ``vllm`` runtime against vLLM's own OpenAI server: the same checkpoint, the
-same engine arguments, the same client, back to back on loopback (prints numbers; not a test).
+"""actorserve's ``vllm`` or ``transformers`` runtime against vLLM's own OpenAI server: the
+same checkpoint, the same client, back to back on loopback (prints numbers; not a test).
 
 The full comparison (issue 37's numbers; run it on a quiet machine, nothing else busy: the
 two servers share its CPUs with the client), in vLLM's environment (.ci/install-vllm):
@@ -12,9 +12,26 @@ check that it runs (a tiny model, a few requests a point; its numbers mean nothi
     .venv-vllm/bin/python benchmarks/vllm_compare.py --width 128 --layers 2 --eager \\
         --points 1,8 --requests 8 --prompt 32 --tokens 16 --turns 3 --answer 8
 
+Runtimes (``--runtime``):
+- ``vllm`` (the default; issue 37): actorserve's ``vllm`` runtime with the same engine
+  arguments as vLLM's server (``--dtype``, default float32 for both);
+- ``transformers`` (issue 36): actorserve's ``transformers`` runtime (its defaults: dtype
+  ``auto``, bf16 on a CPU with AVX-512 BF16 or AMX, else fp32; eager decode) against
+  vLLM's server with its own defaults (dtype ``auto``: bf16 for this fp32 checkpoint on an
+  x86 CPU). That runtime needs transformers >= 5.24 and vLLM < 5.20, so actorserve's
+  server runs under the main environment's Python (``--actorserve-python``, default
+  ``.venv/bin/python`` for this runtime), the script, its client and vLLM's server under
+  ``.venv-vllm``'s. ``--dtype float32`` runs both in fp32 (then both answer as
+  ``transformers``' fp32 ``generate``; in bf16 their kernels round differently, so their
+  greedy texts may part after a few tokens).
+``--pin``: each server's process tree on one CPU (the first the script may use; its
+children inherit it), the script's client on the others: issue 36's pinned row is
+``--pin --dtype float32``.
+
 Builds a Llama of realistic CPU shape (width 512, 8 layers, a 4,096-token byte-level BPE
-vocabulary: ~30 M parameters) in a temporary folder, then for each server in turn
-(``python -m actorserve FOLDER`` with a ``vllm`` model, then
+vocabulary: ~30 M parameters) in a temporary folder (its weights fp32, its files as the
+script's transformers writes them; 5.24 reads them), then for each server in turn
+(``python -m actorserve FOLDER`` with a ``vllm`` or ``transformers`` model, then
 ``python -m vllm.entrypoints.openai.api_server``), after a warm-up at every c:
 - c = 1 / 8 / 32, through each door (``--doors``): ``--requests`` (default 2c, at least 4)
   streamed requests of ``--prompt`` Shakespeare tokens (a different offset each),
@@ -30,7 +47,8 @@ vocabulary: ~30 M parameters) in a temporary folder, then for each server in tur
   vLLM's server has only the ``openai`` door: every actorserve row is compared with
   vLLM's ``openai`` row of the same c. Per row: tokens/s = completion tokens (usage) / wall
   time, TTFT p50, ITL p99 (the gaps between the streamed pieces of a request, pooled, as
-  ``vllm bench serve`` counts them), CPU seconds of the server process and its children;
+  ``vllm bench serve`` counts them), CPU seconds of the server process and its children,
+  and how many of its texts equal vLLM's ``openai`` row's texts of the same prompts;
 - a ``--turns``-turn chat (0: none; the transcript of ``llm_chat_turns.py``: ``--new``
   tokens of Shakespeare a turn, ``--answer``-token greedy answers), TTFT per turn: on both
   servers resent whole through ``/v1/completions`` (each turn the conversation so far), and
@@ -99,12 +117,26 @@ def prompts(tok: Any, n: int, length: int) -> list[str]:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], port: int, grpc_port: int, env: dict[str, str]) -> None:
+    """A server process (its log in a temporary file), on ``cpus`` when given: the child
+    sets its own affinity before it runs anything, so every process it starts inherits it."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        grpc_port: int,
+        env: dict[str, str],
+        cpus: set[int] | None = None,
+    ) -> None:
         self.name, self.url, self.grpc_url = name, f"http://{HOST}:{port}", f"{HOST}:{grpc_port}"
         handle, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
         self.log = os.fdopen(handle, "w")
         self.log_path = path
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        pin = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=pin
+        )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + TIMEOUT
@@ -120,14 +152,27 @@ class Server:
             time.sleep(1)
         raise SystemExit(f"{self.name} not ready in {TIMEOUT} s; see {self.log_path}")
 
-    def cpu(self) -> float:
+    def procs(self) -> list[psutil.Process]:
+        """The server's process and its children (none once it has gone)."""
         try:
             procs = [psutil.Process(self.proc.pid)]
-            procs += procs[0].children(recursive=True)
+            return procs + procs[0].children(recursive=True)
         except psutil.Error:
-            return 0.0
+            return []
+
+    def cpus(self) -> list[int]:
+        """The CPUs any of the server's processes may run on (``--pin``'s check)."""
+        cpus: set[int] = set()
+        for p in self.procs():
+            try:
+                cpus.update(p.cpu_affinity() or [])
+            except psutil.Error:
+                pass
+        return sorted(cpus)
+
+    def cpu(self) -> float:
         total = 0.0
-        for p in procs:
+        for p in self.procs():
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
@@ -297,14 +342,16 @@ async def open_door(server: Server, door: str) -> AsyncIterator[Door]:
         yield OpenAIDoor(http) if door == "openai" else OIPDoor(http)
 
 
-async def point(server: Server, door: str, texts: list[str], c: int, tokens: int) -> dict[str, float]:
-    """``texts`` through ``door``, ``c`` clients at a time, each connected before the clock starts."""
-    queue = list(texts)
-    replies: list[Arrivals] = []
+async def point(server: Server, door: str, texts: list[str], c: int, tokens: int) -> dict[str, Any]:
+    """``texts`` through ``door``, ``c`` clients at a time, each connected before the clock
+    starts; the answers in the order of ``texts``."""
+    queue = list(enumerate(texts))
+    answers: dict[int, Arrivals] = {}
 
     async def client(sender: Door) -> None:
         while queue:  # each pass takes one text
-            replies.append(await sender.send(queue.pop(), tokens))
+            i, text = queue.pop()
+            answers[i] = await sender.send(text, tokens)
 
     async with AsyncExitStack() as stack:
         senders = [await stack.enter_async_context(open_door(server, door)) for _ in range(c)]
@@ -313,6 +360,7 @@ async def point(server: Server, door: str, texts: list[str], c: int, tokens: int
         await asyncio.wait_for(asyncio.gather(*(client(sender) for sender in senders)), TIMEOUT)
         wall = time.perf_counter() - start
         cpu = server.cpu() - cpu
+    replies = [answers[i] for i in range(len(texts))]
     total = sum(r.completion_tokens() for r in replies)
     gaps = [g for r in replies for g in r.gaps()]
     return {
@@ -321,6 +369,7 @@ async def point(server: Server, door: str, texts: list[str], c: int, tokens: int
         "itl_p99_ms": 1000 * float(np.percentile(gaps, 99)) if gaps else 0.0,
         "cpu_s": cpu,
         "tokens": total,
+        "answers": [r.text for r in replies],
     }
 
 
@@ -355,20 +404,19 @@ async def chat(server: Server, chats: dict[str, str], turns: list[str], answer: 
 
 
 def start(name: str, folder: Path, args: argparse.Namespace, env: dict[str, str]) -> Server:
-    py = sys.executable
     port = free_port()
     grpc_port = free_port() if name == "actorserve" and "grpc" in args.doors else 0
     if name == "actorserve":
-        argv = [py, "-m", "actorserve", str(folder), "--host", HOST, "--http-port", str(port)]
-        argv += ["--grpc-port", str(grpc_port) if grpc_port else "off"]
+        argv = [args.actorserve_python, "-m", "actorserve", str(folder), "--host", HOST]
+        argv += ["--http-port", str(port), "--grpc-port", str(grpc_port) if grpc_port else "off"]
     else:
-        argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
         argv += ["--served-model-name", MODEL, "--host", HOST, "--port", str(port)]
-        argv += ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "32"]
+        argv += ["--dtype", args.dtype, "--max-model-len", "2048", "--max-num-seqs", "32"]
         argv += ["--kv-cache-memory-bytes", str(args.kv_mb * 2**20)]
         if args.eager:
             argv += ["--enforce-eager"]
-    return Server(name, argv, port, grpc_port, env)
+    return Server(name, argv, port, grpc_port, env, args.server_cpus)
 
 
 async def measure(
@@ -388,12 +436,12 @@ async def measure(
     for c in points:
         n = args.requests or max(2 * c, 4)
         for door in doors:
-            row[f"{door} c={c}"] = await point(server, door, texts[:n], c, args.tokens)
+            row[f"{door} c={c}"] = got = await point(server, door, texts[:n], c, args.tokens)
             print(
                 server.name,
                 door,
                 f"c={c}",
-                {k: round(v, 1) for k, v in row[f"{door} c={c}"].items()},
+                {k: round(v, 1) for k, v in got.items() if k != "answers"},
                 flush=True,
             )
     if args.turns:
@@ -413,13 +461,21 @@ def pair(a: float | None, b: float | None, digits: int = 0) -> str:
     )
 
 
+def equal_texts(ours: list[str] | None, theirs: list[str] | None) -> str:
+    """How many of ``ours`` equal ``theirs``, text for text (the same prompts)."""
+    if not ours or not theirs:
+        return "-"
+    return f"{sum(a == b for a, b in zip(ours, theirs, strict=True))}/{len(ours)}"
+
+
 def report(results: dict[str, Any], doors: list[str], points: list[int]) -> None:
     """The side-by-side table: each actorserve door against vLLM's OpenAI row of that c."""
     ours, theirs = results.get("actorserve", {}), results.get("vllm", {})
-    print("\neach cell: actorserve's door / vLLM's OpenAI server at the same c")
+    print(f"\n{results['config']}")
+    print("each cell: actorserve's door / vLLM's OpenAI server at the same c")
     print(
         f"{'door':<7} {'c':>3} {'tok/s':>17} {'ratio':>6} {'TTFT p50 ms':>14} {'ratio':>6} "
-        f"{'ITL p99 ms':>14} {'CPU s':>12}"
+        f"{'ITL p99 ms':>14} {'CPU s':>12} {'same':>6}"
     )
     for c in points:
         base = theirs.get(f"openai c={c}", {})
@@ -433,7 +489,8 @@ def report(results: dict[str, Any], doors: list[str], points: list[int]) -> None
                 f"{pair(got.get('ttft_p50_ms'), base.get('ttft_p50_ms')):>14} "
                 f"{ratio(got.get('ttft_p50_ms'), base.get('ttft_p50_ms')):>6} "
                 f"{pair(got.get('itl_p99_ms'), base.get('itl_p99_ms')):>14} "
-                f"{pair(got.get('cpu_s'), base.get('cpu_s'), 1):>12}"
+                f"{pair(got.get('cpu_s'), base.get('cpu_s'), 1):>12} "
+                f"{equal_texts(got.get('answers'), base.get('answers')):>6}"
             )
     if not ours.get("chat") and not theirs.get("chat"):
         return
@@ -442,8 +499,8 @@ def report(results: dict[str, Any], doors: list[str], points: list[int]) -> None
     print(
         f"\n{'chat':<22} {'turn 1 ms':>10} {'last ms':>8} {'last/1':>7} {'sum ms':>7}  same answers as vLLM's"
     )
-    for name in results:
-        for label, got in results[name].get("chat", {}).items():
+    for name in ("actorserve", "vllm"):
+        for label, got in results.get(name, {}).get("chat", {}).items():
             t, answers = got["ttft_s"], reference.get(label.split()[0])
             same = "-" if name == "vllm" or answers is None else str(got["answers"] == answers)
             print(
@@ -474,15 +531,64 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="actorserve's parameters.threads (0: the runtime's default)"
     )
+    parser.add_argument(
+        "--runtime",
+        choices=["vllm", "transformers"],
+        default="vllm",
+        help="actorserve's runtime (default vllm)",
+    )
+    parser.add_argument(
+        "--actorserve-python",
+        default="",
+        help="the Python that runs actorserve's server (default: this one for --runtime vllm, "
+        ".venv/bin/python for --runtime transformers)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="",
+        help="both servers' dtype (default: float32 for --runtime vllm, each server's own "
+        "default, auto, for --runtime transformers)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each server's processes on one CPU, the client on the others",
+    )
     args = parser.parse_args()
     args.points = [int(c) for c in args.points.split(",")]
     args.doors = [d for d in args.doors.split(",") if d]
     if not args.doors or set(args.doors) - set(DOORS) or min(args.points) < 1:
         parser.error(f"--doors: some of {', '.join(DOORS)}; --points: integers >= 1")
+    args.dtype = args.dtype or ("float32" if args.runtime == "vllm" else "auto")
+    if not args.actorserve_python:
+        main_venv = ROOT / ".venv" / "bin" / "python"
+        args.actorserve_python = sys.executable if args.runtime == "vllm" else str(main_venv)
+    if not Path(args.actorserve_python).is_file():
+        parser.error(f"--actorserve-python: no {args.actorserve_python} (make the main venv: DEVELOPERS.md)")
+    args.server_cpus = None
+    if args.pin:
+        # the servers take the first CPU this script may use, the client the rest (or the
+        # same one on a one-CPU machine)
+        mine = sorted(os.sched_getaffinity(0))
+        args.server_cpus = {mine[0]}
+        os.sched_setaffinity(0, set(mine[1:]) or args.server_cpus)
     with tempfile.TemporaryDirectory(prefix="vllm-compare-") as tmp:
         results = compare(Path(tmp), args)
-    print(json.dumps(results, indent=1))
+    print(json.dumps(shown(results), indent=1))
     report(results, args.doors, args.points)
+
+
+def shown(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` less the points' texts (the table counts the equal ones)."""
+    out: dict[str, Any] = {"config": results["config"]}
+    for name in ("actorserve", "vllm"):
+        if name in results:
+            out[name] = {
+                row: {k: v for k, v in got.items() if k != "answers"} if " c=" in row else got
+                for row, got in results[name].items()
+            }
+    return out
 
 
 def compare(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -501,19 +607,33 @@ def compare(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(folder)
     texts = prompts(tok, max(2 * max(args.points), args.requests) + 16, args.prompt)
     args.chat_turns = user_turns(tok, args.turns, args.new)
-    engine: dict[str, Any] = {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 32}
-    if args.eager:
-        engine["enforce_eager"] = True
+    parameters: dict[str, Any] = {"kv_cache_budget_mb": args.kv_mb, "threads": args.threads}
+    if args.runtime == "vllm":
+        engine: dict[str, Any] = {"dtype": args.dtype, "max_model_len": 2048, "max_num_seqs": 32}
+        if args.eager:
+            engine["enforce_eager"] = True
+        parameters["engine"] = engine
+    else:
+        # the runtime's own defaults otherwise: max_context is the checkpoint's 2048
+        # positions, the prefix cache on
+        parameters["dtype"] = args.dtype
+        if args.eager:
+            parameters["compile"] = "eager"
     settings = {
         "name": MODEL,
-        "implementation": "vllm",
+        "implementation": args.runtime,
         "max_batch_size": 32,
-        "parameters": {"engine": engine, "kv_cache_budget_mb": args.kv_mb, "threads": args.threads},
+        "parameters": parameters,
         "sequence": {"idle_timeout_ms": 600_000},
     }
     (folder / "model-settings.json").write_text(json.dumps(settings))
+    # VIRTUAL_ENV and the like stay: each server runs under its own interpreter's prefix
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    results: dict[str, Any] = {}
+    pinned = f"pinned to CPU {min(args.server_cpus)}" if args.server_cpus else "not pinned"
+    results: dict[str, Any] = {
+        "config": f"actorserve runtime {args.runtime}, dtype {args.dtype} in both, {pinned}, "
+        f"actorserve under {args.actorserve_python}"
+    }
     for name in ("actorserve", "vllm"):
         if args.only not in (None, name):
             continue
@@ -522,8 +642,13 @@ def compare(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             started = time.monotonic()
             server.wait_ready()
             ready = round(time.monotonic() - started, 1)
+            print(name, "ready in", ready, "s; CPUs", server.cpus(), "; log", server.log_path, flush=True)
             doors = args.doors if name == "actorserve" else ["openai"]
-            results[name] = {"ready_s": ready, **asyncio.run(measure(server, doors, args, texts))}
+            results[name] = {
+                "ready_s": ready,
+                "cpus": server.cpus(),
+                **asyncio.run(measure(server, doors, args, texts)),
+            }
         finally:
             server.stop()
     return results
