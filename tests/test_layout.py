@@ -42,6 +42,7 @@ LONG_MODULES: dict[str, str] = {
     "actorserve/ipc/frames.py": "one thing, the link's messages and their codec: a class and an encode/decode pair per message, and the frame around them",
     "actorserve/codecs.py": "one thing, OIP tensors to and from JSON values, numpy and torch, each check with its message; the seam when it grows: the request and response documents (request_from_json and the others) into a module of their own",
     "actorserve/metrics.py": "one thing, the Prometheus families and who records them; the family declarations are most of it",
+    "actorserve/models/vllm/runtime.py": "one thing, the vllm BatchModel (the load, a request's admission in prepare and begin, each step mapped onto vLLM's engine.step()); the seam when it grows: reading a request (its prompt, the bound, the tokenizer in a thread) into a module of its own",
     "actorserve/models/llm/runtime.py": "one thing, the transformers BatchModel (its request's admission in begin, the step); the seam when it grows: the load (device, dtype, checkpoint, tokenizer) into a module of its own",
     "actorserve/settings.py": "one thing, Settings: a field per server-wide setting with its check and its one help text (the CLI's and docs/cli.md's)",
     "actorserve/torchserve/handler_model.py": "one thing, a TorchServe handler run as a BatchModel (context, envelopes, stopping criteria)",
