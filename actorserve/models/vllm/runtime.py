@@ -247,7 +247,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         prepared or the sequence's text changed in between."""
         import trio
 
-        text = self._text(request, state)
+        text = self._bounded((state.text if state is not None else "") + self._prompt(request)[1])
         ids = await trio.to_thread.run_sync(self._tokenize, text)
         key = id(request)
         forget = weakref.ref(request, lambda _: self._prepared.pop(key, None))
@@ -271,10 +271,9 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
         value = tensor.data.reshape(-1)[0]
         return request, value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
-    def _text(self, request: InferenceRequest, state: VLLMState | None) -> str:
-        """The text the request's tokens are made from: its sequence's history and its
-        prompt, refused past ``max_chars`` (before any tokenizer runs)."""
-        text = (state.text if state is not None else "") + self._prompt(request)[1]
+    def _bounded(self, text: str) -> str:
+        """``text`` (a sequence's history and the prompt), refused past ``max_chars``
+        before any tokenizer runs."""
         if len(text) > self.max_chars:
             raise BadInput(
                 f"input 'text_input': {len(text)} characters (with the sequence's history), more "
@@ -307,7 +306,7 @@ class VLLMModel(BatchModel[VLLMState, VLLMWork]):
             state = VLLMState()
         text = state.text + prompt
         # not prepared (a model used without the engine): bounded all the same
-        ids = ready if ready is not None else self._tokenize(self._text(request, state))
+        ids = ready if ready is not None else self._tokenize(self._bounded(text))
         if not ids:
             start = self.tokenizer.bos_token_id
             ids = [int(start if start is not None else self.tokenizer.eos_token_id or 0)]
